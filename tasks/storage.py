@@ -1,0 +1,236 @@
+"""One storage interface over URIs: local paths (or file://), gs:// and s3://.
+
+Every other module reads and writes artifacts through `open_storage(uri)` / the helpers at the
+bottom; no other module imports a cloud client. Cloud backends live in `tasks.cloud_storage`
+and are imported lazily, so local runs never load google-cloud-storage or boto3.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tasks.errors import StorageError
+
+
+def scheme_of(uri: str) -> str:
+    if uri.startswith("gs://"):
+        return "gs"
+    if uri.startswith("s3://"):
+        return "s3"
+    if "://" in uri and not uri.startswith("file://"):
+        raise StorageError(f"{uri}: unsupported URI scheme; use a local path, gs:// or s3://")
+    return "file"
+
+
+def is_local(uri: str) -> bool:
+    return scheme_of(uri) == "file"
+
+
+def local_path(uri: str) -> Path:
+    return Path(uri[len("file://"):] if uri.startswith("file://") else uri)
+
+
+class Storage(Protocol):
+    def read_bytes(self, uri: str) -> bytes: ...
+    def write_bytes(self, uri: str, data: bytes) -> None: ...
+    def exists(self, uri: str) -> bool: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def delete_prefix(self, prefix: str) -> None: ...
+    def upload_dir(self, local_dir: Path, uri: str) -> None: ...
+    def download_dir(self, uri: str, local_dir: Path) -> None: ...
+    def publish_dir(self, local_dir: Path, uri: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Connections:
+    """Airflow connection ids to take credentials from; empty means ambient credentials."""
+
+    gcp_conn_id: str = ""
+    aws_conn_id: str = ""
+
+
+class LocalStorage:
+    """Local filesystem. Writes go to a temporary name first, then are renamed into place."""
+
+    def read_bytes(self, uri: str) -> bytes:
+        path = local_path(uri)
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            raise StorageError(f"{uri}: no such file") from None
+        except IsADirectoryError:
+            raise StorageError(f"{uri}: is a folder, expected a file") from None
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        path = local_path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+    def exists(self, uri: str) -> bool:
+        return local_path(uri).exists()
+
+    def list(self, prefix: str) -> list[str]:
+        root = local_path(prefix)
+        if root.is_file():
+            return [str(root)]
+        if not root.is_dir():
+            return []
+        return sorted(str(p) for p in root.rglob("*") if p.is_file())
+
+    def delete_prefix(self, prefix: str) -> None:
+        path = local_path(prefix)
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+    def upload_dir(self, local_dir: Path, uri: str) -> None:
+        dest = local_path(uri)
+        if dest.resolve() == Path(local_dir).resolve():
+            return
+        shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+
+    def download_dir(self, uri: str, local_dir: Path) -> None:
+        src = local_path(uri)
+        if not src.is_dir():
+            raise StorageError(f"{uri}: no such folder")
+        shutil.copytree(src, local_dir, dirs_exist_ok=True)
+
+    def publish_dir(self, local_dir: Path, uri: str) -> bool:
+        """Copy a folder to `uri` atomically: readers see all of it or nothing.
+
+        Returns False (and changes nothing) if `uri` already exists: complete versions are
+        never overwritten.
+        """
+        dest = local_path(uri)
+        if dest.exists():
+            return False
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.staging")
+        shutil.copytree(local_dir, staging)
+        try:
+            os.rename(staging, dest)  # atomic on POSIX; fails if dest appeared meanwhile
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if dest.exists():
+                return False
+            raise
+        return True
+
+
+_local = LocalStorage()
+_connections = Connections()
+
+
+def configure(connections: Connections) -> None:
+    """Set the Airflow connection ids used for cloud URIs in this process."""
+    global _connections
+    _connections = connections
+
+
+def open_storage(uri: str) -> Storage:
+    scheme = scheme_of(uri)
+    if scheme == "file":
+        return _local
+    from tasks import cloud_storage  # lazy: keeps cloud SDKs out of local runs
+
+    return cloud_storage.backend(scheme, _connections)
+
+
+# --- convenience helpers over any URI -------------------------------------------------------
+def read_bytes(uri: str) -> bytes:
+    return open_storage(uri).read_bytes(uri)
+
+
+def read_text(uri: str) -> str:
+    return read_bytes(uri).decode("utf-8")
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    open_storage(uri).write_bytes(uri, data)
+
+
+def write_text(uri: str, text: str) -> None:
+    write_bytes(uri, text.encode("utf-8"))
+
+
+def read_json(uri: str):
+    return json.loads(read_text(uri))
+
+
+def write_json(uri: str, obj) -> None:
+    write_text(uri, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def exists(uri: str) -> bool:
+    return open_storage(uri).exists(uri)
+
+
+def list_uris(prefix: str) -> list[str]:
+    return open_storage(prefix).list(prefix)
+
+
+def delete_prefix(prefix: str) -> None:
+    open_storage(prefix).delete_prefix(prefix)
+
+
+def upload_dir(local_dir: Path, uri: str) -> None:
+    open_storage(uri).upload_dir(Path(local_dir), uri)
+
+
+def download_dir(uri: str, local_dir: Path) -> None:
+    open_storage(uri).download_dir(uri, Path(local_dir))
+
+
+def publish_dir(local_dir: Path, uri: str) -> bool:
+    return open_storage(uri).publish_dir(Path(local_dir), uri)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class staged_local_dir:
+    """Context manager giving a local folder for `uri`.
+
+    Local URIs are used in place. Remote ones are downloaded to a temporary folder (mode
+    "r") or uploaded from it on exit (mode "w"), for tools that only read local disk.
+    """
+
+    def __init__(self, uri: str, mode: str = "r"):
+        self.uri, self.mode = uri, mode
+        self._tmp: tempfile.TemporaryDirectory | None = None
+
+    def __enter__(self) -> Path:
+        if is_local(self.uri):
+            path = local_path(self.uri)
+            if self.mode == "w":
+                path.mkdir(parents=True, exist_ok=True)
+            return path
+        self._tmp = tempfile.TemporaryDirectory(prefix="bertflow-stage-")
+        path = Path(self._tmp.name)
+        if self.mode == "r":
+            download_dir(self.uri, path)
+        return path
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._tmp is None:
+            return
+        try:
+            if self.mode == "w" and exc_type is None:
+                upload_dir(Path(self._tmp.name), self.uri)
+        finally:
+            self._tmp.cleanup()

@@ -1,0 +1,65 @@
+"""The typed config is the single source for Params, CLI flags and validation."""
+import json
+
+import pytest
+
+from tasks.config import RunConfig, parse_config, param_schemas
+from tasks.errors import ConfigError
+
+
+def test_defaults_are_valid_and_round_trip_through_json():
+    cfg = parse_config({})
+    assert parse_config(json.loads(cfg.to_json())) == cfg
+
+
+@pytest.mark.parametrize("values, field, words", [
+    ({"per_replica_batch_size": 0}, "per_replica_batch_size", "greater than or equal to 1"),
+    ({"strategy": "horovod"}, "strategy", "'auto', 'one_device'"),
+    ({"max_seq_length": 4096}, "max_seq_length", "less than or equal to 512"),
+    ({"eval_fraction": 0.9}, "eval_fraction", "less than 0.5"),
+    ({"learning_rate": "fast"}, "learning_rate", "valid number"),
+    ({"model_name": "../escape"}, "model_name", "pattern"),
+    ({"batch": 8}, "batch", "unknown field"),
+    ({"strategy": "parameter_server"}, "num_ps", "at least 1 parameter server"),
+    ({"strategy": "mirrored", "num_workers": 2}, "num_workers", "runs in one process"),
+    ({"strategy": "tpu"}, "tpu_address", "TPU name"),
+    ({"strategy": "mirrored", "num_ps": 1}, "num_ps", "only used by parameter_server"),
+])
+def test_invalid_values_name_the_field_and_reason(values, field, words):
+    with pytest.raises(ConfigError) as err:
+        parse_config(values)
+    assert err.value.field == field
+    assert words in str(err.value)
+    assert f"'{field}'" in str(err.value)
+
+
+def test_cross_field_rules():
+    with pytest.raises(ConfigError, match="label_column must differ"):
+        parse_config({"label_column": "text"})
+    with pytest.raises(ConfigError, match="at least 2 classes"):
+        parse_config({"labels": ["only"]})
+
+
+def test_empty_form_values_mean_unset_for_optional_fields():
+    cfg = parse_config({"eval_uri": "", "text_pair_column": "", "labels": None})
+    assert cfg.eval_uri is None and cfg.text_pair_column is None
+
+
+def test_param_schemas_cover_every_field_with_title_default_and_type():
+    schemas = param_schemas()
+    assert set(schemas) == set(RunConfig.model_fields)
+    defaults = RunConfig().model_dump()
+    for name, schema in schemas.items():
+        assert schema["title"], name
+        assert schema["default"] == defaults[name], name
+        assert "type" in schema or "enum" in schema, name
+    assert schemas["strategy"]["enum"][0] == "auto"
+    assert schemas["eval_uri"]["type"] == ["string", "null"]
+    assert schemas["per_replica_batch_size"]["minimum"] == 1
+
+
+def test_param_schemas_validate_their_own_defaults():
+    jsonschema = pytest.importorskip("jsonschema")
+    for name, schema in param_schemas().items():
+        body = {k: v for k, v in schema.items() if k not in ("default", "title", "description")}
+        jsonschema.validate(schema["default"], body)

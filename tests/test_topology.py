@@ -1,0 +1,43 @@
+"""Strategy resolution from the topology: the mapping and its errors (no TensorFlow)."""
+import pytest
+
+from tasks.errors import ConfigError
+from tasks.topology import Topology, cluster_shape, resolve_strategy_name
+
+
+@pytest.mark.parametrize("topology, visible, expected", [
+    (Topology(), None, "one_device"),
+    (Topology(), 1, "one_device"),
+    (Topology(), 4, "mirrored"),
+    (Topology(devices_per_worker=2), None, "mirrored"),
+    (Topology(num_workers=2), None, "multi_worker_mirrored"),
+    (Topology(num_workers=2, num_ps=1), None, "parameter_server"),
+    (Topology(accelerator="tpu", tpu_address="local"), None, "tpu"),
+    (Topology(tpu_address="grpc://10.0.0.2:8470"), None, "tpu"),
+])
+def test_auto_picks_what_the_topology_offers(topology, visible, expected):
+    assert resolve_strategy_name(topology, "auto", visible) == expected
+
+
+@pytest.mark.parametrize("topology, requested, field", [
+    (Topology(num_workers=2), "one_device", "num_workers"),
+    (Topology(num_workers=3), "central_storage", "num_workers"),
+    (Topology(), "parameter_server", "num_ps"),
+    (Topology(num_ps=1), "multi_worker_mirrored", "num_ps"),
+    (Topology(accelerator="tpu"), "tpu", "tpu_address"),
+    (Topology(accelerator="gpu", tpu_address="local"), "tpu", "accelerator"),
+    (Topology(tpu_address="local"), "mirrored", "strategy"),
+    (Topology(devices_per_worker=2), "one_device", "devices_per_worker"),
+])
+def test_conflicts_name_the_field_to_change(topology, requested, field):
+    with pytest.raises(ConfigError) as err:
+        resolve_strategy_name(topology, requested)
+    assert err.value.field == field
+
+
+def test_cluster_shape_per_strategy():
+    t = Topology(num_workers=2, num_ps=1)
+    assert cluster_shape("parameter_server", t) == {"chief": 1, "worker": 2, "ps": 1}
+    assert cluster_shape("multi_worker_mirrored", Topology(num_workers=3)) == {"worker": 3}
+    for single in ("one_device", "mirrored", "central_storage", "tpu"):
+        assert cluster_shape(single, Topology()) == {}
