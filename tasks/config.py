@@ -40,7 +40,8 @@ class RunConfig(BaseModel):
     train_uri: str = Field(
         default=str(DEMO_DIR / "train.tsv"), title="Training data",
         description="CSV, TSV or JSON Lines file with a text and a label column: local path, "
-                    "gs:// or s3:// URI.")
+                    "gs:// or s3:// URI; or a folder ending in / (all data files under "
+                    "it) or a glob such as gs://bucket/data/part-*.csv.")
     eval_uri: Optional[str] = Field(
         default=str(DEMO_DIR / "eval.tsv"), title="Evaluation data",
         description="Same format as the training data. Leave empty to hold out a seeded, "
@@ -222,8 +223,18 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     except ValidationError as err:
         raise _error_from_validation(err) from None
     # Topology conflicts are config errors too; they name the field to change.
-    resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
+    strategy = resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
+    _check_training_loop(cfg, strategy)
     return cfg
+
+
+def _check_training_loop(cfg: RunConfig, strategy: str) -> None:
+    if cfg.training_loop == "fit" and cfg.grad_accum_steps > 1:
+        raise ConfigError("grad_accum_steps", "gradient accumulation needs training_loop "
+                                              "custom; set it, or grad_accum_steps to 1")
+    if cfg.training_loop == "custom" and strategy == "parameter_server":
+        raise ConfigError("training_loop", "parameter_server trains with fit (its "
+                                           "coordinator schedules the steps); set fit")
 
 
 def load_config(text: str) -> RunConfig:

@@ -16,6 +16,7 @@ from tasks.config import RunConfig, join_uri, load_config
 
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
+CONTEXT = "context.json"
 
 
 def run_key_for(run_type: str, logical_date_iso: str | None, run_id: str) -> str:
@@ -74,3 +75,18 @@ def write_run_config(ctx: RunContext, cfg: RunConfig) -> str:
 
 def read_run_config(uri: str) -> RunConfig:
     return load_config(storage.read_text(uri))
+
+
+def init_run(cfg: RunConfig, ctx: RunContext) -> str:
+    """Write a run folder's config.json and context.json; returns the run URI."""
+    write_run_config(ctx, cfg)
+    storage.write_json(join_uri(ctx.run_uri, CONTEXT), ctx.to_dict())
+    return ctx.run_uri
+
+
+def load_run(run_uri: str) -> tuple[RunConfig, RunContext]:
+    """Config and context of a run folder; also points storage at the run's connections."""
+    ctx = RunContext(**storage.read_json(join_uri(run_uri, CONTEXT)))
+    cfg = read_run_config(ctx.config_uri)
+    storage.configure(storage.Connections(cfg.gcp_conn_id, cfg.aws_conn_id))
+    return cfg, ctx

@@ -6,9 +6,11 @@ and are imported lazily, so local runs never load google-cloud-storage or boto3.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -16,16 +18,43 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from tasks.config import join_uri
 from tasks.errors import StorageError
 
 
+COMPLETE = "_COMPLETE.json"  # completion manifest of a published folder, written last
+
+# Signed-URL query parameters (S3 SigV2/V4, GCS V2/V4): credentials travelling in a URI.
+_SIGNED_PARAMS = re.compile(
+    r"[?&](x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|"
+    r"signature|awsaccesskeyid|googleaccessid)=", re.IGNORECASE)
+
+
+def redact(uri: str) -> str:
+    """`uri` without user info or query string, safe to put in logs and error messages."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        return uri
+    netloc, slash, path = rest.partition("/")
+    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.split('?', 1)[0]}"
+
+
 def scheme_of(uri: str) -> str:
+    """"gs", "s3" or "file". Rejects URIs that embed credentials: those end up in logs, XCom
+    and manifests; credentials belong in an Airflow connection or the ambient environment."""
+    if "://" in uri and ("@" in uri.split("://", 1)[1].split("/", 1)[0]
+                         or _SIGNED_PARAMS.search(uri)):
+        raise StorageError(
+            f"{redact(uri)}: URIs must not embed credentials (user:password@ or a signed "
+            "query string); use an Airflow connection (gcp_conn_id / aws_conn_id) or "
+            "ambient credentials")
     if uri.startswith("gs://"):
         return "gs"
     if uri.startswith("s3://"):
         return "s3"
     if "://" in uri and not uri.startswith("file://"):
-        raise StorageError(f"{uri}: unsupported URI scheme; use a local path, gs:// or s3://")
+        raise StorageError(
+            f"{redact(uri)}: unsupported URI scheme; use a local path, gs:// or s3://")
     return "file"
 
 
@@ -46,6 +75,8 @@ class Storage(Protocol):
     def upload_dir(self, local_dir: Path, uri: str) -> None: ...
     def download_dir(self, uri: str, local_dir: Path) -> None: ...
     def publish_dir(self, local_dir: Path, uri: str) -> bool: ...
+    def read_versioned(self, uri: str) -> tuple[bytes, str] | None: ...
+    def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -109,7 +140,8 @@ class LocalStorage:
         """Copy a folder to `uri` atomically: readers see all of it or nothing.
 
         Returns False (and changes nothing) if `uri` already exists: complete versions are
-        never overwritten.
+        never overwritten. The copy gets a `_COMPLETE.json` like object-store versions do,
+        so readers check completeness the same way everywhere.
         """
         dest = local_path(uri)
         if dest.exists():
@@ -117,6 +149,7 @@ class LocalStorage:
         dest.parent.mkdir(parents=True, exist_ok=True)
         staging = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.staging")
         shutil.copytree(local_dir, staging)
+        (staging / COMPLETE).write_text(json.dumps(completion_manifest(local_dir), indent=2))
         try:
             os.rename(staging, dest)  # atomic on POSIX; fails if dest appeared meanwhile
         except OSError:
@@ -125,6 +158,30 @@ class LocalStorage:
                 return False
             raise
         return True
+
+    def read_versioned(self, uri: str) -> tuple[bytes, str] | None:
+        """Content and a token for `write_if_match` (its sha256), or None if missing."""
+        try:
+            data = local_path(uri).read_bytes()
+        except FileNotFoundError:
+            return None
+        return data, hashlib.sha256(data).hexdigest()
+
+    def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool:
+        """Write only if the content still has `token` (None: only if missing).
+
+        An exclusive lock on a sidecar file makes check-and-replace atomic between
+        processes on this host; readers never lock, they see the old or the new file.
+        """
+        path = local_path(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(f".{path.name}.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            current = self.read_versioned(uri)
+            if (current[1] if current else None) != token:
+                return False
+            self.write_bytes(uri, data)
+            return True
 
 
 _local = LocalStorage()
@@ -192,7 +249,45 @@ def download_dir(uri: str, local_dir: Path) -> None:
 
 
 def publish_dir(local_dir: Path, uri: str) -> bool:
+    """Publish a folder atomically, with `_COMPLETE.json` last; False if already complete."""
     return open_storage(uri).publish_dir(Path(local_dir), uri)
+
+
+def is_complete(uri: str) -> bool:
+    """Whether `uri` is a fully published folder. Readers trust nothing else."""
+    return exists(join_uri(uri, COMPLETE))
+
+
+def read_versioned(uri: str) -> tuple[bytes, str] | None:
+    return open_storage(uri).read_versioned(uri)
+
+
+def write_if_match(uri: str, data: bytes, token: str | None) -> bool:
+    """Compare-and-swap: write if `uri` is unchanged since `read_versioned` gave `token`
+    (None: only if it does not exist). False when another writer got there first."""
+    return open_storage(uri).write_if_match(uri, data, token)
+
+
+def glob_uris(pattern: str) -> list[str]:
+    """URIs matching `pattern`, where `*` and `?` match within one path segment
+    (e.g. `gs://bucket/data/part-*.csv`). A pattern without wildcards matches itself."""
+    if is_local(pattern):
+        pattern = str(local_path(pattern))
+    wild = [i for i, c in enumerate(pattern) if c in "*?"]
+    if not wild:
+        return [pattern] if pattern in list_uris(pattern) else []
+    base = pattern[:wild[0]].rpartition("/")[0]
+    regex = re.compile("".join(
+        "[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in pattern))
+    return [u for u in list_uris(base) if regex.fullmatch(u)]
+
+
+def completion_manifest(local_dir: Path) -> dict:
+    """File list with sizes and sha256 of a folder: the content of `_COMPLETE.json`."""
+    root = Path(local_dir)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != COMPLETE)
+    return {"files": [{"path": p.relative_to(root).as_posix(), "size": p.stat().st_size,
+                       "sha256": sha256_file(p)} for p in files]}
 
 
 def sha256_file(path: Path) -> str:

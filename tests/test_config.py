@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tasks.config import RunConfig, parse_config, param_schemas
+from tasks.config import PROJECT_ROOT, RunConfig, parse_config, param_schemas
 from tasks.errors import ConfigError
 
 
@@ -24,6 +24,9 @@ def test_defaults_are_valid_and_round_trip_through_json():
     ({"strategy": "mirrored", "num_workers": 2}, "num_workers", "runs in one process"),
     ({"strategy": "tpu"}, "tpu_address", "TPU name"),
     ({"strategy": "mirrored", "num_ps": 1}, "num_ps", "only used by parameter_server"),
+    ({"grad_accum_steps": 4}, "grad_accum_steps", "needs training_loop custom"),
+    ({"training_loop": "custom", "num_ps": 1, "num_workers": 2}, "training_loop",
+     "parameter_server trains with fit"),
 ])
 def test_invalid_values_name_the_field_and_reason(values, field, words):
     with pytest.raises(ConfigError) as err:
@@ -63,3 +66,9 @@ def test_param_schemas_validate_their_own_defaults():
     for name, schema in param_schemas().items():
         body = {k: v for k, v in schema.items() if k not in ("default", "title", "description")}
         jsonschema.validate(schema["default"], body)
+
+
+def test_readme_documents_every_param():
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    missing = [name for name in RunConfig.model_fields if f"| `{name}` |" not in readme]
+    assert not missing, f"README's Params table lacks {missing}"

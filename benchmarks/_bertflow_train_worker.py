@@ -1,0 +1,106 @@
+"""bertflow side of train_throughput: the project's real train step, `tasks.train.run`
+(strategy, tasks.model optimizer/precision, tasks.inputs length-bucketed TFRecord batches,
+Keras fit with the project's callbacks) on the same SST-2 rows as the peer.
+
+Untimed set-up: the rows are written to a TSV and go through `tasks.data.run` and
+`tasks.tokenize.run` into a fresh run folder. Then `tasks.train.run` trains for
+warmup + timed steps; step end times are read by wrapping `tasks.train.Progress.step_done`
+(the project's own per-step hook), so the figure excludes the warm-up steps exactly as the
+peer's does. `--set field=value` overrides RunConfig fields (e.g. mixed_precision).
+Prints one line `RESULT {json}`."""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+p = argparse.ArgumentParser()
+p.add_argument("--batches", required=True)
+p.add_argument("--model-dir", required=True)
+p.add_argument("--warmup", type=int, default=3)
+p.add_argument("--set", action="append", default=[])
+p.add_argument("--fused-optimizer", action="store_true",
+               help="swap tasks.model.create_optimizer for benchmarks/fused_adamw.py's "
+                    "(the patch proposed to the training engineer)")
+a = p.parse_args()
+
+from tasks import data as data_step, tokenize as tokenize_step, train as train_step  # noqa
+from tasks.config import RunConfig  # noqa: E402
+from tasks.runlayout import RunContext, write_run_config  # noqa: E402
+from trainbench_data import train_flops  # noqa: E402
+
+batches = json.load(open(a.batches))["batches"]
+timed_steps = len(batches)
+batch_size = len(batches[0]["labels"])
+work = Path(tempfile.mkdtemp(prefix="bench-bertflow-train-"))
+tsv = work / "rows.tsv"
+with open(tsv, "w", encoding="utf-8") as f:
+    # The tokenizer is deterministic, so decoding is not needed: write the original rows.
+    f.write("text\tlabel\n")
+    for b in batches:
+        for text, y in zip(b["texts"], b["labels"]):
+            f.write(f"{text}\t{y}\n")
+overrides = {}
+for kv in a.set:
+    k, v = kv.split("=", 1)
+    try:
+        overrides[k] = json.loads(v)
+    except json.JSONDecodeError:
+        overrides[k] = v
+cfg = RunConfig(**{
+    "train_uri": str(tsv), "eval_uri": str(tsv), "artifact_root": str(work / "art"),
+    "base_model": a.model_dir, "per_replica_batch_size": batch_size, "epochs": 2,
+    "max_steps": a.warmup + timed_steps, "checkpoint_every_steps": 10_000, **overrides})
+ctx = RunContext(str(work / "art"), "bench", "train")
+write_run_config(ctx, cfg)
+data_step.run(cfg, ctx)
+tokenize_step.run(cfg, ctx)
+
+ends: list[tuple[int, float]] = []
+_orig = train_step.Progress.step_done
+
+
+def step_done(self, step, metrics):
+    ends.append((step, time.perf_counter()))
+    return _orig(self, step, metrics)
+
+
+train_step.Progress.step_done = step_done
+if a.fused_optimizer:
+    import fused_adamw
+    from tasks import model as model_lib
+    model_lib.create_optimizer = fused_adamw.create_optimizer
+t0 = time.perf_counter()
+manifest_uri = train_step.run(cfg, ctx)
+wall = time.perf_counter() - t0
+manifest = json.loads(Path(manifest_uri).read_text())
+start = dict(ends)[a.warmup]
+end = ends[-1][1]
+n_steps = ends[-1][0] - a.warmup
+dt = end - start
+n_ex = n_steps * batch_size
+# Padded tokens: bertflow pads each batch to its longest row inside length buckets; the
+# batches it forms are not visible here, so FLOPs use the same per-batch-max padding as
+# the driver's length-grouped batches (an estimate; see RESULTS.md).
+tokens = sum(len(b["labels"]) * max(len(x) for x in b["input_ids"]) for b in batches)
+sq = sum(len(b["labels"]) * max(len(x) for x in b["input_ids"]) ** 2 for b in batches)
+flops = train_flops(tokens, len(batches) * batch_size, sq) * n_steps / len(batches)
+print("RESULT " + json.dumps({
+    "examples_per_s": n_ex / dt, "seconds": dt, "steps": n_steps, "examples": n_ex,
+    "warmup_steps": a.warmup, "train_gflop_per_s": flops / dt / 1e9,
+    "train_step_wall_s": wall, "manifest_examples_per_second": manifest["examples_per_second"],
+    "precision": "bf16" if "bfloat16" in manifest["mixed_precision"] else "fp32",
+    "mixed_precision": manifest["mixed_precision"], "strategy": manifest["strategy"],
+    "final_loss": manifest["final_loss"], "overrides": overrides,
+    "fused_optimizer": a.fused_optimizer}))
+sys.stdout.flush()
+import shutil  # noqa: E402
+shutil.rmtree(work, ignore_errors=True)

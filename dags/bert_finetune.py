@@ -1,0 +1,177 @@
+"""bert_finetune: validate -> data -> tokenize -> [provision] train -> evaluate [release]
+-> export -> promote.
+
+Thin wiring only: every step is `tasks.<step>.run(cfg, ctx)`. Steps that import TensorFlow
+(tokenize, train, evaluate, export) run as `python -m tasks <step>` worker processes started
+and watched by a controller task; the Airflow task process never imports TensorFlow, and this
+file imports nothing heavy at parse time. Tasks pass run-folder / manifest URIs through XCom.
+
+Schedule: manual by default; set BERTFLOW_SCHEDULE (a cron expression or preset such as
+"@weekly") for scheduled retraining and backfills (Airflow backfills only periodic DAGs).
+Scheduled and backfill runs are keyed by logical date, so
+`airflow backfill create --dag-id bert_finetune --from-date ... --to-date ...` writes one run
+folder per date and re-running a date reuses it (and the tokenized-data cache).
+Promoted models are asset events on the alias "bertflow-promoted-model" (schedule on it to
+react to a new champion).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+
+# The pipeline package lives next to dags/; images put it on PYTHONPATH, a checkout may not.
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+if _PROJECT_ROOT not in sys.path:
+    sys.path.insert(0, _PROJECT_ROOT)
+
+from airflow.sdk import Asset, AssetAlias, BaseOperator, Param, dag, task  # noqa: E402
+
+from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
+
+DAG_ID = "bert_finetune"
+PROMOTED = AssetAlias("bertflow-promoted-model")
+
+
+def _load(run_uri: str):
+    """Config and context of a run folder (imported lazily: parse time stays light)."""
+    from tasks.runlayout import load_run
+
+    return load_run(run_uri)
+
+
+class WorkerStepOperator(BaseOperator):
+    """Controller for a step that runs in worker processes.
+
+    Starts the workers for `step` (the provisioned cluster spec for train/evaluate, one
+    process otherwise), streams their output into this task's log, fails with the worker's
+    error text, and stops them when Airflow kills the task. Returns the step's manifest URI.
+    """
+
+    template_fields = ("run_uri",)
+    ui_color = "#fde9c9"
+
+    def __init__(self, *, step: str, run_uri: str, distributed: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.step = step
+        self.run_uri = run_uri
+        self.distributed = distributed
+        self._cluster = None
+
+    def execute(self, context) -> str:
+        from tasks import provision, storage
+        from tasks.errors import WorkerError
+
+        _, ctx = _load(self.run_uri)
+        if self.distributed:
+            manifest = storage.read_json(ctx.manifest_uri("provision"))
+            spec = provision.WorkerSpec.from_dict(manifest["workers"][self.step])
+        else:
+            spec = provision.single_process_spec(self.step, self.run_uri)
+        self.log.info("%s: %d process(es), strategy %s, cluster %s", self.step,
+                      len(spec.roles), spec.strategy or "-", spec.cluster or "single")
+        record_uri = provision.pid_record_uri(self.run_uri, self.step)
+        if storage.exists(record_uri):  # a retry: whatever a dead earlier attempt left running
+            provision.kill_recorded(storage.read_json(record_uri))
+        self._cluster = provision.LocalCluster(
+            spec, log=self.log.info, record_uri=record_uri,
+            tmp_root=provision.local_tmp_root(self.run_uri))
+        self._cluster.run()
+        manifest_uri = ctx.manifest_uri(self.step)
+        if not storage.exists(manifest_uri):
+            raise WorkerError(f"{self.step} workers finished but wrote no {manifest_uri}")
+        return manifest_uri
+
+    def on_kill(self) -> None:
+        if self._cluster is not None:
+            self._cluster.stop()
+
+
+@dag(
+    dag_id=DAG_ID,
+    schedule=os.environ.get("BERTFLOW_SCHEDULE") or None,
+    start_date=datetime(2024, 1, 1),
+    catchup=False,
+    max_active_runs=1,  # local workers share one machine's cores
+    params={name: Param(**schema) for name, schema in param_schemas().items()},
+    # One retry for transient worker failures (a killed pod, a port race).
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=30)},
+    tags=["bertflow", "tensorflow"],
+    doc_md=__doc__,
+)
+def bert_finetune():
+    @task(retries=0)  # a bad config or missing file will not fix itself
+    def validate(**context) -> str:
+        """Parse the Params (field errors fail here), check the inputs, create the run
+        folder."""
+        from tasks import data, storage
+        from tasks.runlayout import init_run
+        from tasks.config import parse_config
+        from tasks.runlayout import RunContext, run_key_for
+
+        cfg = parse_config(dict(context["params"]))
+        storage.configure(storage.Connections(cfg.gcp_conn_id, cfg.aws_conn_id))
+        data.check_inputs(cfg)
+        dag_run = context["dag_run"]
+        logical = dag_run.logical_date.isoformat() if dag_run.logical_date else None
+        run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
+        ctx = RunContext(artifact_root=cfg.artifact_root, dag_id=dag_run.dag_id,
+                         run_key=run_key_for(run_type, logical, dag_run.run_id),
+                         run_id=dag_run.run_id)
+        return init_run(cfg, ctx)
+
+    @task
+    def prepare_data(run_uri: str) -> str:
+        from tasks import data
+
+        return data.run(*_load(run_uri))
+
+    @task
+    def provision(run_uri: str) -> str:
+        from tasks import provision as provision_step
+
+        return provision_step.run(*_load(run_uri))
+
+    @task
+    def release(run_uri: str) -> str:
+        from tasks.provision import release as release_step
+
+        return release_step.run(*_load(run_uri))
+
+    @task(outlets=[PROMOTED])
+    def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
+        """Quality gate; a promoted model becomes an asset event consumers can schedule on."""
+        from tasks import promote as promote_step, storage
+        from tasks.config import join_uri
+
+        cfg, ctx = _load(run_uri)
+        result = storage.read_json(promote_step.run(cfg, ctx))
+        if result["promoted"]:
+            exported = storage.read_json(export_manifest_uri)
+            location = join_uri(cfg.resolved_export_uri(), cfg.model_name)
+            uri = location if "://" in location else "file://" + location
+            context["outlet_events"][PROMOTED].add(
+                Asset(name=f"bertflow-model-{cfg.model_name}", uri=uri),
+                extra={"version_uri": exported["version_uri"], "version": exported["version"]})
+        return result
+
+    run_uri = validate()
+    data_manifest = prepare_data(run_uri)
+    tokenized = WorkerStepOperator(task_id="tokenize", step="tokenize", run_uri=run_uri)
+    provisioned = provision(run_uri)
+    trained = WorkerStepOperator(task_id="train", step="train", run_uri=run_uri,
+                                 distributed=True)
+    evaluated = WorkerStepOperator(task_id="evaluate", step="evaluate", run_uri=run_uri,
+                                   distributed=True)
+    released = release(run_uri)
+    exported = WorkerStepOperator(task_id="export", step="export", run_uri=run_uri)
+
+    data_manifest >> tokenized >> provisioned >> trained >> evaluated >> released
+    released.as_teardown(setups=provisioned)
+    # export needs evaluate's success explicitly: a teardown succeeds even when its work failed.
+    [evaluated, released] >> exported
+    promote(run_uri, exported.output)
+
+
+bert_finetune()

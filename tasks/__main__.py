@@ -1,0 +1,141 @@
+"""Command line: `python -m tasks <step> --run-dir RUN_URI` and `python -m tasks init-run`.
+
+The same entry point runs a step in an Airflow task's worker subprocess, a Kubernetes pod, a
+TPU VM or a shell. A step reads the run's `config.json` and `context.json` and prints the URI of
+the manifest it wrote. Errors a user can fix exit 2 with one line on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import typing
+
+from tasks import storage
+from tasks.config import RunConfig, parse_config
+from tasks.errors import BertflowError, ConfigError
+from tasks.runlayout import RunContext, init_run, load_run
+
+# Step name -> module with run(cfg, ctx); imported only when that step runs, so `--help` and
+# light steps never load TensorFlow.
+STEPS = {
+    "data": "tasks.data",
+    "tokenize": "tasks.tokenize",
+    "provision": "tasks.provision",
+    "train": "tasks.train",
+    "evaluate": "tasks.evaluate",
+    "release": "tasks.provision.release",
+    "export": "tasks.export",
+    "promote": "tasks.promote",
+}
+
+
+def run_step(step: str, run_uri: str) -> str:
+    cfg, ctx = load_run(run_uri)
+    module = importlib.import_module(STEPS[step])
+    return module.run(cfg, ctx)
+
+
+# --- init-run flags, generated from RunConfig ------------------------------------------------
+def _is_list(annotation) -> bool:
+    return any(typing.get_origin(a) is list
+               for a in (annotation, *typing.get_args(annotation)))
+
+
+def _is_text(annotation) -> bool:
+    """str, Optional[str] and Literal["a", ...] fields: their flag values stay strings."""
+    args = (annotation, *typing.get_args(annotation))
+    return any(a is str or typing.get_origin(a) is typing.Literal for a in args)
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("run configuration (each flag overrides --config)")
+    for name, field in RunConfig.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        help_text = f"{field.title or name}. {field.description or ''} (default: {default!r})"
+        metavar = "A,B,..." if _is_list(field.annotation) else "VALUE"
+        group.add_argument(f"--{name}", dest=f"cfg_{name}", metavar=metavar,
+                           help=help_text.replace("%", "%%"))
+
+
+def _flag_values(args: argparse.Namespace) -> dict:
+    values = {}
+    for name, field in RunConfig.model_fields.items():
+        raw = getattr(args, f"cfg_{name}")
+        if raw is None:
+            continue
+        if _is_list(field.annotation) and raw.startswith("["):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise ConfigError(name, f"not a JSON list ({err})") from None
+        elif _is_list(field.annotation) and raw != "":
+            raw = [v.strip() for v in raw.split(",")]
+        elif not _is_text(field.annotation):
+            # Numbers and booleans as JSON (so errors quote 4096, not '4096'); parse_config
+            # then validates them exactly like Params and config files.
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError:
+                pass
+        values[name] = raw
+    return values
+
+
+def _split_run_dir(run_dir: str, dag_id: str | None, run_key: str | None) -> RunContext:
+    """{artifact_root}/runs/{dag_id}/{run_key} -> RunContext, checking the given ids."""
+    parts = run_dir.rstrip("/").rsplit("/", 3)
+    if len(parts) != 4 or parts[1] != "runs":
+        raise ConfigError("run-dir", f"{run_dir} is not of the form "
+                                     "{artifact_root}/runs/{dag_id}/{run_key}")
+    root, _, found_dag, found_key = parts
+    for flag, given, found in (("dag-id", dag_id, found_dag), ("run-key", run_key, found_key)):
+        if given is not None and given != found:
+            raise ConfigError(flag, f"{given!r} does not match the run folder ({found!r})")
+    return RunContext(artifact_root=root, dag_id=found_dag, run_key=found_key, run_id=found_key)
+
+
+def _init_run_command(args: argparse.Namespace) -> str:
+    ctx = _split_run_dir(args.run_dir, args.dag_id, args.run_key)
+    values = json.loads(storage.read_text(args.config)) if args.config else {}
+    values.update(_flag_values(args))
+    values.setdefault("artifact_root", ctx.artifact_root)
+    cfg = parse_config(values)
+    if cfg.artifact_root.rstrip("/") != ctx.artifact_root:
+        raise ConfigError("artifact_root", f"{cfg.artifact_root} differs from the run folder's "
+                                           f"root {ctx.artifact_root}")
+    return init_run(cfg, ctx)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for step in STEPS:
+        p = sub.add_parser(step, help=f"run the {step} step")
+        p.add_argument("--run-dir", required=True, help="run folder URI")
+    init = sub.add_parser("init-run", help="create a run folder (config.json, context.json)")
+    init.add_argument("--run-dir", required=True,
+                      help="{artifact_root}/runs/{dag_id}/{run_key}")
+    init.add_argument("--dag-id", help="checked against the run folder")
+    init.add_argument("--run-key", help="checked against the run folder")
+    init.add_argument("--config", help="JSON file (URI) with config fields")
+    _add_config_flags(init)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "init-run":
+            print(_init_run_command(args))
+        else:
+            print(run_step(args.command, args.run_dir))
+    except BertflowError as err:
+        print(f"bertflow: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

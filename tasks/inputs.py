@@ -1,0 +1,124 @@
+"""Tokenized TFRecords -> padded batches for training and evaluation.
+
+Rows are stored unpadded (see the tokenize manifest); batches are padded to their longest row
+(length-bucketed for training, so little compute goes to padding), or to fixed bucket sizes
+with `static_shapes` for TPUs, which compile one program per shape.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import tensorflow as tf
+
+from tasks import storage
+from tasks.errors import BertflowError
+
+AUTOTUNE = tf.data.AUTOTUNE
+SHUFFLE_BUFFER = 10_000
+PAD_LABEL = -1  # filler rows added for static shapes; metrics ignore them
+_SPEC = {
+    "input_ids": tf.io.VarLenFeature(tf.int64),
+    "token_type_ids": tf.io.VarLenFeature(tf.int64),
+    "label": tf.io.FixedLenFeature([], tf.int64),
+}
+
+
+@contextmanager
+def local_shards(tokenize_manifest: dict, split: str) -> Iterator[list[str]]:
+    """Local paths of a split's shards; remote caches are downloaded for the duration."""
+    shards = tokenize_manifest["splits"][split]["shards"]
+    if all(storage.is_local(uri) for uri in shards):
+        yield [str(storage.local_path(uri)) for uri in shards]
+        return
+    cache = tokenize_manifest["cache_uri"].rstrip("/") + "/"
+    outside = [uri for uri in shards if not uri.startswith(cache)]
+    if outside:
+        raise BertflowError(f"{outside[0]}: shard is not under the cache folder {cache}")
+    with storage.staged_local_dir(cache, "r") as local:
+        yield [str(local / uri[len(cache):]) for uri in shards]
+
+
+def parse_example(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    row = tf.io.parse_single_example(serialized, _SPEC)
+    input_ids = tf.cast(tf.sparse.to_dense(row["input_ids"]), tf.int32)
+    features = {
+        "input_ids": input_ids,
+        "token_type_ids": tf.cast(tf.sparse.to_dense(row["token_type_ids"]), tf.int32),
+        # Padding adds zeros, so ones over the real tokens become the mask of every batch.
+        "attention_mask": tf.ones_like(input_ids),
+    }
+    return features, tf.cast(row["label"], tf.int32)
+
+
+def bucket_boundaries(max_seq_length: int) -> list[int]:
+    """Upper bounds (exclusive) of the length buckets: 16, 32, 64, ... up to max_seq_length."""
+    bounds, size = [], 16
+    while size < max_seq_length:
+        bounds.append(size + 1)
+        size *= 2
+    return bounds + [max_seq_length + 1]
+
+
+def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int, seed: int,
+                  input_context: tf.distribute.InputContext | None = None,
+                  static_shapes: bool = False, skip_batches: int = 0) -> tf.data.Dataset:
+    """Endless, shuffled, length-bucketed batches of `global_batch_size` split per replica
+    (the caller sets steps per epoch). The order depends only on `seed` and the pipeline's
+    share of the files; `skip_batches` starts it that many batches in (to resume)."""
+    batch = _per_replica(global_batch_size, input_context)
+    bounds = bucket_boundaries(max_seq_length)
+    ds = _records(files, input_context, shuffle_seed=seed)
+    ds = ds.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.bucket_by_sequence_length(
+        lambda features, label: tf.shape(features["input_ids"])[0],
+        bucket_boundaries=bounds, bucket_batch_sizes=[batch] * (len(bounds) + 1),
+        pad_to_bucket_boundary=static_shapes, drop_remainder=static_shapes)
+    if skip_batches:
+        ds = ds.skip(skip_batches)
+    return ds.prefetch(AUTOTUNE)
+
+
+def eval_dataset(files: list[str], global_batch_size: int,
+                 input_context: tf.distribute.InputContext | None = None,
+                 static_shapes: bool = False, max_seq_length: int = 0) -> tf.data.Dataset:
+    """Every example exactly once, in file order, keeping the partial last batch.
+
+    With `static_shapes`, rows are padded to max_seq_length and filler rows labelled
+    PAD_LABEL complete the last batch, so every batch has the same shape.
+    """
+    batch = _per_replica(global_batch_size, input_context)
+    ds = _records(files, input_context)
+    if not static_shapes:
+        return ds.padded_batch(batch).prefetch(AUTOTUNE)
+    filler = ({"input_ids": tf.zeros([1], tf.int32), "token_type_ids": tf.zeros([1], tf.int32),
+               "attention_mask": tf.zeros([1], tf.int32)}, tf.constant(PAD_LABEL))
+    ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
+    shapes = ({name: [max_seq_length] for name in filler[0]}, [])
+    return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True).prefetch(AUTOTUNE)
+
+
+def _per_replica(global_batch_size: int, ctx: tf.distribute.InputContext | None) -> int:
+    return ctx.get_per_replica_batch_size(global_batch_size) if ctx else global_batch_size
+
+
+def _records(files: list[str], ctx: tf.distribute.InputContext | None,
+             shuffle_seed: int | None = None) -> tf.data.Dataset:
+    """Parsed rows of this input pipeline's share: whole files when there are enough to go
+    round, else every n-th row (both give each row to exactly one pipeline)."""
+    if not files:
+        raise BertflowError("no TFRecord shards to read (the tokenize manifest lists none)")
+    pipelines = ctx.num_input_pipelines if ctx else 1
+    index = ctx.input_pipeline_id if ctx else 0
+    names = tf.data.Dataset.from_tensor_slices(sorted(files))
+    by_file = len(files) >= pipelines
+    if by_file and pipelines > 1:
+        names = names.shard(pipelines, index)
+    if shuffle_seed is None:
+        ds = names.flat_map(tf.data.TFRecordDataset)
+    else:
+        ds = names.shuffle(len(files), seed=shuffle_seed).interleave(
+            tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=AUTOTUNE)
+    if not by_file:
+        ds = ds.shard(pipelines, index)
+    return ds.map(parse_example, num_parallel_calls=AUTOTUNE)

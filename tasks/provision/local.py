@@ -1,0 +1,267 @@
+"""Local backend: run a WorkerSpec as processes on this machine, on loopback ports.
+
+The controller (an Airflow task, a test, the CLI) calls `LocalCluster(spec).run()`: it starts
+one process per TF_CONFIG role, streams their output with a `[role:index]` prefix, fails fast
+when any process fails, and always leaves no process behind (each process leads its own
+process group, so whatever it spawned goes with it).
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tasks import storage
+from tasks.config import PROJECT_ROOT
+from tasks.errors import WorkerError
+from tasks.provision.spec import WorkerSpec
+
+TAIL_LINES = 30
+# Messages with which TensorFlow's gRPC server reports a port taken between our pick and its
+# bind: the only failure worth retrying with fresh ports.
+_PORT_TAKEN = ("Address already in use", "Failed to add port", "Could not start gRPC server")
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports. All sockets stay bound until every port is picked, so the
+    kernel cannot hand out the same port twice; another program may still grab one before the
+    workers bind it, which `LocalCluster` handles by retrying."""
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+        return ports
+
+
+def tf_config(addresses: dict[str, list[str]], role: str, index: int) -> str:
+    return json.dumps({"cluster": addresses, "task": {"type": role, "index": index}})
+
+
+def local_tmp_root(run_uri: str) -> Path:
+    """Per-run scratch folder for worker temp files (non-chief workers write there); the
+    release step removes it."""
+    digest = hashlib.sha256(run_uri.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "bertflow-workers" / digest
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Start time of a process (Linux /proc), to tell a recorded pid from a reused one."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclass
+class _Proc:
+    role: str
+    index: int
+    popen: subprocess.Popen
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+    reader: threading.Thread | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+class _PortTaken(Exception):
+    pass
+
+
+class LocalCluster:
+    """Runs one WorkerSpec locally. `run()` blocks; `stop()` may be called from any thread."""
+
+    def __init__(self, spec: WorkerSpec, log: Callable[[str], None] = print, *,
+                 grace_seconds: float = 10.0, record_uri: str | None = None,
+                 tmp_root: Path | None = None, port_attempts: int = 3):
+        self.spec = spec
+        self.log = log
+        self.grace_seconds = grace_seconds
+        self.record_uri = record_uri
+        self.tmp_root = Path(tmp_root) if tmp_root else None
+        self.port_attempts = port_attempts
+        self._procs: list[_Proc] = []
+        # Guards _procs against stop() from another thread. Re-entrant because stop() may also
+        # run in a signal handler (Airflow's on_kill on SIGTERM) on the thread holding it.
+        self._lock = threading.RLock()
+        self._stopped = threading.Event()
+
+    # --- public ---------------------------------------------------------------------------
+    def run(self) -> None:
+        for attempt in range(1, self.port_attempts + 1):
+            try:
+                self._run_once()
+                return
+            except _PortTaken as err:
+                if attempt == self.port_attempts:
+                    raise WorkerError(f"could not bind worker ports after {attempt} "
+                                      f"attempts: {err}") from None
+                self.log(f"[cluster] port taken ({err}); retrying with new ports")
+
+    def stop(self) -> None:
+        """Stop every process (e.g. from an Airflow task's on_kill); run() then raises."""
+        self._stopped.set()
+        self._shutdown()
+
+    # --- internals ---------------------------------------------------------------------------
+    def _run_once(self) -> None:
+        try:
+            self._start()
+            self._watch()
+        finally:
+            self._shutdown()
+
+    def _start(self) -> None:
+        roles = self.spec.roles
+        addresses: dict[str, list[str]] = {}
+        if self.spec.cluster:
+            ports = iter(free_ports(len(roles)))
+            for role, _ in roles:
+                addresses.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")
+        argv = list(self.spec.command)
+        if argv and argv[0] == "python":
+            argv[0] = sys.executable
+        with self._lock:
+            self._procs = []
+            for role, index in roles:
+                if self._stopped.is_set():
+                    break
+                env = self._env(role, index, addresses)
+                popen = subprocess.Popen(
+                    argv, env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    errors="replace", start_new_session=True)
+                proc = _Proc(role, index, popen)
+                proc.reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+                proc.reader.start()
+                self._procs.append(proc)
+        self._record()
+
+    def _env(self, role: str, index: int, addresses: dict[str, list[str]]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.pop("TF_CONFIG", None)  # single-process strategies must not see a stale cluster
+        env.update(self.spec.env)
+        # `python -m tasks` must resolve to this checkout whatever the caller's cwd/sys.path.
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        if addresses:
+            env["TF_CONFIG"] = tf_config(addresses, role, index)
+        if self.tmp_root is not None:
+            tmp = self.tmp_root / f"{role}-{index}"
+            tmp.mkdir(parents=True, exist_ok=True)
+            env["TMPDIR"] = str(tmp)
+        return env
+
+    def _pump(self, proc: _Proc) -> None:
+        for line in proc.popen.stdout:
+            line = line.rstrip("\n")
+            proc.tail.append(line)
+            self.log(f"[{proc.name}] {line}")
+
+    def _watch(self) -> None:
+        if self._stopped.is_set():  # stop() came before or during start
+            raise WorkerError("workers stopped before finishing")
+        main = next(p for p in self._procs if (p.role, p.index) == self.spec.main_role)
+        while True:
+            if self._stopped.is_set():
+                raise WorkerError("workers stopped before finishing")
+            for proc in self._procs:
+                code = proc.popen.poll()
+                if code:
+                    self._fail(proc, code)
+            if main.popen.poll() == 0:
+                self._wait_for_peers(main)
+                return
+            self._stopped.wait(0.1)
+
+    def _wait_for_peers(self, main: _Proc) -> None:
+        """After the main process succeeded, give the other processes that run the program to
+        completion (MWMS workers) a grace period; servers (ps, PS-strategy workers) never
+        exit on their own and are stopped by _shutdown."""
+        finishing = [p for p in self._procs if p is not main and p.role == main.role]
+        deadline = time.monotonic() + self.grace_seconds
+        while time.monotonic() < deadline and any(p.popen.poll() is None for p in finishing):
+            time.sleep(0.1)
+        for proc in finishing:
+            code = proc.popen.poll()
+            if code:
+                self._fail(proc, code)
+
+    def _fail(self, proc: _Proc, code: int) -> None:
+        proc.reader.join(timeout=5)  # let the last lines (the error) arrive first
+        text = "\n".join(proc.tail)
+        if self.spec.cluster and any(marker in text for marker in _PORT_TAKEN):
+            raise _PortTaken(f"{proc.name}: {proc.tail[-1] if proc.tail else code}")
+        last = next((ln for ln in reversed(proc.tail) if ln.strip()), "(no output)")
+        raise WorkerError(f"{proc.name} exited with code {code}: {last}\n--- last output of "
+                          f"{proc.name} ---\n{text}")
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        live = [p for p in procs if p.popen.poll() is None]
+        for proc in procs:
+            # The whole group, also for a leader that already exited: its children may remain.
+            _signal_group(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_seconds
+        for proc in live:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in procs:
+            _signal_group(proc.popen.pid, signal.SIGKILL)
+            # With a timeout, Popen.wait never blocks on its internal lock, so this is safe
+            # when stop() runs in a signal handler that interrupted this very loop.
+            try:
+                proc.popen.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.log(f"[cluster] {proc.name} (pid {proc.popen.pid}) survived SIGKILL; "
+                         "the release step will retry")
+            if proc.reader is not None:
+                proc.reader.join(timeout=5)
+
+    def _record(self) -> None:
+        """Write the pids where the release (teardown) task finds them, in case this
+        controller dies without cleaning up (e.g. its machine's Airflow worker was killed)."""
+        if self.record_uri is None:
+            return
+        storage.write_json(self.record_uri, {"pids": [
+            {"pid": p.popen.pid, "role": p.role, "index": p.index,
+             "start_ticks": process_start_ticks(p.popen.pid)} for p in self._procs]})
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_recorded(record: dict) -> list[int]:
+    """Kill the process groups of recorded pids that are still the same processes."""
+    killed = []
+    for entry in record.get("pids", []):
+        pid = entry["pid"]
+        ticks = process_start_ticks(pid)
+        if ticks is None or ticks != entry.get("start_ticks"):
+            continue  # gone, or the pid now belongs to another process
+        _signal_group(pid, signal.SIGKILL)
+        killed.append(pid)
+    return killed

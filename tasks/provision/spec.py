@@ -1,0 +1,64 @@
+"""The worker spec: what to run, with which environment, in which cluster shape.
+
+A backend (local processes here; Kubernetes or Vertex AI later) renders one spec into
+processes. The spec is plain data so it can be written to the provision manifest and read back
+by the controller task (or rendered into a pod template) without importing TensorFlow.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from tasks.config import RunConfig
+from tasks.topology import Topology, cluster_shape, resolve_strategy_name
+
+# Every worker process needs these; the rest of its environment comes from the backend.
+BASE_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    # argv every process runs; "python" is the backend's interpreter (the image's python, or
+    # the controller's own interpreter for local processes).
+    command: list[str]
+    env: dict[str, str] = field(default_factory=lambda: dict(BASE_ENV))
+    # TF_CONFIG roles -> process count; empty means one process without TF_CONFIG.
+    cluster: dict[str, int] = field(default_factory=dict)
+    strategy: str = ""
+
+    @property
+    def roles(self) -> list[tuple[str, int]]:
+        """(role, index) of every process, chief first; [("worker", 0)] when single."""
+        if not self.cluster:
+            return [("worker", 0)]
+        order = ["chief", "worker", "ps"]
+        return [(role, i) for role in order for i in range(self.cluster.get(role, 0))]
+
+    @property
+    def main_role(self) -> tuple[str, int]:
+        """The process whose success ends the job: the chief, else worker 0 (MWMS/single)."""
+        return ("chief", 0) if self.cluster.get("chief") else ("worker", 0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WorkerSpec":
+        return cls(command=list(data["command"]), env=dict(data["env"]),
+                   cluster=dict(data["cluster"]), strategy=data["strategy"])
+
+
+def step_command(step: str, run_uri: str) -> list[str]:
+    return ["python", "-m", "tasks", step, "--run-dir", run_uri]
+
+
+def distributed_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
+    """Spec for train/evaluate: strategy and cluster shape from the configured topology."""
+    topology = Topology.from_config(cfg)
+    strategy = resolve_strategy_name(topology, cfg.strategy)
+    return WorkerSpec(command=step_command(step, run_uri), cluster=cluster_shape(strategy, topology),
+                      strategy=strategy)
+
+
+def single_process_spec(step: str, run_uri: str) -> WorkerSpec:
+    """Spec for steps that import TensorFlow but need no cluster (tokenize, export)."""
+    return WorkerSpec(command=step_command(step, run_uri))

@@ -1,0 +1,351 @@
+"""Train step: fine-tune the base checkpoint on the tokenized training split.
+
+Runs in a worker process (`python -m tasks train --run-dir URI`), never in Airflow. Every
+process of a cluster runs this same code: under multi_worker_mirrored all workers train in
+lockstep; under parameter_server the chief trains while workers and ps only serve it. Only the
+chief writes to the run folder, the others write to temporary folders that are removed. A
+restart resumes from the latest checkpoint.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import tensorflow as tf
+import tf_keras
+from tensorflow.core.framework import summary_pb2
+
+from tasks import checkpoint, inputs, model as model_lib, storage, strategy as strategy_lib
+from tasks.config import RunConfig, join_uri
+from tasks.runlayout import RunContext, read_manifest, write_manifest
+
+KEEP_CHECKPOINTS = 3
+
+
+def run(cfg: RunConfig, ctx: RunContext) -> str:
+    name = strategy_lib.strategy_name(cfg)
+    if strategy_lib.is_server_task(name):
+        strategy_lib.serve_forever()
+    strategy, name = strategy_lib.build_strategy(cfg)
+    policy = model_lib.set_precision(cfg, strategy_lib.device_kind(cfg, name))
+    tok = read_manifest(ctx.manifest_uri("tokenize"))
+    labels = tok["labels"]
+    plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
+                               strategy.num_replicas_in_sync)
+    base = checkpoint.resolve_base_model(cfg)
+    chief = strategy_lib.is_chief()
+    step_uri = ctx.step_uri("train")
+    tf_keras.utils.set_random_seed(cfg.seed)
+    print(describe_plan(cfg, plan, name, policy), flush=True)
+
+    with _output_dir(step_uri, chief) as out, inputs.local_shards(tok, "train") as files:
+        with strategy.scope():
+            model = checkpoint.load_classifier(base, labels)
+            optimizer = model_lib.create_optimizer(cfg, plan, policy)
+            manager = tf.train.CheckpointManager(
+                tf.train.Checkpoint(model=model, optimizer=optimizer), out / "checkpoints",
+                max_to_keep=KEEP_CHECKPOINTS)
+            if manager.latest_checkpoint:
+                manager.checkpoint.restore(manager.latest_checkpoint)
+        start_step = int(optimizer.iterations.numpy())
+        if start_step:
+            print(f"train: resuming from step {start_step} ({manager.latest_checkpoint})",
+                  flush=True)
+        progress = Progress(plan, out / "tensorboard")
+
+        def dataset_fn(input_context, seed_offset=0, skip_batches=0):
+            return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
+                                        cfg.seed + seed_offset, input_context,
+                                        static_shapes=name == "tpu", skip_batches=skip_batches)
+
+        if start_step < plan.total_steps:
+            loop = {"fit": _fit, "custom": _custom_loop}[cfg.training_loop]
+            if name == "parameter_server":
+                loop = _fit_in_chunks
+            upload = None
+            if chief and not storage.is_local(step_uri):
+                # Remote run folders: publish every checkpoint as it is written, so a retry
+                # after a crash (not only after success) finds it.
+                upload = functools.partial(storage.upload_dir, out / "checkpoints",
+                                           join_uri(step_uri, "checkpoints"))
+            saver = Saver(manager, cfg.checkpoint_every_steps, upload)
+            loop(strategy, name, model, optimizer, plan, dataset_fn, saver, progress)
+            saver.save(int(optimizer.iterations.numpy()))
+        if chief:
+            model.save_pretrained(out / "model")
+            shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
+
+    if not chief:
+        return ctx.manifest_uri("train")
+    return write_manifest(step_uri, {
+        "model_dir": join_uri(step_uri, "model"),
+        "checkpoint_dir": join_uri(step_uri, "checkpoints"),
+        "tensorboard_dir": join_uri(step_uri, "tensorboard"),
+        "strategy": name,
+        "training_loop": cfg.training_loop,
+        "mixed_precision": policy,
+        "base_model": str(base),
+        "labels": labels,
+        "num_train_examples": tok["splits"]["train"]["num_examples"],
+        **plan.to_dict(),
+        "base_learning_rate": cfg.learning_rate,
+        "lr_scaling": cfg.lr_scaling,
+        "reference_batch_size": cfg.reference_batch_size,
+        "steps": int(optimizer.iterations.numpy()),
+        "resumed_from_step": start_step,
+        "examples_per_second": progress.examples_per_second,
+        "final_loss": progress.epoch_loss,
+    })
+
+
+def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: str) -> str:
+    """The start-of-training log line: how the global batch, the learning rate and the step
+    counts were derived."""
+    ratio = f"{plan.global_batch_size}/{cfg.reference_batch_size}"
+    rule = {"none": "no scaling", "linear": f"x {ratio}", "sqrt": f"x sqrt({ratio})"}
+    return (f"train: strategy {name}, {plan.num_replicas} replicas x "
+            f"{plan.per_replica_batch_size} per replica x {plan.grad_accum_steps} accumulation "
+            f"= global batch {plan.global_batch_size}; learning rate {cfg.learning_rate:.4g} "
+            f"({cfg.lr_scaling}: {rule[cfg.lr_scaling]}) = {plan.learning_rate:.4g}; "
+            f"{plan.steps_per_epoch} steps per epoch, {plan.total_steps} steps in "
+            f"{plan.epochs} epochs ({plan.warmup_steps} warm-up); precision {policy}")
+
+
+@contextmanager
+def _output_dir(step_uri: str, chief: bool) -> Iterator[Path]:
+    """A local folder for this process's outputs: the (staged) step folder for the chief, a
+    throwaway one for other workers, which must still save to keep collectives in step.
+
+    A throwaway folder starts with a copy of the chief's checkpoints: on a restart every
+    worker must resume from the same step and weights, or the replicas would diverge (the
+    workers' own checkpoints died with their temporary folders)."""
+    if not chief:
+        with tempfile.TemporaryDirectory(prefix="bertflow-worker-") as tmp:
+            shared = join_uri(step_uri, "checkpoints")
+            if storage.list_uris(shared):
+                storage.download_dir(shared, Path(tmp) / "checkpoints")
+            yield Path(tmp)
+        return
+    with storage.staged_local_dir(step_uri, "w") as out:
+        remote_checkpoints = join_uri(step_uri, "checkpoints")
+        if not storage.is_local(step_uri) and storage.list_uris(remote_checkpoints):
+            storage.download_dir(remote_checkpoints, out / "checkpoints")  # resume
+        yield out
+
+
+class Progress(tf_keras.callbacks.Callback):
+    """Logs loss and examples/s to stdout and TensorBoard every `every` steps. Throughput is
+    measured from the end of the first step, so graph tracing is not counted."""
+
+    def __init__(self, plan: model_lib.TrainPlan, tb_dir: Path):
+        super().__init__()
+        self.plan = plan
+        self.every = max(1, min(100, plan.total_steps // 10))
+        self.writer = tf.summary.create_file_writer(str(tb_dir / "train"))
+        self.first: tuple[int, float] | None = None
+        self.last: tuple[int, float] | None = None
+        self.epoch_loss: float | None = None
+
+    def step_done(self, step: int, metrics: dict[str, float]) -> None:
+        """`metrics`: loss, accuracy and learning_rate at this optimizer step."""
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = (step, now)
+        self.last = (step, now)
+        if step % self.every and step < self.plan.total_steps:
+            return
+        speed = self.examples_per_second or 0.0
+        print(f"step {step}/{self.plan.total_steps} loss {metrics['loss']:.4f} accuracy "
+              f"{metrics['accuracy']:.3f} {speed:.1f} examples/s", flush=True)
+        with self.writer.as_default(step=step):
+            for tag, value in {**metrics, "examples_per_second": speed}.items():
+                tf.summary.write(tag, tf.constant(value, tf.float32), metadata=_SCALAR)
+        self.writer.flush()
+
+    @property
+    def examples_per_second(self) -> float | None:
+        if self.first is None or self.last[0] == self.first[0]:
+            return None
+        steps = self.last[0] - self.first[0]
+        return round(steps * self.plan.global_batch_size / (self.last[1] - self.first[1]), 2)
+
+    def on_train_batch_end(self, batch, logs=None):
+        optimizer = self.model.optimizer
+        self.step_done(int(optimizer.iterations.numpy()), {
+            "loss": float(logs["loss"]), "accuracy": float(logs["accuracy"]),
+            "learning_rate": float(optimizer.learning_rate.numpy())})
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_loss = float(logs["loss"])
+
+
+# tf.summary.scalar lives in the tensorboard package, which is not a dependency; this is the
+# metadata it attaches, so TensorBoard shows these tensors as scalar charts.
+_SCALAR = summary_pb2.SummaryMetadata(
+    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+    data_class=summary_pb2.DATA_CLASS_SCALAR).SerializeToString()
+
+
+class Saver:
+    """Checkpoints at every multiple of `every` optimizer steps (then calls `after_save`)."""
+
+    def __init__(self, manager: tf.train.CheckpointManager, every: int, after_save=None):
+        self.manager, self.every, self.after_save = manager, every, after_save
+        self.last_saved: int | None = None
+
+    def step_done(self, step: int) -> None:
+        if step % self.every == 0:
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        if step == self.last_saved:
+            return
+        self.manager.save(checkpoint_number=step)
+        self.last_saved = step
+        if self.after_save is not None:
+            self.after_save()
+
+
+class _StepCallbacks(tf_keras.callbacks.Callback):
+    """Checkpoints during fit and stops at the planned step count (max_steps may end
+    training inside an epoch)."""
+
+    def __init__(self, saver: Saver, total_steps: int):
+        super().__init__()
+        self.saver, self.total_steps = saver, total_steps
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy())
+        self.saver.step_done(step)
+        if step >= self.total_steps:
+            self.model.stop_training = True
+
+
+def distribute(strategy, name: str, dataset_fn, start_step: int, grad_accum_steps: int = 1):
+    """The distributed training input, positioned after the batches `start_step` optimizer
+    steps consumed (the pipeline is seeded, so a resumed run sees the batches an uninterrupted
+    one would have seen).
+
+    Under mirrored each replica runs its own pipeline on its own share of the files, exactly
+    as each one-device worker of multi_worker_mirrored does: N devices in one process and N
+    one-device workers then see the same global batches (and the per-device pipelines read
+    in parallel)."""
+    fn = functools.partial(dataset_fn, skip_batches=start_step * grad_accum_steps)
+    options = None
+    if name == "mirrored":
+        options = tf.distribute.InputOptions(
+            experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA)
+    return strategy.distribute_datasets_from_function(fn, options)
+
+
+def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
+    _compile(strategy, model, optimizer)
+    start = int(optimizer.iterations.numpy())
+    data = distribute(strategy, name, dataset_fn, start)
+    model.fit(data, epochs=plan.epochs, initial_epoch=start // plan.steps_per_epoch,
+              steps_per_epoch=plan.steps_per_epoch, verbose=0,
+              callbacks=[progress, _StepCallbacks(saver, plan.total_steps)])
+
+
+def _compile(strategy, model, optimizer) -> None:
+    with strategy.scope():  # metrics must live in the model's strategy
+        model.compile(optimizer=optimizer,
+                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[tf_keras.metrics.SparseCategoricalAccuracy("accuracy")])
+    # Logged loss/accuracy are metric results, already aggregated over replicas; Keras'
+    # default ("auto") would add them up again across workers.
+    model.distribute_reduction_method = "first"
+
+
+def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
+    """fit under ParameterServer, which allows no batch-level callbacks: one fit call per
+    checkpoint interval, logging and saving in between."""
+    _compile(strategy, model, optimizer)
+    progress.every = saver.every
+    step = int(optimizer.iterations.numpy())
+    while step < plan.total_steps:
+        chunk = min(saver.every - step % saver.every, plan.total_steps - step)
+        # Each call starts the workers' input pipelines afresh: a new seed gives new rows.
+        data = tf_keras.utils.experimental.DatasetCreator(
+            functools.partial(dataset_fn, seed_offset=step))
+        logs = model.fit(data, epochs=1, steps_per_epoch=chunk, verbose=0).history
+        step = int(optimizer.iterations.numpy())
+        progress.epoch_loss = logs["loss"][-1]
+        progress.step_done(step, {"loss": logs["loss"][-1], "accuracy": logs["accuracy"][-1],
+                                  "learning_rate": float(optimizer.learning_rate.numpy())})
+        saver.step_done(step)
+
+
+def _custom_loop(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
+    step = int(optimizer.iterations.numpy())
+    iterator = iter(distribute(strategy, name, dataset_fn, step, plan.grad_accum_steps))
+    train_step = make_train_step(strategy, model, optimizer, plan)
+    epoch_loss, epoch_steps = 0.0, 0
+    while step < plan.total_steps:
+        loss, accuracy = (float(x) for x in train_step(iterator))
+        step = int(optimizer.iterations.numpy())
+        epoch_loss, epoch_steps = epoch_loss + loss, epoch_steps + 1
+        progress.step_done(step, {"loss": loss, "accuracy": accuracy,
+                                  "learning_rate": float(optimizer.learning_rate.numpy())})
+        saver.step_done(step)
+        if step % plan.steps_per_epoch == 0 or step >= plan.total_steps:
+            progress.epoch_loss = epoch_loss / epoch_steps
+            epoch_loss, epoch_steps = 0.0, 0
+
+
+def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan):
+    """A tf.function doing one optimizer step from `plan.grad_accum_steps` micro-batches per
+    replica; returns (mean loss, accuracy) over the global batch.
+
+    Each micro-batch loss is divided by the global batch size, so summing gradients over
+    micro-batches and (in apply_gradients) over replicas gives the gradient of the mean loss
+    over all examples of the step, the same as one large batch.
+    """
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction=tf_keras.losses.Reduction.NONE)
+    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+    with strategy.scope():
+        # One private copy per replica: gradients add up locally between updates.
+        accumulators = [tf.Variable(tf.zeros_like(v), trainable=False,
+                                    synchronization=tf.VariableSynchronization.ON_READ,
+                                    aggregation=tf.VariableAggregation.SUM)
+                        for v in model.trainable_variables]
+
+    def accumulate(features, labels):
+        with tf.GradientTape() as tape:
+            logits = tf.cast(model(features, training=True).logits, tf.float32)
+            loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
+                                              global_batch_size=plan.global_batch_size)
+            scaled_loss = optimizer.get_scaled_loss(loss) if scaled else loss
+        grads = tape.gradient(scaled_loss, model.trainable_variables)
+        if scaled:
+            grads = optimizer.get_unscaled_gradients(grads)
+        for acc, grad in zip(accumulators, grads):
+            acc.assign_add(tf.cast(grad, acc.dtype))
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
+                                                 labels), tf.float32))
+        return loss, correct
+
+    def apply():
+        optimizer.apply_gradients(zip([acc.read_value() for acc in accumulators],
+                                      model.trainable_variables))
+        for acc in accumulators:
+            acc.assign(tf.zeros_like(acc))
+
+    @tf.function
+    def train_step(iterator):
+        loss, correct = tf.constant(0.0), tf.constant(0.0)
+        for _ in tf.range(plan.grad_accum_steps):
+            features, labels = next(iterator)
+            step_loss, step_correct = strategy.run(accumulate, args=(features, labels))
+            loss += strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
+            correct += strategy.reduce(tf.distribute.ReduceOp.SUM, step_correct, axis=None)
+        strategy.run(apply)
+        return loss, correct / plan.global_batch_size
+
+    return train_step

@@ -1,0 +1,49 @@
+"""Shared fixtures.
+
+Airflow reads its configuration when first imported, so AIRFLOW_HOME and friends are set here,
+at collection time, before any test module imports Airflow: the suite never touches
+~/airflow or the project's .airflow/ folder.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="bertflow-test-airflow-"))
+os.environ.update({
+    "AIRFLOW_HOME": str(_AIRFLOW_HOME),
+    "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+    "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+    "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    "TF_USE_LEGACY_KERAS": "1",
+})
+
+
+@pytest.fixture
+def artifact_root(tmp_path, monkeypatch) -> str:
+    """A fresh artifact root, also the RunConfig default for code that reads the env."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    monkeypatch.setenv("BERTFLOW_ARTIFACT_ROOT", str(root))
+    return str(root)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> Path:
+    """AIRFLOW_HOME with a migrated SQLite metadata DB, made once per session."""
+    subprocess.run([str(Path(PYTHON).parent / "airflow"), "db", "migrate"], check=True,
+                   capture_output=True, env=os.environ.copy())
+    return _AIRFLOW_HOME
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)

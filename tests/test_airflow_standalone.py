@@ -1,0 +1,236 @@
+"""The DAG through a real `airflow standalone` (api-server, scheduler, dag-processor,
+triggerer as separate processes) driven only through its REST API and a real headless
+Chromium: trigger with a tiny config, every task succeeds, the promote XCom is readable over
+REST, the exported model serves raw strings in a fresh process, a bad Param is refused, the
+plugin page lists the model, and the React trigger form shows the Params with their titles.
+
+One server per module (~1-2 min to become healthy on a loaded 2-core machine). The browser
+checks use Debian's /usr/bin/chromium (`make test-deps` installs it); they fail, not skip,
+without it. The UI is driven through the DevTools protocol with `websockets` (tests/ui_helpers).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from tasks import storage
+from tasks.config import join_uri
+from tasks.demo import predict_in_fresh_process, sample_rows
+
+from ui_helpers import CHROMIUM, Browser, Standalone, dump_dom
+
+DAG_ID = "bert_finetune"
+TASK_IDS = {"validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
+            "export", "promote"}
+TINY = {"max_steps": 2, "max_seq_length": 32, "epochs": 1, "per_replica_batch_size": 8}
+RUN_TIMEOUT = 12 * 60
+# Titles from RunConfig (tasks/config.py) that the trigger form must show.
+PARAM_TITLES = ["Training data", "Max sequence length", "Batch size per replica", "Epochs",
+                "Max optimizer steps", "Distribution strategy", "Quality-gate metric"]
+TRIGGER_DIALOG = ("[...document.querySelectorAll('[role=dialog]')]"
+                  ".find(d => d.innerText.includes('Trigger Dag'))")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("standalone-home")
+    artifacts = tmp_path_factory.mktemp("standalone-artifacts")
+    srv = Standalone(home, artifacts)
+    started = time.monotonic()
+    try:
+        srv.start()
+        print(f"\nairflow standalone healthy on {srv.base} after "
+              f"{time.monotonic() - started:.0f}s")
+        srv.wait_for(f"DAG {DAG_ID} parsed",
+                     lambda: srv.api("GET", f"/dags/{DAG_ID}").status_code == 200, timeout=240)
+        yield srv
+    except BaseException:
+        print(srv.log_tail())
+        raise
+    finally:
+        survivors = srv.stop()
+        assert not survivors, f"processes left after stopping airflow standalone: {survivors}"
+
+
+@pytest.fixture(scope="module")
+def triggered_run(server) -> str:
+    """Unpause and trigger the tiny run; returns the run id (does not wait: the browser
+    checks on the trigger form run meanwhile)."""
+    resp = server.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["is_paused"] is False
+    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns",
+                      json={"logical_date": None, "conf": TINY})
+    assert resp.status_code == 200, resp.text
+    return resp.json()["dag_run_id"]
+
+
+@pytest.fixture(scope="module")
+def finished_run(server, triggered_run) -> dict:
+    run_id = quote(triggered_run, safe="")
+
+    def terminal():
+        state = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
+        return state if state in ("success", "failed") else None
+
+    started = time.monotonic()
+    state = server.wait_for(f"run {triggered_run} to finish", terminal, timeout=RUN_TIMEOUT,
+                            interval=5)
+    print(f"\nrun {triggered_run}: {state} after {time.monotonic() - started:.0f}s of polling")
+    tis = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()
+    states = {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+    if state != "success":
+        for task_id, ti_state in states.items():
+            if ti_state != "success":
+                print(f"---- {task_id}: {ti_state}\n{task_log(server, run_id, task_id)[-4000:]}")
+        print(server.log_tail())
+    return {"run_id": triggered_run, "quoted": run_id, "state": state, "states": states}
+
+
+def task_log(server, quoted_run_id: str, task_id: str, try_number: int = 1) -> str:
+    resp = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{quoted_run_id}/taskInstances/{task_id}"
+                             f"/logs/{try_number}", params={"full_content": "true"},
+                      headers={"Accept": "application/json"})
+    if resp.status_code != 200:
+        return f"(log: HTTP {resp.status_code} {resp.text[:300]})"
+    content = resp.json().get("content", [])
+    return "\n".join(c.get("event", "") if isinstance(c, dict) else str(c) for c in content)
+
+
+# --- REST -------------------------------------------------------------------------------
+
+def test_bad_param_is_refused_at_trigger_naming_the_field(server):
+    """Airflow 3.3 validates the conf against the DAG's Params (JSON schema from RunConfig)
+    when the run is created: HTTP 400, no run."""
+    before = server.api("GET", f"/dags/{DAG_ID}/dagRuns").json()["total_entries"]
+    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns",
+                      json={"logical_date": None, "conf": {**TINY, "per_replica_batch_size": 0}})
+    assert resp.status_code == 400, resp.text
+    detail = resp.json()["detail"]
+    assert "per_replica_batch_size" in detail and "minimum" in detail, detail
+    assert server.api("GET", f"/dags/{DAG_ID}/dagRuns").json()["total_entries"] == before
+
+
+# --- browser: the trigger form (checked while the triggered DAG trains) ------------------
+
+def test_chromium_is_installed():
+    assert os.access(CHROMIUM, os.X_OK), (
+        f"{CHROMIUM} missing: run `make test-deps` (apt-get install -y chromium)")
+
+
+@pytest.fixture(scope="module")
+def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
+    """Open the DAG page logged in as the real user (the api-server accepts the JWT from
+    POST /auth/token as the `_token` cookie), click Trigger, screenshot the form."""
+    assert os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} missing: run `make test-deps`"
+    shot = tmp_path_factory.mktemp("screens") / "trigger_form.png"
+    browser = Browser()
+    try:
+        browser.set_cookie("_token", server.token, server.base + "/")
+        browser.navigate(f"{server.base}/dags/{DAG_ID}")
+        button = ("[...document.querySelectorAll('button')]"
+                  ".find(b => b.getAttribute('aria-label') === 'Trigger Dag')")
+        browser.wait_js(f"!!{button}", timeout=120)
+        browser.evaluate(f"{button}.click()")
+        browser.wait_js(f"!!{TRIGGER_DIALOG} && {TRIGGER_DIALOG}.innerText.includes("
+                        f"{json.dumps(PARAM_TITLES[-1])})", timeout=90)
+        time.sleep(1)  # let the last fields lay out before the screenshot
+        text = browser.evaluate(f"{TRIGGER_DIALOG}.innerText")
+        submit = browser.evaluate(
+            f"[...{TRIGGER_DIALOG}.querySelectorAll('button')]"
+            ".filter(b => b.innerText.trim() === 'Trigger').map(b => b.disabled)")
+        # Fields the form marks required (*) but leaves empty: why Trigger is disabled.
+        empty_required = browser.evaluate(f"""(() => {{
+            const out = [];
+            for (const el of {TRIGGER_DIALOG}.querySelectorAll('input, textarea')) {{
+                if (['checkbox', 'radio', 'hidden'].includes(el.type) || el.value !== ''
+                    || el.offsetParent === null) continue;
+                let row = el.parentElement;
+                while (row && !row.querySelector('label')) row = row.parentElement;
+                const label = row && row.querySelector('label');
+                if (label && label.innerText.includes('*'))
+                    out.push(label.innerText.replace('*', '').trim());
+            }}
+            return out; }})()""")
+        browser.screenshot(shot)
+    finally:
+        browser.close()
+    print(f"\ntrigger form screenshot: {shot}")
+    return {"text": text, "submit_disabled": submit, "empty_required": empty_required,
+            "screenshot": shot}
+
+
+def test_trigger_form_shows_params_with_titles(trigger_form):
+    text = trigger_form["text"]
+    assert f"Trigger Dag - {DAG_ID}" in text
+    for title in PARAM_TITLES:
+        assert title in text, f"trigger form lacks the Param title {title!r}"
+    assert "Stop after this many steps; 0 means run all epochs." in text  # a description
+    shot: Path = trigger_form["screenshot"]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 50_000, shot.stat().st_size  # a blank page is ~5 kB
+
+
+def test_trigger_form_can_be_submitted_with_the_defaults(trigger_form):
+    """Every Param has a valid default, so the form's Trigger button must be enabled."""
+    assert trigger_form["submit_disabled"] == [False], (
+        f"Trigger button disabled with the default Params; required-but-empty fields: "
+        f"{trigger_form['empty_required']}")
+
+
+def test_run_succeeds_with_every_task(finished_run):
+    assert finished_run["states"] == {t: "success" for t in TASK_IDS}, finished_run["states"]
+    assert finished_run["state"] == "success"
+
+
+def test_promote_result_is_readable_over_rest(server, finished_run):
+    assert finished_run["state"] == "success"
+    base = f"/dags/{DAG_ID}/dagRuns/{finished_run['quoted']}/taskInstances"
+    resp = server.api("GET", f"{base}/promote/xcomEntries/return_value")
+    assert resp.status_code == 200, resp.text
+    promoted = resp.json()["value"]
+    assert promoted["promoted"] is True, promoted  # first model: gate minimum 0
+    resp = server.api("GET", f"{base}/export/xcomEntries/return_value")
+    assert resp.status_code == 200, resp.text
+    export_manifest = storage.read_json(resp.json()["value"])
+    assert export_manifest["version_uri"].startswith(str(server.artifact_root))
+
+
+def _run_uri(server, finished_run) -> str:
+    resp = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{finished_run['quoted']}/taskInstances"
+                             "/validate/xcomEntries/return_value")
+    assert resp.status_code == 200, resp.text
+    return resp.json()["value"]
+
+
+def test_exported_model_predicts_raw_strings_in_a_fresh_process(server, finished_run):
+    assert finished_run["state"] == "success"
+    run_uri = _run_uri(server, finished_run)
+    exported = storage.read_json(join_uri(run_uri, "export", "manifest.json"))
+    labels = storage.read_json(join_uri(exported["version_uri"], "labels.json"))
+    rows = sample_rows(run_uri, count=2) + [{"text": "completely unrelated words"}]
+    predictions = predict_in_fresh_process(join_uri(exported["version_uri"], "saved_model"),
+                                           rows)
+    assert len(predictions) == 3
+    for pred in predictions:
+        assert pred["label"] in labels
+        assert sum(pred["probabilities"]) == pytest.approx(1.0, abs=1e-3)
+
+
+# --- browser: the plugin page -----------------------------------------------------------
+
+def test_plugin_page_lists_the_exported_model(server, finished_run):
+    assert finished_run["state"] == "success"
+    manifest_uri = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{finished_run['quoted']}"
+                                     "/taskInstances/export/xcomEntries/return_value"
+                              ).json()["value"]
+    exported = storage.read_json(manifest_uri)
+    dom = dump_dom(f"{server.base}/bertflow/")
+    assert "<h3>Models</h3>" in dom
+    assert exported["version_uri"] in dom, dom[:2000]
+    assert f"/{exported['version']}/card" in dom

@@ -1,0 +1,292 @@
+"""tasks.data: reading, validation errors (file/line/field), label vocabulary, split; inputs
+made of several files (prefix, glob) on local disk and on the GCS and S3 emulators."""
+import hashlib
+import json
+from collections import Counter
+
+import pytest
+
+from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
+from tasks import data, storage
+from tasks.config import DEMO_DIR, parse_config
+from tasks.errors import DataError
+from tasks.runlayout import RunContext
+
+
+def _write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
+    return str(path)
+
+
+def _cfg(tmp_path, train, eval_uri=None, **overrides):
+    return parse_config({"train_uri": train, "eval_uri": eval_uri or "",
+                         "artifact_root": str(tmp_path / "artifacts"), **overrides})
+
+
+def _ctx(tmp_path):
+    return RunContext(str(tmp_path / "artifacts"), "dag", "run1")
+
+
+def _tsv(rows, header="text\tlabel"):
+    return header + "\n" + "".join(f"{t}\t{y}\n" for t, y in rows)
+
+
+GOOD = [("good film", "pos"), ("bad film", "neg"), ("great acting", "pos"),
+        ("dull plot", "neg")]
+
+
+def _error(tmp_path, train, eval_uri=None, **overrides) -> DataError:
+    cfg = _cfg(tmp_path, train, eval_uri, **overrides)
+    with pytest.raises(DataError) as info:
+        data.run(cfg, _ctx(tmp_path))
+    return info.value
+
+
+# --- bad inputs: each names the file and, where there is one, the line ------------------
+def test_missing_file(tmp_path):
+    missing = str(tmp_path / "nope.tsv")
+    err = _error(tmp_path, missing)
+    assert err.path == missing and "not found" in str(err)
+
+
+def test_empty_file(tmp_path):
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", ""))
+    assert "t.tsv" in str(err) and "empty" in str(err)
+
+
+def test_header_only(tmp_path):
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", "text\tlabel\n"))
+    assert err.line == 1 and "no data rows" in str(err)
+
+
+def test_missing_column_lists_columns_found(tmp_path):
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", _tsv(GOOD, "sentence\tlabel")))
+    assert err.line == 1
+    assert "no column 'text'" in str(err) and "sentence, label" in str(err)
+
+
+def test_empty_text(tmp_path):
+    rows = GOOD[:2] + [("   ", "pos")] + GOOD[2:]
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", _tsv(rows)))
+    assert err.line == 4 and "empty text in column 'text'" in str(err)
+    assert "t.tsv, line 4" in str(err)
+
+
+def test_unknown_label(tmp_path):
+    rows = GOOD + [("so-so", "meh")]
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", _tsv(rows)), labels=["neg", "pos"])
+    assert err.line == 6 and "'meh'" in str(err) and "allowed labels" in str(err)
+
+
+def test_swapped_columns(tmp_path):
+    rows = [(y, t) for t, y in GOOD * 3]  # texts in the label column
+    rows = [(y, f"{t} number {i}") for i, (y, t) in enumerate(rows)]
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", _tsv(rows)))
+    assert "looks like free text" in str(err) and "swapped" in str(err)
+    assert "label_column" in str(err)
+
+
+def test_invalid_utf8_names_line_and_offset(tmp_path):
+    content = _tsv(GOOD).encode() + b"caf\xe9 au lait\tpos\n"
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", content))
+    offset = content.index(b"\xe9")
+    assert err.line == 6 and f"byte offset {offset}" in str(err) and "column 4" in str(err)
+
+
+def test_malformed_json_line(tmp_path):
+    lines = [json.dumps({"text": t, "label": y}) for t, y in GOOD]
+    lines.insert(2, '{"text": "broken", "label": ')
+    err = _error(tmp_path, _write(tmp_path, "t.jsonl", "\n".join(lines) + "\n"))
+    assert err.line == 3 and "malformed JSON" in str(err)
+
+
+def test_jsonl_record_missing_field(tmp_path):
+    lines = [json.dumps({"text": t, "label": y}) for t, y in GOOD]
+    lines.append(json.dumps({"text": "no label here"}))
+    err = _error(tmp_path, _write(tmp_path, "t.jsonl", "\n".join(lines)))
+    assert err.line == 5 and "no field 'label'" in str(err)
+
+
+def test_single_class(tmp_path):
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", _tsv([(t, "pos") for t, _ in GOOD])))
+    assert "only one class" in str(err) and "'label'" in str(err)
+
+
+def test_eval_label_unseen_in_training(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))
+    evals = _write(tmp_path, "eval.tsv", _tsv([("fine", "pos"), ("odd one", "neutral")]))
+    err = _error(tmp_path, train, evals)
+    assert err.path == evals and err.line == 3
+    assert "'neutral' never appears in the training data" in str(err)
+
+
+def test_wrong_field_count_in_tsv(tmp_path):
+    content = _tsv(GOOD) + "a\ttab\tinside\tpos\n"
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", content))
+    assert err.line == 6 and "expected 2 tab-separated fields" in str(err)
+
+
+def test_csv_line_numbers_count_multiline_quoted_rows(tmp_path):
+    content = 'text,label\n"two\nlines",pos\nok,neg\n,pos\n'
+    err = _error(tmp_path, _write(tmp_path, "t.csv", content))
+    assert err.line == 5 and "empty text" in str(err)
+
+
+def test_check_inputs_is_cheap_preflight(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))
+    bad_eval = _write(tmp_path, "eval.tsv", _tsv(GOOD, "review\tlabel"))
+    data.check_inputs(_cfg(tmp_path, train))
+    with pytest.raises(DataError) as info:
+        data.check_inputs(_cfg(tmp_path, train, bad_eval))
+    assert info.value.path == bad_eval and "no column 'text'" in str(info.value)
+    with pytest.raises(DataError, match="no data rows"):
+        data.check_inputs(_cfg(tmp_path, _write(tmp_path, "h.tsv", "text\tlabel\n")))
+
+
+# --- reading and outputs -------------------------------------------------------------------
+def test_run_with_eval_file_writes_manifest_and_jsonl(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv([("good film ", "pos"), *GOOD[1:]]))
+    evals = _write(tmp_path, "eval.tsv", _tsv([("fine", "pos"), ("awful", "neg")]))
+    uri = data.run(_cfg(tmp_path, train, evals), _ctx(tmp_path))
+    manifest = storage.read_json(uri)
+    assert manifest["labels"] == ["neg", "pos"]  # sorted
+    assert manifest["eval_source"] == "file" and manifest["has_pair"] is False
+    assert manifest["splits"]["train"]["label_counts"] == {"neg": 2, "pos": 2}
+    assert manifest["sources"]["eval"]["uri"] == evals
+    assert len(manifest["sources"]["train"]["sha256"]) == 64
+    rows = [json.loads(line) for line in
+            storage.read_text(manifest["splits"]["train"]["uri"]).splitlines()]
+    assert rows[0] == {"text": "good film", "text_pair": None, "label": 1}  # space stripped
+
+
+def test_labels_setting_fixes_vocabulary_order(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))
+    uri = data.run(_cfg(tmp_path, train, labels=["pos", "neg", "mixed"]), _ctx(tmp_path))
+    manifest = storage.read_json(uri)
+    assert manifest["labels"] == ["pos", "neg", "mixed"]
+    assert manifest["splits"]["train"]["label_counts"]["mixed"] == 0
+
+
+def test_csv_and_jsonl_with_pairs_and_custom_columns(tmp_path):
+    csv_text = 'premise,hypothesis,gold\n"A man, smiling",He is happy,yes\nRain,It is dry,no\n'
+    train = _write(tmp_path, "t.csv", csv_text)
+    jsonl = "\n".join(json.dumps({"premise": p, "hypothesis": h, "gold": g})
+                      for p, h, g in [("Sun", "It is bright", "yes"), ("Cold", "Warm", "no")])
+    evals = _write(tmp_path, "e.jsonl", jsonl)
+    cfg = _cfg(tmp_path, train, evals, text_column="premise", text_pair_column="hypothesis",
+               label_column="gold")
+    manifest = storage.read_json(data.run(cfg, _ctx(tmp_path)))
+    assert manifest["has_pair"] is True
+    first = json.loads(storage.read_text(manifest["splits"]["train"]["uri"]).splitlines()[0])
+    assert first == {"text": "A man, smiling", "text_pair": "He is happy", "label": 1}
+
+
+def test_stratified_split_is_seeded_and_keeps_every_class(tmp_path):
+    rows = [(f"text {i}", "a") for i in range(50)] + [(f"text b{i}", "b") for i in range(20)]
+    rows += [("lonely one", "c"), ("pair one", "d"), ("pair two", "d")]
+    train = _write(tmp_path, "t.tsv", _tsv(rows))
+    cfg = _cfg(tmp_path, train, eval_fraction=0.2)
+    examples = data.load_source(cfg, train).examples
+    tr1, ev1 = data.stratified_split(examples, 0.2, seed=3)
+    tr2, ev2 = data.stratified_split(examples, 0.2, seed=3)
+    _, ev3 = data.stratified_split(examples, 0.2, seed=4)
+    assert (tr1, ev1) == (tr2, ev2) and ev1 != ev3
+    assert Counter(ex.label for ex in ev1) == {"a": 10, "b": 4, "d": 1}
+    assert {ex.label for ex in tr1} == {"a", "b", "c", "d"}  # the single 'c' stays in train
+    assert [ex.line for ex in tr1] == sorted(ex.line for ex in tr1)  # file order kept
+
+
+def test_run_without_eval_file_splits(tmp_path):
+    manifest = storage.read_json(data.run(
+        _cfg(tmp_path, str(DEMO_DIR / "train.tsv")), _ctx(tmp_path)))
+    assert manifest["eval_source"] == "split" and manifest["sources"]["eval"] is None
+    train, evals = manifest["splits"]["train"], manifest["splits"]["eval"]
+    assert all(n >= 9 for n in evals["label_counts"].values())
+    assert train["num_examples"] + evals["num_examples"] == sum(
+        1 for _ in open(DEMO_DIR / "train.tsv")) - 1
+
+
+def test_demo_dataset_is_valid():
+    cfg = parse_config({})
+    data.check_inputs(cfg)
+    train = data.load_source(cfg, cfg.train_uri).examples
+    evals = data.load_source(cfg, cfg.eval_uri).examples
+    assert len(train) >= 300 and len(evals) >= 90
+    assert set(Counter(ex.label for ex in train)) == {"billing", "shipping", "technical"}
+    assert not {ex.text for ex in train} & {ex.text for ex in evals}
+
+
+# --- several files: prefixes and globs, on local disk and both emulators ------------------
+PART_A = [("good film", "pos"), ("bad film", "neg"), ("great acting", "pos")]
+PART_B = [("dull plot", "neg"), ("fine score", "pos"), ("weak ending", "neg")]
+
+
+def _write_parts(root, parts):
+    for name, content in parts.items():
+        storage.write_text(f"{root}/{name}", content)
+
+
+def _run_on(tmp_path, train, evals=None, **overrides):
+    cfg = _cfg(tmp_path, train, evals, **overrides)
+    return storage.read_json(data.run(cfg, _ctx(tmp_path)))
+
+
+def test_prefix_and_glob_concatenate_sorted_files(root, tmp_path):  # noqa: F811
+    _write_parts(root, {"train/part-1.tsv": _tsv(PART_B), "train/part-0.tsv": _tsv(PART_A),
+                        "train/_SUCCESS": "", "train/notes.txt": "not data",
+                        "eval.tsv": _tsv([("fine", "pos"), ("awful", "neg")])})
+    for train in (f"{root}/train/", f"{root}/train/part-*.tsv"):
+        manifest = _run_on(tmp_path, train, f"{root}/eval.tsv")
+        files = manifest["sources"]["train"]["files"]
+        assert [f["uri"] for f in files] == [f"{root}/train/part-0.tsv",
+                                             f"{root}/train/part-1.tsv"]
+        for f, rows in zip(files, (PART_A, PART_B)):
+            assert f["sha256"] == hashlib.sha256(_tsv(rows).encode()).hexdigest()
+        assert manifest["sources"]["train"]["uri"] == train
+        assert manifest["sources"]["eval"]["files"] == [{
+            "uri": f"{root}/eval.tsv", "sha256": manifest["sources"]["eval"]["sha256"]}]
+        texts = [json.loads(line)["text"] for line in
+                 storage.read_text(manifest["splits"]["train"]["uri"]).splitlines()]
+        assert texts == [t for t, _ in PART_A + PART_B]  # sorted file order, row order kept
+
+
+def test_errors_name_the_file_and_line_of_the_row(root, tmp_path):  # noqa: F811
+    bad = _tsv(PART_B[:1] + [("  ", "pos")])
+    _write_parts(root, {"d/a.tsv": _tsv(PART_A), "d/b.tsv": bad})
+    with pytest.raises(DataError) as info:
+        data.run(_cfg(tmp_path, f"{root}/d/*.tsv"), _ctx(tmp_path))
+    assert info.value.path == f"{root}/d/b.tsv" and info.value.line == 3
+    # Checks across rows, too: the unseen eval label is in the second eval file.
+    _write_parts(root, {"e/1.tsv": _tsv([("ok", "pos")]), "e/2.tsv": _tsv([("hm", "meh")])})
+    with pytest.raises(DataError, match="never appears") as info:
+        data.run(_cfg(tmp_path, f"{root}/d/a.tsv", f"{root}/e/"), _ctx(tmp_path))
+    assert (info.value.path, info.value.line) == (f"{root}/e/2.tsv", 2)
+
+
+def test_nothing_matched_names_the_pattern(root, tmp_path):  # noqa: F811
+    storage.write_text(f"{root}/d/_SUCCESS", "")
+    for pattern, reason in ((f"{root}/d/", "no data files under this prefix"),
+                            (f"{root}/d/*.csv", "the pattern matches no files"),
+                            (f"{root}/missing/", "no data files under this prefix")):
+        with pytest.raises(DataError, match=reason) as info:
+            data.check_inputs(_cfg(tmp_path, pattern))
+        assert info.value.path == pattern
+
+
+def test_check_inputs_checks_every_matched_file(tmp_path):
+    _write(tmp_path, "a.tsv", _tsv(GOOD))
+    wrong = _write(tmp_path, "b.tsv", _tsv(GOOD, "review\tlabel"))
+    with pytest.raises(DataError, match="no column 'text'") as info:
+        data.check_inputs(_cfg(tmp_path, str(tmp_path / "*.tsv")))
+    assert info.value.path == wrong
+
+
+def test_explicit_format_reads_files_without_extension(tmp_path):
+    (tmp_path / "out").mkdir()
+    _write(tmp_path, "out/part-00000", _tsv(PART_A))
+    _write(tmp_path, "out/part-00001", _tsv(PART_B))
+    _write(tmp_path, "out/_SUCCESS", "")
+    manifest = _run_on(tmp_path, str(tmp_path / "out") + "/", file_format="tsv")
+    assert len(manifest["sources"]["train"]["files"]) == 2
+    assert sum(s["num_examples"] for s in manifest["splits"].values()) == 6

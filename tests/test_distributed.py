@@ -1,0 +1,228 @@
+"""Real multi-process training on loopback: the train and evaluate steps run as worker
+processes started by the local provisioner (`LocalCluster` with the `WorkerSpec` the provision
+step would write), on a tiny random BERT without dropout.
+
+- multi_worker_mirrored (2 one-CPU workers) trains the same weights as mirrored (one process
+  with 2 logical CPUs): same seed, same global batch of 2 x 8, and the same per-replica
+  input pipelines (replica/worker i reads shard i in the same seeded order).
+- parameter_server (chief + 2 workers + 1 ps) trains through Model.fit and evaluates inline
+  on the chief.
+- a 2-worker run loses a worker to SIGKILL after its first checkpoint, fails fast, and the
+  retry resumes from the checkpoint and completes the plan.
+- distributed evaluation (mirrored, 2-worker MWMS) counts exactly what one device counts, on
+  an eval set (41 rows) that is not a multiple of the global batch (16).
+
+One module-scoped fixture trains the mirrored and MWMS models once (concurrently); the other
+tests reuse them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.errors import WorkerError
+from tasks.provision import LocalCluster, distributed_spec
+from tasks.runlayout import read_manifest
+from train_helpers import (LABELS, h5_weights, make_run, run_steps_in_subprocess,
+                           write_tiny_model)
+
+# Trained weights of the 2-worker MWMS run and the 2-device Mirrored run agree to within this
+# (max absolute difference over every variable, after 24 AdamW steps at lr 1e-2, which move
+# weights by ~1e-1). The two set-ups do the same arithmetic on the same batches; they could
+# differ only where CPU kernels split work across threads differently or the all-reduce adds
+# in another order (float32 rounding). Measured here: 0.0 (bitwise identical).
+WEIGHT_ATOL = 1e-5
+NUM_TRAIN, NUM_EVAL = 64, 41  # 41 eval rows: not a multiple of the global eval batch (16)
+FIXED = (10, 10)  # words per training row: one batch shape, one trace of the train function
+# 6 epochs of 4 steps: enough to make the model confident, so no prediction sits on a near-tie
+# that float rounding (batches padded to different widths) could flip.
+COMMON = dict(per_replica_batch_size=8, epochs=6, eval_batch_size=8, learning_rate=1e-2,
+              warmup_ratio=0.25, weight_decay=0.01, checkpoint_every_steps=4)
+
+
+def run_cluster(cfg, ctx, step: str, **kwargs) -> list[str]:
+    """Run one step's WorkerSpec (as the provision step would write it) on loopback."""
+    lines: list[str] = []
+    spec = distributed_spec(cfg, step, ctx.run_uri)
+    try:
+        LocalCluster(spec, log=lines.append, grace_seconds=60, **kwargs).run()
+    except WorkerError as err:
+        raise AssertionError(f"{step} failed: {err}\n" + "\n".join(lines[-60:])) from None
+    return lines
+
+
+
+def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8) -> np.ndarray:
+    """The reference: the same checkpoint evaluated in this process on one device."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tasks import checkpoint, evaluate, inputs
+
+    tf_keras.mixed_precision.set_global_policy("float32")
+    tok = read_manifest(ctx.manifest_uri("tokenize"))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = checkpoint.load_classifier(model_dir, LABELS)
+    with inputs.local_shards(tok, "eval") as files:
+        return evaluate.confusion_matrix(strategy, model, files, len(LABELS), batch_size)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_model) -> dict:
+    """Mirrored (train + evaluate in one process) and 2-worker MWMS (train), concurrently."""
+    root = tmp_path_factory.mktemp("runs")
+    mirrored = make_run(root / "mirrored", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED,
+                        strategy="mirrored", devices_per_worker=2, **COMMON)
+    mwms = make_run(root / "mwms", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED,
+                    strategy="multi_worker_mirrored", num_workers=2, **COMMON)
+    results: dict = {}
+
+    def mirrored_run():
+        results["mirrored"] = run_steps_in_subprocess(mirrored[1].run_uri, "train", "evaluate")
+
+    thread = threading.Thread(target=mirrored_run)
+    thread.start()
+    try:
+        results["mwms_lines"] = run_cluster(*mwms, "train")
+    finally:
+        thread.join()
+    done = results["mirrored"]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {"mirrored": mirrored, "mwms": mwms, "mwms_lines": results["mwms_lines"],
+            "mirrored_stdout": done.stdout}
+
+
+def test_mwms_trains_the_same_weights_as_mirrored(trained):
+    mirrored = read_manifest(trained["mirrored"][1].manifest_uri("train"))
+    mwms = read_manifest(trained["mwms"][1].manifest_uri("train"))
+    assert mirrored["strategy"] == "mirrored" and mwms["strategy"] == "multi_worker_mirrored"
+    for manifest in (mirrored, mwms):
+        assert manifest["num_replicas"] == 2 and manifest["global_batch_size"] == 16
+        assert manifest["steps"] == manifest["total_steps"] == 24  # 64 rows / 16 x 6 epochs
+        assert manifest["resumed_from_step"] == 0
+    # The start-of-training line shows how batch, learning rate and steps were derived.
+    for out in (trained["mirrored_stdout"], "\n".join(trained["mwms_lines"])):
+        assert ("2 replicas x 8 per replica x 1 accumulation = global batch 16; learning rate "
+                "0.01 (none: no scaling) = 0.01; 4 steps per epoch, 24 steps in 6 epochs") in out
+
+    a = h5_weights(Path(mirrored["model_dir"]))
+    b = h5_weights(Path(mwms["model_dir"]))
+    assert a.keys() == b.keys() and len(a) > 30
+    base = h5_weights(Path(trained["mirrored"][0].base_model))
+    moved = max(float(np.abs(a[k] - base[k]).max()) for k in a)
+    diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    print(f"MWMS vs mirrored: max |weight difference| {diff:.3g} (training moved weights by "
+          f"up to {moved:.3g})")
+    assert moved > 100 * WEIGHT_ATOL  # the comparison is not vacuous
+    assert diff <= WEIGHT_ATOL
+
+
+def test_distributed_evaluation_counts_exactly_what_one_device_counts(trained):
+    # Mirrored: evaluated (2 replicas) in the fixture's process, right after training.
+    _, ctx = trained["mirrored"]
+    assert "on 41 examples" in trained["mirrored_stdout"]
+    mirrored = json.loads(Path(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
+                          .read_text())
+    reference = single_device_matrix(Path(read_manifest(ctx.manifest_uri("train"))["model_dir"]),
+                                     ctx)
+    assert reference.sum() == NUM_EVAL
+    np.testing.assert_array_equal(mirrored["confusion_matrix"], reference)
+
+    # MWMS: 2 workers, each evaluating its own shard (21 and 20 rows, batches of 8).
+    cfg, ctx = trained["mwms"]
+    lines = run_cluster(cfg, ctx, "evaluate")
+    manifest = read_manifest(ctx.manifest_uri("evaluate"))
+    assert manifest["strategy"] == "multi_worker_mirrored"
+    mwms = json.loads(Path(manifest["metrics_uri"]).read_text())
+    reference = single_device_matrix(Path(read_manifest(ctx.manifest_uri("train"))["model_dir"]),
+                                     ctx)
+    np.testing.assert_array_equal(mwms["confusion_matrix"], reference)
+    assert mwms["num_examples"] == NUM_EVAL
+    assert any(ln.startswith("[worker:0] evaluate: accuracy") for ln in lines)
+
+
+def test_parameter_server_trains_with_fit(tmp_path, tiny_model):
+    cfg, ctx = make_run(tmp_path, tiny_model, NUM_TRAIN, NUM_EVAL, FIXED,
+                        strategy="parameter_server", num_workers=2, num_ps=1,
+                        **{**COMMON, "epochs": 2})
+    lines = run_cluster(cfg, ctx, "train")
+    manifest = read_manifest(ctx.manifest_uri("train"))
+    assert manifest["strategy"] == "parameter_server" and manifest["training_loop"] == "fit"
+    assert manifest["global_batch_size"] == 8 * manifest["num_replicas"]
+    assert manifest["steps"] == manifest["total_steps"] > 0
+    assert manifest["final_loss"] is not None and np.isfinite(manifest["final_loss"])
+    assert (Path(manifest["model_dir"]) / "tf_model.h5").is_file()
+    assert (Path(manifest["checkpoint_dir"]) / "checkpoint").is_file()
+    assert any(ln.startswith("[worker:1] serving as worker 1") for ln in lines)
+    assert any(ln.startswith("[ps:0] serving as ps 0") for ln in lines)
+
+    # Evaluation runs inline on the coordinator (see tasks/evaluate.py for why).
+    lines = run_cluster(cfg, ctx, "evaluate")
+    result = read_manifest(ctx.manifest_uri("evaluate"))
+    assert result["num_examples"] == NUM_EVAL and result["strategy"] == "parameter_server"
+    assert any(ln.startswith("[chief:0] evaluate: accuracy") for ln in lines)
+
+
+def test_killed_worker_fails_fast_and_the_retry_resumes(tmp_path, tiny_model):
+    # 64 optimizer steps, a checkpoint every 4: plenty of training left after the first one.
+    cfg, ctx = make_run(tmp_path, tiny_model, 128, NUM_EVAL, FIXED,
+                        strategy="multi_worker_mirrored", num_workers=2,
+                        **{**COMMON, "epochs": 8})
+    record = tmp_path / "pids.json"
+    index = Path(ctx.step_uri("train")) / "checkpoints" / "checkpoint"
+    lines: list[str] = []
+    outcome: dict = {}
+    cluster = LocalCluster(distributed_spec(cfg, "train", ctx.run_uri), log=lines.append,
+                           grace_seconds=30, record_uri=str(record))
+
+    def attempt():
+        try:
+            cluster.run()
+            outcome["error"] = None
+        except WorkerError as err:
+            outcome["error"] = err
+            outcome["failed_at"] = time.monotonic()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    deadline = time.monotonic() + 240
+    while not index.is_file() and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert index.is_file(), "no checkpoint was written:\n" + "\n".join(lines[-40:])
+    pids = {(p["role"], p["index"]): p["pid"] for p in json.loads(record.read_text())["pids"]}
+    os.kill(pids[("worker", 1)], signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+
+    err = outcome["error"]
+    assert err is not None, "training finished before the kill:\n" + "\n".join(lines[-20:])
+    assert "worker:1 exited with code -9" in str(err)
+    assert outcome["failed_at"] - killed_at < 30  # fail fast, not a collective timeout
+    for pid in pids.values():  # the provisioner stopped the surviving worker
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    assert not Path(ctx.manifest_uri("train")).exists()
+
+    # The retry (as Airflow would run it): same step, same run folder.
+    lines = run_cluster(cfg, ctx, "train")
+    manifest = read_manifest(ctx.manifest_uri("train"))
+    assert manifest["resumed_from_step"] > 0 and manifest["resumed_from_step"] % 4 == 0
+    assert manifest["steps"] == manifest["total_steps"] == 64
+    for worker in ("[worker:0]", "[worker:1]"):  # both workers resumed from the same step
+        assert any(ln.startswith(f"{worker} train: resuming from step "
+                                 f"{manifest['resumed_from_step']}") for ln in lines), lines

@@ -1,0 +1,53 @@
+"""Evaluation metrics (pure numpy) and exact counting over the whole eval split."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tasks import checkpoint, evaluate, inputs
+from train_helpers import LABELS, tiny_model_dir, tiny_rows, write_tfrecords  # noqa: F401
+
+
+def test_metrics_against_hand_computed_values():
+    # rows: true a, b, c; columns: predicted a, b, c. c never occurs but is predicted once.
+    m = evaluate.classification_metrics([[5, 1, 0], [2, 3, 1], [0, 0, 0]], ["a", "b", "c"])
+    assert m["num_examples"] == 12
+    assert m["accuracy"] == pytest.approx(8 / 12)
+    a, b, c = (m["per_class"][k] for k in "abc")
+    assert (a["precision"], a["recall"], a["support"]) == (pytest.approx(5 / 7),
+                                                           pytest.approx(5 / 6), 6)
+    assert a["f1"] == pytest.approx(10 / 13)
+    assert (b["precision"], b["recall"], b["f1"]) == (0.75, 0.5, pytest.approx(0.6))
+    assert c == {"precision": 0.0, "recall": 0.0, "f1": 0.0, "support": 0}
+    assert m["macro_f1"] == pytest.approx((10 / 13 + 0.6) / 3)
+    assert m["confusion_matrix"] == [[5, 1, 0], [2, 3, 1], [0, 0, 0]]
+    assert m["labels"] == ["a", "b", "c"]
+
+
+def test_metrics_of_an_empty_matrix_are_zero():
+    m = evaluate.classification_metrics(np.zeros((2, 2)), ["x", "y"])
+    assert (m["accuracy"], m["macro_f1"], m["num_examples"]) == (0.0, 0.0, 0)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_confusion_matrix_counts_each_row_once(tiny_model_dir, tmp_path, static_shapes):
+    rows = tiny_rows(29, seed=5)
+    files = [tmp_path / f"eval-{k}.tfrecord" for k in range(2)]
+    for k, path in enumerate(files):
+        write_tfrecords(path, rows[k::2])
+    files = [str(path) for path in files]
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = checkpoint.load_classifier(tiny_model_dir, LABELS)
+
+    matrix = evaluate.confusion_matrix(strategy, model, files, len(LABELS), 8,
+                                       static_shapes=static_shapes, max_seq_length=32)
+
+    # Independent reference: all rows in one batch, padded to the longest.
+    width = max(len(ids) for ids, _, _ in rows)
+    ids = np.array([r[0] + [0] * (width - len(r[0])) for r in rows], np.int32)
+    logits = model({"input_ids": ids, "token_type_ids": np.zeros_like(ids),
+                    "attention_mask": (ids > 0).astype(np.int32)}).logits
+    expected = np.zeros((2, 2), np.int64)
+    np.add.at(expected, ([r[2] for r in rows], np.argmax(logits, axis=1)), 1)
+    np.testing.assert_array_equal(matrix, expected)
+    assert matrix.sum() == 29 and inputs.PAD_LABEL < 0

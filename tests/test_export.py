@@ -1,0 +1,133 @@
+"""Export: tiny random BERT + the project's encoder -> SavedModel -> published version, on
+local disk, the GCS emulator and moto's S3 server; downloaded back and loaded."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from storage_servers import (S3_SECRET, connections, gcs_emulator, root,  # noqa: F401
+                             s3_server)
+from tasks import export, runlayout, storage
+from tasks.config import parse_config
+from tasks.runlayout import RunContext
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "the", "and", "short", "sentence",
+         "to", "check", "model", "second", "different", "one", "good", "bad", "movie", ",",
+         "export", "##ed", "##s"]
+LABELS = ["negative", "positive"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A fine-tuned model folder as the train step writes it, with random tiny weights."""
+    import tensorflow as tf
+    from transformers import BertConfig, TFBertForSequenceClassification
+
+    path = tmp_path_factory.mktemp("train") / "model"
+    tf.random.set_seed(0)
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=64, num_labels=len(LABELS),
+                        id2label=dict(enumerate(LABELS)),
+                        label2id={name: i for i, name in enumerate(LABELS)})
+    model = TFBertForSequenceClassification(config)
+    model(model.dummy_inputs)
+    model.save_pretrained(path)
+    (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return path
+
+
+def fake_run(tmp_path, model_dir, has_pair=False, run_id="manual__1") -> RunContext:
+    """Upstream manifests of a finished run, as data/tokenize/train/evaluate write them."""
+    ctx = RunContext(str(tmp_path / "artifacts"), "bert_finetune", run_id, run_id)
+    metrics = {"accuracy": 0.75, "macro_f1": 0.7, "num_examples": 4, "labels": LABELS,
+               "per_class": {label: {"precision": 0.5, "recall": 1.0, "f1": 0.67,
+                                     "support": 2} for label in LABELS},
+               "confusion_matrix": [[2, 0], [1, 1]]}
+    storage.write_json(f"{ctx.step_uri('evaluate')}/metrics.json", metrics)
+    runlayout.write_manifest(ctx.step_uri("data"), {
+        "labels": LABELS, "has_pair": has_pair, "eval_source": "file",
+        "sources": {"train": {"uri": "s3://data/train.csv", "sha256": "ab" * 32},
+                    "eval": None}})
+    runlayout.write_manifest(ctx.step_uri("tokenize"), {
+        "content_hash": "cd" * 32, "max_seq_length": 32, "lower_case": True,
+        "has_pair": has_pair, "labels": LABELS})
+    runlayout.write_manifest(ctx.step_uri("train"), {
+        "model_dir": str(model_dir), "strategy": "one_device", "num_replicas": 1,
+        "global_batch_size": 8, "epochs": 1, "steps": 2, "learning_rate": 5e-5,
+        "final_loss": 0.69})
+    runlayout.write_manifest(ctx.step_uri("evaluate"), {
+        "metrics_uri": f"{ctx.step_uri('evaluate')}/metrics.json",
+        "metrics": {"accuracy": 0.75, "macro_f1": 0.7}, "num_examples": 4})
+    return ctx
+
+
+def predict(saved_model_dir, **inputs):
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(str(saved_model_dir)).signatures["serving_default"]
+    return serve(**{k: tf.constant(v) for k, v in inputs.items()})
+
+
+def test_export_publishes_a_loadable_version(root, tmp_path, model_dir):
+    """Published to each backend, downloaded back: complete, checksummed, predicts names."""
+    ctx = fake_run(tmp_path, model_dir)
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "export_uri": f"{root}/models",
+                        "model_name": "tiny", "aws_conn_id": "bertflow_s3"})
+    manifest = runlayout.read_manifest(export.run(cfg, ctx))
+
+    assert manifest["inputs"] == ["text"] and manifest["published"] is True
+    assert manifest["version_uri"] == f"{root}/models/tiny/{manifest['version']}"
+    assert storage.is_complete(manifest["version_uri"])
+    local = tmp_path / "downloaded"
+    storage.download_dir(manifest["version_uri"], local)
+    complete = json.loads((local / storage.COMPLETE).read_text())
+    assert {f["path"] for f in complete["files"]} >= {
+        "labels.json", "metrics.json", "model_card.md", "saved_model/saved_model.pb"}
+    for entry in complete["files"]:
+        data = (local / entry["path"]).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (entry["size"],
+                                                                  entry["sha256"])
+    out = predict(local / "saved_model", text=["a good movie", "a bad one , the end"])
+    assert out["probabilities"].shape == (2, 2)
+    assert {x.decode() for x in out["label"].numpy()} <= set(LABELS)
+
+    card = (local / "model_card.md").read_text()
+    for fact in ("bert_finetune", "manual__1", "cd" * 32, "ab" * 32, "accuracy: 0.7500"):
+        assert fact in card
+    # The S3 secret reached the client through the Airflow connection only.
+    written = [p for d in (local, tmp_path / "artifacts") for p in d.rglob("*") if p.is_file()]
+    assert not [p for p in written if S3_SECRET.encode() in p.read_bytes()]
+
+
+def test_retry_reuses_the_version_and_leaves_it_untouched(tmp_path, model_dir):
+    ctx = fake_run(tmp_path, model_dir)
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "tiny"})
+    first = runlayout.read_manifest(export.run(cfg, ctx))
+    complete_uri = f"{first['version_uri']}/{storage.COMPLETE}"
+    before = storage.read_bytes(complete_uri)
+
+    again = runlayout.read_manifest(export.run(cfg, ctx))
+    assert again["version"] == first["version"] and again["published"] is False
+    assert storage.read_bytes(complete_uri) == before
+    assert storage.list_uris(f"{ctx.artifact_root}/models/tiny") == storage.list_uris(
+        first["version_uri"])
+
+
+def test_pair_task_serves_text_and_text_pair(tmp_path, model_dir):
+    ctx = fake_run(tmp_path, model_dir, has_pair=True)
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "pairs"})
+    manifest = runlayout.read_manifest(export.run(cfg, ctx))
+    assert manifest["inputs"] == ["text", "text_pair"]
+    out = predict(f"{manifest['version_uri']}/saved_model",
+                  text=["a good movie"], text_pair=["the second one"])
+    assert out["probabilities"].shape == (1, 2)
+
+
+def test_versions_differ_between_runs_and_sort_by_time(tmp_path):
+    first = export.version_for(RunContext(str(tmp_path), "d", "run-a", "run-a"))
+    second = export.version_for(RunContext(str(tmp_path), "d", "run-b", "run-b"))
+    assert first != second and first.split("-")[0] <= second.split("-")[0]
+    assert export.version_for(RunContext(str(tmp_path), "d", "run-a", "run-a")) == first

@@ -1,0 +1,95 @@
+"""TFRecords -> batches: padding, masks, bucketing, exact evaluation order and sharding."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tasks import inputs
+from train_helpers import tiny_rows, write_tfrecords
+
+ROWS = tiny_rows(37, seed=3, min_len=2, max_len=40)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shards")
+    paths = [root / f"part-{k}.tfrecord" for k in range(3)]
+    for k, path in enumerate(paths):
+        write_tfrecords(path, ROWS[k::3])
+    return [str(p) for p in paths]
+
+
+def rows_of(batches):
+    """(ids without padding, label) per row, checking masks and padding on the way."""
+    out = []
+    for features, labels in batches:
+        ids, mask = features["input_ids"].numpy(), features["attention_mask"].numpy()
+        assert features["input_ids"].dtype == tf.int32 and labels.dtype == tf.int32
+        assert features["token_type_ids"].shape == ids.shape == mask.shape
+        for row_ids, row_mask, label in zip(ids, mask, labels.numpy()):
+            length = int(row_mask.sum())
+            assert (row_mask[:length] == 1).all() and (row_ids[length:] == 0).all()
+            out.append((tuple(row_ids[:length]), int(label)))
+    return out
+
+
+def expected_rows(files_order=(0, 1, 2)):
+    return [(tuple(ids), label) for k in files_order for ids, _, label in ROWS[k::3]]
+
+
+def test_bucket_boundaries():
+    assert inputs.bucket_boundaries(128) == [17, 33, 65, 129]
+    assert inputs.bucket_boundaries(16) == [17]
+
+
+def test_eval_keeps_every_row_in_order_with_a_partial_last_batch(shards):
+    batches = list(inputs.eval_dataset(shards, 8))
+    assert [len(labels) for _, labels in batches] == [8, 8, 8, 8, 5]
+    assert rows_of(batches) == expected_rows()
+    # Each batch is padded to its own longest row.
+    for features, _ in batches:
+        assert features["attention_mask"].numpy().sum(axis=1).max() == \
+            features["input_ids"].shape[1]
+
+
+def test_train_batches_are_full_bucketed_and_cover_the_data(shards):
+    batches = list(inputs.train_dataset(shards, 4, max_seq_length=64, seed=1).take(60))
+    assert all(len(labels) == 4 for _, labels in batches)
+    for features, _ in batches:
+        lengths = features["attention_mask"].numpy().sum(axis=1)
+        width = features["input_ids"].shape[1]
+        assert width == lengths.max()
+        # One bucket per batch: all rows fall between the same boundaries.
+        assert len(set(np.digitize(lengths, inputs.bucket_boundaries(64)))) == 1
+    assert set(rows_of(batches)) == set(expected_rows())  # 240 rows cover all 37
+
+
+def test_train_order_is_seeded(shards):
+    def first_rows(seed):
+        return rows_of(inputs.train_dataset(shards, 4, 64, seed=seed).take(5))
+
+    assert first_rows(7) == first_rows(7)
+    assert first_rows(7) != first_rows(8)
+
+
+def test_static_shapes_for_tpu(shards):
+    train = list(inputs.train_dataset(shards, 4, 64, seed=1, static_shapes=True).take(20))
+    assert {f["input_ids"].shape[1] for f, _ in train} <= {16, 32, 64}
+    ds = inputs.eval_dataset(shards, 8, static_shapes=True, max_seq_length=64)
+    assert ds.element_spec[0]["input_ids"].shape == (8, 64)
+    labels = np.concatenate([labels.numpy() for _, labels in ds])
+    assert len(labels) == 40 and (labels[37:] == inputs.PAD_LABEL).all()
+    assert (labels[:37] != inputs.PAD_LABEL).all()
+
+
+@pytest.mark.parametrize("pipelines", [2, 5])  # by file (3 files >= 2) and by row (3 < 5)
+def test_input_pipelines_split_the_rows_exactly(shards, pipelines):
+    seen = []
+    for index in range(pipelines):
+        ctx = tf.distribute.InputContext(pipelines, index, num_replicas_in_sync=pipelines)
+        seen += rows_of(inputs.eval_dataset(shards, 2 * pipelines, ctx))
+    assert sorted(seen) == sorted(expected_rows())
+
+
+def test_no_shards_is_an_error():
+    with pytest.raises(Exception, match="no TFRecord shards"):
+        inputs.eval_dataset([], 8)

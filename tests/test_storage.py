@@ -1,0 +1,246 @@
+"""The storage interface, run against local disk, the GCS emulator and moto's S3 server."""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+
+import pytest
+
+from storage_servers import (BUCKET, connections, gcs_emulator, root,  # noqa: F401
+                             s3_server)
+from tasks import storage
+from tasks.errors import StorageError
+
+
+def make_tree(path):
+    files = {"a.txt": b"alpha\n", "sub/b.bin": bytes(range(256)) * 4096,  # 1 MiB
+             "sub/deeper/c.json": b'{"c": 1}', "empty": b""}
+    for rel, data in files.items():
+        (path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (path / rel).write_bytes(data)
+    return files
+
+
+def read_tree(path):
+    return {p.relative_to(path).as_posix(): p.read_bytes()
+            for p in path.rglob("*") if p.is_file()}
+
+
+def test_read_write_exists_list_delete(root):
+    storage.write_json(f"{root}/run/config.json", {"x": 1})
+    storage.write_text(f"{root}/run/step/manifest.json", "{}")
+    storage.write_text(f"{root}/run-other.txt", "not inside run/")
+    assert storage.read_json(f"{root}/run/config.json") == {"x": 1}
+    assert storage.exists(f"{root}/run") and storage.exists(f"{root}/run/config.json")
+    assert not storage.exists(f"{root}/run/missing.json")
+    assert [u.rsplit("/", 2)[-2:] for u in storage.list_uris(f"{root}/run")] == [
+        ["run", "config.json"], ["step", "manifest.json"]]
+    assert storage.list_uris(f"{root}/run/config.json") == [f"{root}/run/config.json"]
+    storage.delete_prefix(f"{root}/run")
+    assert not storage.exists(f"{root}/run")
+    assert storage.exists(f"{root}/run-other.txt")
+
+
+def test_glob_matches_within_one_segment(root):
+    for name in ("part-0.csv", "part-1.csv", "part-1.tsv", "nested/part-2.csv"):
+        storage.write_text(f"{root}/data/{name}", "x")
+    found = storage.glob_uris(f"{root}/data/part-*.csv")
+    assert [u.rsplit("/", 1)[1] for u in found] == ["part-0.csv", "part-1.csv"]
+    assert storage.glob_uris(f"{root}/data/part-0.csv") == [f"{root}/data/part-0.csv"]
+    assert storage.glob_uris(f"{root}/data/nope-*") == []
+
+
+def test_missing_object_names_the_uri(root):
+    with pytest.raises(StorageError, match=r"missing\.json: no such (object|file)"):
+        storage.read_bytes(f"{root}/missing.json")
+
+
+def test_folder_round_trip_keeps_bytes(root, tmp_path):
+    files = make_tree(tmp_path / "src")
+    storage.upload_dir(tmp_path / "src", f"{root}/folder")
+    storage.download_dir(f"{root}/folder", tmp_path / "back")
+    assert read_tree(tmp_path / "back") == files
+    with pytest.raises(StorageError, match="no such folder"):
+        storage.download_dir(f"{root}/nothing-here", tmp_path / "x")
+
+
+def test_publish_is_complete_and_never_overwritten(root, tmp_path):
+    files = make_tree(tmp_path / "v1")
+    uri = f"{root}/models/m/v1"
+    assert storage.publish_dir(tmp_path / "v1", uri) is True
+    manifest = storage.read_json(f"{uri}/{storage.COMPLETE}")
+    assert {f["path"]: (f["size"], f["sha256"]) for f in manifest["files"]} == {
+        rel: (len(data), hashlib.sha256(data).hexdigest()) for rel, data in files.items()}
+    assert storage.is_complete(uri)
+
+    (tmp_path / "v1" / "a.txt").write_bytes(b"changed")
+    assert storage.publish_dir(tmp_path / "v1", uri) is False
+    assert storage.read_bytes(f"{uri}/a.txt") == b"alpha\n"
+    # Staging leaves nothing next to the versions.
+    assert [u for u in storage.list_uris(f"{root}/models/m") if "staging" in u] == []
+
+
+def test_concurrent_publishes_of_different_versions(root, tmp_path):
+    make_tree(tmp_path / "src")
+    results = {}
+
+    def publish(version):
+        results[version] = storage.publish_dir(tmp_path / "src", f"{root}/m/{version}")
+
+    threads = [threading.Thread(target=publish, args=(v,)) for v in ("v1", "v2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {"v1": True, "v2": True}
+    assert storage.is_complete(f"{root}/m/v1") and storage.is_complete(f"{root}/m/v2")
+
+
+class Interrupted(Exception):
+    """Stands for a crash (killed worker, lost connection) in the middle of a publish."""
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+@pytest.mark.parametrize("primitive", ["_put_file", "_copy"])
+def test_interrupted_publish_leaves_no_version_and_retry_completes(
+        request, scheme, primitive, tmp_path, monkeypatch, connections):  # noqa: F811
+    request.getfixturevalue("gcs_emulator" if scheme == "gs" else "s3_server")
+    files = make_tree(tmp_path / "src")
+    uri = f"{scheme}://{BUCKET}/{tmp_path.name}/models/m/v1"
+    store = storage.open_storage(uri)
+    # Narrowest boundary: one object transfer of the real backend fails after two succeed
+    # (a server that dies mid-publish cannot be arranged with the emulators).
+    calls, real = [], getattr(type(store), primitive)
+
+    def flaky(self, *args):
+        calls.append(args)
+        if len(calls) > 2:
+            raise Interrupted()
+        return real(self, *args)
+
+    monkeypatch.setattr(type(store), primitive, flaky)
+    with pytest.raises(StorageError, match="Interrupted"):
+        storage.publish_dir(tmp_path / "src", uri)
+    assert not storage.is_complete(uri)
+    monkeypatch.setattr(type(store), primitive, real)
+
+    assert storage.publish_dir(tmp_path / "src", uri) is True
+    storage.download_dir(uri, tmp_path / "back")
+    assert read_tree(tmp_path / "back") == {**files, storage.COMPLETE: (
+        tmp_path / "back" / storage.COMPLETE).read_bytes()}
+    assert not storage.exists(f"{scheme}://{BUCKET}/{tmp_path.name}/models/m/.staging")
+
+
+def test_compare_and_swap(root):
+    uri = f"{root}/CHAMPION.json"
+    assert storage.read_versioned(uri) is None
+    assert storage.write_if_match(uri, b"one", None) is True
+    assert storage.write_if_match(uri, b"again", None) is False
+    data, token = storage.read_versioned(uri)
+    assert data == b"one"
+    assert storage.write_if_match(uri, b"two", token) is True
+    assert storage.write_if_match(uri, b"stale", token) is False
+    assert storage.read_bytes(uri) == b"two"
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_missing_bucket_is_named(request, scheme, connections):  # noqa: F811
+    request.getfixturevalue("gcs_emulator" if scheme == "gs" else "s3_server")
+    with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist"):
+        storage.read_bytes(f"{scheme}://no-such-bucket/x.json")
+    with pytest.raises(StorageError, match="bucket 'no-such-bucket' does not exist"):
+        storage.write_text(f"{scheme}://no-such-bucket/x.json", "x")
+
+
+@pytest.mark.parametrize("uri", [
+    "s3://AKIAXXXX:topsecret@bucket/data.csv",
+    "gs://user:topsecret@bucket/data.csv",
+    "s3://bucket/data.csv?X-Amz-Signature=topsecret&X-Amz-Credential=AKIA",
+    "https://bucket.s3.amazonaws.com/data.csv?X-Amz-Signature=topsecret",
+    "gs://bucket/data.csv?X-Goog-Signature=topsecret",
+])
+def test_uris_with_credentials_are_rejected_without_echoing_them(uri):
+    with pytest.raises(StorageError, match="must not embed credentials") as err:
+        storage.scheme_of(uri)
+    assert "topsecret" not in str(err.value)
+
+
+def test_s3_access_denied_is_reported(s3_server, monkeypatch):  # noqa: F811
+    """A real IAM check: moto enforces a user's policy once auth is switched on."""
+    import boto3
+    from moto import settings
+
+    admin = dict(endpoint_url=s3_server, region_name="us-east-1",
+                 aws_access_key_id="admin", aws_secret_access_key="admin")
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="reader")
+    iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"],
+            "Resource": [f"arn:aws:s3:::{BUCKET}", f"arn:aws:s3:::{BUCKET}/*"]}]}))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    monkeypatch.setenv("AIRFLOW_CONN_S3_READER", json.dumps({
+        "conn_type": "aws", "login": key["AccessKeyId"], "password": key["SecretAccessKey"],
+        "extra": {"endpoint_url": s3_server}}))
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    storage.configure(storage.Connections(aws_conn_id="s3_reader"))
+    try:
+        with pytest.raises(StorageError, match=r"s3://bertflow-test/denied\.txt: access denied"):
+            storage.write_text(f"s3://{BUCKET}/denied.txt", "x")
+    finally:
+        storage.configure(storage.Connections())
+
+
+def test_undefined_airflow_connection_is_reported():
+    storage.configure(storage.Connections(aws_conn_id="no_such_conn"))
+    try:
+        with pytest.raises(StorageError, match="connection 'no_such_conn' is not defined"):
+            storage.read_bytes(f"s3://{BUCKET}/x")
+    finally:
+        storage.configure(storage.Connections())
+
+
+def test_gcs_connection_extra_sets_the_endpoint(gcs_emulator, monkeypatch):  # noqa: F811
+    # With the endpoint only in the connection, the client must not need the env var.
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+    monkeypatch.setenv("AIRFLOW_CONN_GCS_EMU", json.dumps({
+        "conn_type": "google_cloud_platform", "extra": {"endpoint_url": gcs_emulator}}))
+    storage.configure(storage.Connections(gcp_conn_id="gcs_emu"))
+    try:
+        storage.write_text(f"gs://{BUCKET}/via-conn.txt", "hello")
+        assert storage.read_text(f"gs://{BUCKET}/via-conn.txt") == "hello"
+    finally:
+        storage.configure(storage.Connections())
+
+
+def transient_error(scheme):
+    if scheme == "gs":
+        from google.api_core.exceptions import ServiceUnavailable
+        return ServiceUnavailable("backend busy")
+    from botocore.exceptions import ClientError
+    return ClientError({"Error": {"Code": "SlowDown"},
+                        "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+
+
+@pytest.mark.parametrize("scheme", ["gs", "s3"])
+def test_transient_errors_are_retried(request, scheme, tmp_path, monkeypatch,
+                                      connections):  # noqa: F811
+    request.getfixturevalue("gcs_emulator" if scheme == "gs" else "s3_server")
+    files = make_tree(tmp_path / "src")
+    uri = f"{scheme}://{BUCKET}/{tmp_path.name}/folder"
+    store = storage.open_storage(uri)
+    # Narrowest boundary: the first try of every file upload fails as a busy server would.
+    failed, real = set(), type(store)._put_file
+
+    def busy_once(self, bucket, key, path, md5):
+        if key not in failed:
+            failed.add(key)
+            raise transient_error(scheme)
+        return real(self, bucket, key, path, md5)
+
+    monkeypatch.setattr(type(store), "_put_file", busy_once)
+    storage.upload_dir(tmp_path / "src", uri)
+    assert len(failed) == len(files)
+    storage.download_dir(uri, tmp_path / "back")
+    assert read_tree(tmp_path / "back") == files

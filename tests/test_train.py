@@ -1,0 +1,188 @@
+"""Training end to end on tiny data: fit and custom loops, OneDevice, Mirrored and
+CentralStorage (2 logical CPUs, in a fresh process), mixed precision, checkpoints and resume,
+and the manifests train/evaluate write. Multi-process strategies: tests/test_distributed.py."""
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks import evaluate, train
+from tasks.runlayout import read_manifest
+from train_helpers import (LABELS, make_run, run_steps_in_subprocess,  # noqa: F401
+                           h5_weights, tiny_model_dir, tiny_rows, write_tiny_model)
+
+
+@pytest.fixture(autouse=True)
+def float32_policy_afterwards():
+    """train.run sets the global Keras dtype policy; later tests in this process expect the
+    default."""
+    yield
+    import tf_keras
+
+    tf_keras.mixed_precision.set_global_policy("float32")
+
+
+def check_outputs(ctx, strategy, replicas, per_replica):
+    manifest = read_manifest(ctx.manifest_uri("train"))
+    assert manifest["strategy"] == strategy and manifest["num_replicas"] == replicas
+    assert manifest["per_replica_batch_size"] == per_replica
+    assert manifest["steps"] == manifest["total_steps"] == 24  # 128 rows / 16 x 3 epochs
+    assert manifest["examples_per_second"] > 0
+    assert manifest["final_loss"] < math.log(2)  # below chance level
+    model_dir = Path(manifest["model_dir"])
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["id2label"] == {"0": "neg", "1": "pos"}
+    assert {"tf_model.h5", "vocab.txt"} <= {p.name for p in model_dir.iterdir()}
+    assert (Path(manifest["checkpoint_dir"]) / "checkpoint").is_file()
+    assert list(Path(manifest["tensorboard_dir"]).rglob("events.out.tfevents.*"))
+
+    result = read_manifest(ctx.manifest_uri("evaluate"))
+    assert result["num_examples"] == 41 and result["metrics"]["accuracy"] > 0.9
+    metrics = json.loads(Path(result["metrics_uri"]).read_text())
+    assert sum(map(sum, metrics["confusion_matrix"])) == 41
+    assert sum(c["support"] for c in metrics["per_class"].values()) == 41
+    return manifest
+
+
+def test_fit_on_one_device_learns(tmp_path, tiny_model_dir):
+    cfg, ctx = make_run(tmp_path, tiny_model_dir)
+    train.run(cfg, ctx)
+    evaluate.run(cfg, ctx)
+    manifest = check_outputs(ctx, "one_device", 1, 16)
+    assert manifest["training_loop"] == "fit" and manifest["global_batch_size"] == 16
+
+
+def test_mirrored_over_two_logical_cpus(tmp_path, tiny_model_dir):
+    # 41 eval rows in batches of 8 per replica: the last global batch is partial and uneven.
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, devices_per_worker=2,
+                        per_replica_batch_size=8)
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "on 41 examples" in done.stdout
+    manifest = check_outputs(ctx, "mirrored", 2, 8)
+    assert manifest["global_batch_size"] == 16
+
+
+def test_custom_loop_bfloat16_with_accumulation_resumes(tmp_path, tiny_model_dir):
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, training_loop="custom",
+                        per_replica_batch_size=8, grad_accum_steps=2, max_steps=10,
+                        checkpoint_every_steps=4, mixed_precision="mixed_bfloat16")
+    train.run(cfg, ctx)
+    first = read_manifest(ctx.manifest_uri("train"))
+    assert (first["steps"], first["resumed_from_step"]) == (10, 0)
+    assert first["global_batch_size"] == 16 and first["grad_accum_steps"] == 2
+
+    # A restart with the full plan continues from step 10 instead of starting over.
+    train.run(cfg.model_copy(update={"max_steps": 0}), ctx)
+    evaluate.run(cfg, ctx)
+    manifest = check_outputs(ctx, "one_device", 1, 8)
+    assert manifest["resumed_from_step"] == 10 and manifest["training_loop"] == "custom"
+    assert manifest["mixed_precision"] == "mixed_bfloat16"
+
+
+def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
+    import tensorflow as tf
+    import tf_keras
+
+    from tasks import checkpoint, model as model_lib
+    from tasks.config import RunConfig
+
+    tf_keras.mixed_precision.set_global_policy("float32")  # other tests may leave another
+    model_dir = write_tiny_model(tmp_path / "model", hidden_dropout_prob=0.0,
+                                 attention_probs_dropout_prob=0.0)
+    rows = tiny_rows(16, seed=9, min_len=6, max_len=6)  # equal lengths: no padding
+    data = tf.data.Dataset.from_tensor_slices((
+        {"input_ids": np.array([r[0] for r in rows], np.int32),
+         "token_type_ids": np.array([r[1] for r in rows], np.int32),
+         "attention_mask": np.ones((16, 8), np.int32)},
+        np.array([r[2] for r in rows], np.int32)))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+
+    def one_update(per_replica_batch, accum):
+        cfg = RunConfig(per_replica_batch_size=per_replica_batch, grad_accum_steps=accum)
+        plan = model_lib.make_plan(cfg, 16, 1)
+        with strategy.scope():
+            model = checkpoint.load_classifier(model_dir, LABELS)
+            optimizer = tf_keras.optimizers.SGD(1.0)  # weight change == gradient
+        step = train.make_train_step(strategy, model, optimizer, plan)
+        batches = iter(strategy.experimental_distribute_dataset(data.batch(per_replica_batch)))
+        loss, accuracy = step(batches)
+        return float(loss), float(accuracy), [v.numpy() for v in model.trainable_variables]
+
+    big = one_update(16, 1)
+    accumulated = one_update(8, 2)
+    assert accumulated[0] == pytest.approx(big[0], rel=1e-5)
+    assert accumulated[1] == big[1]
+    for a, b in zip(accumulated[2], big[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_fit_refuses_gradient_accumulation(tmp_path, tiny_model_dir):
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, grad_accum_steps=2)
+    with pytest.raises(Exception, match="grad_accum_steps.*training_loop custom"):
+        train.run(cfg, ctx)
+
+
+def test_central_storage_trains_with_fit_over_two_logical_cpus(tmp_path, tiny_model_dir):
+    # Variables live once on the host CPU, the 2 logical CPUs compute; AdamW with its LR
+    # schedule and weight decay (see tasks.model.AdamW for what CentralStorage needed).
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, strategy="central_storage",
+                        devices_per_worker=2, per_replica_batch_size=8, weight_decay=0.01)
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate")
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = check_outputs(ctx, "central_storage", 2, 8)
+    assert manifest["training_loop"] == "fit" and manifest["global_batch_size"] == 16
+
+
+# fit and the custom loop do the same arithmetic in a different order of operations; on one
+# device, without dropout, their final weights agree to this (max absolute difference).
+LOOP_WEIGHT_ATOL = 1e-4
+
+
+def test_fit_and_custom_loop_reach_the_same_model(tmp_path):
+    model_dir = write_tiny_model(tmp_path / "model", hidden_dropout_prob=0.0,
+                                 attention_probs_dropout_prob=0.0)
+    results = {}
+    for loop in ("fit", "custom"):
+        # mixed_precision auto resolves to float32 on CPU (see RunConfig.mixed_precision).
+        cfg, ctx = make_run(tmp_path / loop, model_dir, training_loop=loop, epochs=2,
+                            mixed_precision="auto", weight_decay=0.01)
+        train.run(cfg, ctx)
+        evaluate.run(cfg, ctx)
+        manifest = read_manifest(ctx.manifest_uri("train"))
+        assert manifest["mixed_precision"] == "float32" and manifest["steps"] == 16
+        metrics = json.loads(Path(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
+                             .read_text())
+        results[loop] = manifest, metrics, h5_weights(Path(manifest["model_dir"]))
+    (fit, fit_metrics, fit_w), (custom, custom_metrics, custom_w) = results["fit"], \
+        results["custom"]
+    diff = max(float(np.abs(fit_w[k] - custom_w[k]).max()) for k in fit_w)
+    print(f"fit vs custom loop: max |weight difference| {diff:.3g}")
+    assert diff <= LOOP_WEIGHT_ATOL
+    assert custom["final_loss"] == pytest.approx(fit["final_loss"], rel=1e-3, abs=1e-4)
+    assert custom_metrics["confusion_matrix"] == fit_metrics["confusion_matrix"]
+    assert (custom_metrics["accuracy"], custom_metrics["macro_f1"]) == \
+        (fit_metrics["accuracy"], fit_metrics["macro_f1"])
+
+
+def test_fit_in_mixed_bfloat16_logs_the_plan(tmp_path, tiny_model_dir, capsys):
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, mixed_precision="mixed_bfloat16",
+                        lr_scaling="linear", reference_batch_size=32, learning_rate=1e-2)
+    train.run(cfg, ctx)
+    evaluate.run(cfg, ctx)
+    out = capsys.readouterr().out
+    # Global batch, learning-rate scaling and steps per epoch: logged at start and recorded.
+    assert ("1 replicas x 16 per replica x 1 accumulation = global batch 16; learning rate "
+            "0.01 (linear: x 16/32) = 0.005; 8 steps per epoch, 24 steps in 3 epochs") in out
+    assert "precision mixed_bfloat16" in out
+    manifest = check_outputs(ctx, "one_device", 1, 16)
+    assert manifest["mixed_precision"] == "mixed_bfloat16" and manifest["training_loop"] == "fit"
+    assert (manifest["global_batch_size"], manifest["steps_per_epoch"]) == (16, 8)
+    assert (manifest["base_learning_rate"], manifest["lr_scaling"]) == (0.01, "linear")
+    assert manifest["learning_rate"] == pytest.approx(0.005)
+    # Variables stay float32 under the mixed policy (bfloat16 is the compute type only).
+    assert {w.dtype for w in h5_weights(Path(manifest["model_dir"])).values()} == \
+        {np.dtype("float32")}
+

@@ -1,0 +1,73 @@
+"""Batch sizes, step counts, learning-rate scaling and schedule (no training)."""
+import pytest
+
+from tasks import model
+from tasks.config import RunConfig
+
+
+def test_plan_counts_steps_from_the_global_batch():
+    cfg = RunConfig(per_replica_batch_size=16, grad_accum_steps=2, epochs=3)
+    plan = model.make_plan(cfg, num_train_examples=1000, num_replicas=4)
+    assert plan.global_batch_size == 128 and plan.micro_batch_size == 64
+    assert plan.steps_per_epoch == 8  # ceil(1000 / 128)
+    assert plan.total_steps == 24 and plan.epochs == 3
+    assert plan.warmup_steps == 2
+
+
+def test_max_steps_caps_the_plan():
+    cfg = RunConfig(per_replica_batch_size=10, epochs=5, max_steps=13)
+    plan = model.make_plan(cfg, 100, 1)
+    assert (plan.steps_per_epoch, plan.total_steps, plan.epochs) == (10, 13, 2)
+
+
+@pytest.mark.parametrize("rule, factor", [("none", 1.0), ("linear", 4.0), ("sqrt", 2.0)])
+def test_learning_rate_scales_with_global_batch(rule, factor):
+    cfg = RunConfig(learning_rate=1e-4, lr_scaling=rule, reference_batch_size=32)
+    assert model.scaled_learning_rate(cfg, 128) == pytest.approx(1e-4 * factor)
+
+
+def test_schedule_warms_up_then_decays_to_zero():
+    schedule = model.WarmUpLinearDecay(1.0, warmup_steps=10, total_steps=110)
+    values = [float(schedule(step)) for step in (0, 5, 10, 60, 110, 200)]
+    assert values == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0, 0.0])
+
+
+def test_adamw_decays_kernels_but_not_biases_or_layer_norm():
+    import tensorflow as tf
+    import tf_keras
+
+    cfg = RunConfig(weight_decay=0.1, learning_rate=0.5, warmup_ratio=0.0)
+    optimizer = model.create_optimizer(cfg, model.make_plan(cfg, 100, 1), "float32")
+    names = ["dense/kernel", "dense/bias", "LayerNorm/gamma"]
+    variables = [tf.Variable([1.0], name=name) for name in names]
+    optimizer.apply_gradients((tf.zeros([1]), v) for v in variables)  # decay only
+    kernel, bias, gamma = (float(v.numpy()[0]) for v in variables)
+    assert kernel < 1.0 and bias == 1.0 and gamma == 1.0
+    loss_scaled = model.create_optimizer(cfg, model.make_plan(cfg, 100, 1), "mixed_float16")
+    assert isinstance(loss_scaled, tf_keras.mixed_precision.LossScaleOptimizer)
+
+
+@pytest.mark.parametrize("setting, device, policy", [
+    ("auto", "cpu", "float32"), ("auto", "gpu", "mixed_float16"),
+    ("auto", "tpu", "mixed_bfloat16"), ("none", "gpu", "float32"),
+    ("mixed_bfloat16", "cpu", "mixed_bfloat16"),
+])
+def test_precision_policy(setting, device, policy):
+    assert model.precision_policy(RunConfig(mixed_precision=setting), device) == policy
+
+
+def test_empty_training_split_is_a_config_error():
+    with pytest.raises(Exception, match="training split is empty"):
+        model.make_plan(RunConfig(), 0, 1)
+
+
+def test_start_of_training_line_explains_batch_learning_rate_and_steps():
+    from tasks import train
+
+    cfg = RunConfig(per_replica_batch_size=16, grad_accum_steps=2, epochs=3, learning_rate=1e-4,
+                    lr_scaling="sqrt", reference_batch_size=32, training_loop="custom")
+    plan = model.make_plan(cfg, num_train_examples=1000, num_replicas=4)
+    line = train.describe_plan(cfg, plan, "mirrored", "float32")
+    assert line == ("train: strategy mirrored, 4 replicas x 16 per replica x 2 accumulation "
+                    "= global batch 128; learning rate 0.0001 (sqrt: x sqrt(128/32)) = 0.0002; "
+                    "8 steps per epoch, 24 steps in 3 epochs (2 warm-up); precision float32")

@@ -1,0 +1,153 @@
+"""Fixtures for the training tests: a tiny random BERT checkpoint and a tiny, trivially
+learnable tokenized dataset written as the tokenize step would (TFRecords + manifest), so the
+tests do not depend on the tokenize step.
+
+Also runnable as a script, to run steps in a fresh process (logical CPU devices can only be
+configured before TensorFlow starts): `python tests/train_helpers.py RUN_DIR train evaluate`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tasks import storage  # noqa: E402  (importing tasks sets TF_USE_LEGACY_KERAS)
+from tasks.config import RunConfig  # noqa: E402
+from tasks.runlayout import (RunContext, read_run_config, write_manifest,  # noqa: E402
+                             write_run_config)
+
+LABELS = ["neg", "pos"]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]
+CLS, SEP = 2, 3
+# Each label draws its words from its own half of the vocabulary: learnable in a few steps.
+WORDS = ((5, 52), (52, len(VOCAB)))
+
+
+def write_tiny_model(model_dir: Path, **config) -> Path:
+    """A random 2-layer, hidden-32 BERT saved as a TF checkpoint folder (tf_model.h5)."""
+    from transformers import BertConfig, TFBertForSequenceClassification
+
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=64, **config)
+    model = TFBertForSequenceClassification(config)
+    model(model.dummy_inputs)
+    model.save_pretrained(model_dir)
+    (model_dir / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    return model_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Import into a test module to use (conftest.py belongs to the orchestration tests)."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20) -> list[tuple]:
+    """(input_ids, token_type_ids, label) with the label given away by the words."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        label = i % 2
+        words = [rng.randrange(*WORDS[label]) for _ in range(rng.randint(min_len, max_len))]
+        ids = [CLS] + words + [SEP]
+        rows.append((ids, [0] * len(ids), label))
+    return rows
+
+
+def write_tfrecords(path: Path, rows: list[tuple]) -> None:
+    import tensorflow as tf
+
+    def ints(values):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for ids, types, label in rows:
+            example = tf.train.Example(features=tf.train.Features(feature={
+                "input_ids": ints(ids), "token_type_ids": ints(types), "label": ints([label])}))
+            writer.write(example.SerializeToString())
+
+
+def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: int = 2,
+                    max_seq_length: int = 32, train_lengths: tuple[int, int] = (3, 20)) -> str:
+    """Shards under the cache folder plus tokenize/manifest.json, as CONTRACTS.md describes.
+    `train_lengths`: (min, max) words per training row; equal values give every batch the same
+    shape, so a training function is traced once (faster multi-process tests)."""
+    cache = Path(ctx.artifact_root) / "cache" / "tfrecords" / "tiny"
+    splits = {}
+    for split, n, seed in (("train", num_train, 1), ("eval", num_eval, 2)):
+        rows = tiny_rows(n, seed, *(train_lengths if split == "train" else (3, 20)))
+        shards = []
+        for k in range(num_shards):
+            path = cache / f"{split}-{k:05d}-of-{num_shards:05d}.tfrecord"
+            write_tfrecords(path, rows[k::num_shards])
+            shards.append(str(path))
+        splits[split] = {"shards": shards, "num_examples": n, "num_truncated": 0,
+                         "length_histogram": {"edges": [], "counts": []}}
+    return write_manifest(ctx.step_uri("tokenize"), {
+        "content_hash": "tiny", "cache_uri": str(cache), "reused": False,
+        "vocab_size": len(VOCAB), "max_seq_length": max_seq_length, "lower_case": True,
+        "has_pair": False, "labels": LABELS, "splits": splits})
+
+
+def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 41,
+             train_lengths: tuple[int, int] = (3, 20),
+             **overrides) -> tuple[RunConfig, RunContext]:
+    """A run folder with config.json, context.json and tokenized data, ready for train."""
+    values = dict(base_model=str(model_dir), artifact_root=str(root), max_seq_length=32,
+                  per_replica_batch_size=16, epochs=3, learning_rate=1e-2, warmup_ratio=0.1,
+                  weight_decay=0.0, eval_batch_size=8, checkpoint_every_steps=10)
+    values.update(overrides)
+    cfg = RunConfig(**values)
+    ctx = RunContext(artifact_root=str(root), dag_id="test", run_key="run1")
+    write_run_config(ctx, cfg)
+    storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())
+    write_tokenized(ctx, num_train, num_eval, max_seq_length=cfg.max_seq_length,
+                    train_lengths=train_lengths)
+    return cfg, ctx
+
+
+def h5_weights(model_dir: Path) -> dict:
+    """Variable name -> value from a save_pretrained folder's tf_model.h5, names stripped of
+    the per-process model instance suffix (so two models of one process compare)."""
+    import re
+
+    import h5py
+
+    out = {}
+    with h5py.File(Path(model_dir) / "tf_model.h5", "r") as f:
+        def add(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[re.sub(r"tf_bert_for_sequence_classification(_\d+)?/", "", name)] = obj[()]
+        f.visititems(add)
+    return out
+
+
+def run_steps_in_subprocess(run_dir: str, *steps: str, env: dict | None = None,
+                            timeout: int = 300) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, __file__, run_dir, *steps], env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def main(argv: list[str]) -> None:
+    run_dir, steps = argv[0], argv[1:]
+    cfg = read_run_config(f"{run_dir}/config.json")
+    ctx = RunContext(**json.loads(Path(run_dir, "context.json").read_text()))
+    for step in steps:
+        module = __import__(f"tasks.{step}", fromlist=["run"])
+        print(f"{step} manifest: {module.run(cfg, ctx)}", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

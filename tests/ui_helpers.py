@@ -1,0 +1,294 @@
+"""Helpers for tests/test_airflow_standalone.py: a real `airflow standalone` in its own process
+group, a small REST client, and a headless Chromium driven through the DevTools protocol
+(plain `websockets`, no Playwright, nothing downloaded at run time)."""
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage", "--window-size=1400,1800"]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Standalone:
+    """`airflow standalone` on a free port with a tmp AIRFLOW_HOME and one real user."""
+
+    user = "tester"
+
+    def __init__(self, home: Path, artifact_root: Path):
+        self.home = home
+        self.artifact_root = artifact_root
+        self.port = free_port()
+        self.base = f"http://localhost:{self.port}"
+        self.password = secrets.token_urlsafe(16)
+        self.log_path = home / "standalone.log"
+        self.proc: subprocess.Popen | None = None
+        self._token: str | None = None
+
+    def env(self) -> dict[str, str]:
+        passwords = self.home / "passwords.json"
+        passwords.write_text(json.dumps({self.user: self.password}))
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("AIRFLOW__") and k != "PYTHONPATH"}
+        env.update({
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__API__PORT": str(self.port),
+            # Without it the task supervisor calls the default :8080 and every task fails.
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.user}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            # Parse the dags folder soon after start, not after the default 5 minutes.
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
+            # Task supervisors talk to the api-server over HTTP; the defaults (5 s timeout, 5
+            # retries) kill tasks when a loaded machine stalls the api-server for ~30 s.
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+            "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root),
+            "TF_USE_LEGACY_KERAS": "1",
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        })
+        return env
+
+    def start(self, timeout: float = 240) -> None:
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([str(VENV_BIN / "airflow"), "standalone"], env=self.env(),
+                                     cwd=str(self.home), stdout=log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"airflow standalone exited with {self.proc.returncode}\n"
+                                   + self.log_tail())
+            try:
+                health = httpx.get(f"{self.base}/api/v2/monitor/health", timeout=5)
+                if health.status_code == 200 and \
+                        health.json().get("scheduler", {}).get("status") == "healthy":
+                    # the execution API answers too (what every task's supervisor calls)
+                    if httpx.get(f"{self.base}/execution/health", timeout=60).status_code == 200:
+                        return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2)
+        raise RuntimeError(f"airflow standalone not healthy after {timeout:.0f}s\n"
+                           + self.log_tail())
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no standalone log)"
+        return "---- airflow standalone log (tail) ----\n" + "\n".join(text[-lines:])
+
+    def _our_pids(self) -> list[int]:
+        """Processes started for this server (found by its unique AIRFLOW_HOME / artifact
+        root), including task workers that run in their own sessions."""
+        marks = (f"AIRFLOW_HOME={self.home}".encode(),
+                 f"BERTFLOW_ARTIFACT_ROOT={self.artifact_root}".encode())
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(m in environ for m in marks):
+                pids.append(int(entry.name))
+        return pids
+
+    def stop(self) -> list[int]:
+        """Stop the process group, then anything else that still carries our env.
+        Returns pids that survived SIGKILL (should be empty)."""
+        if self.proc is None:
+            return []
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        deadline = time.monotonic() + 15
+        while self._our_pids() and time.monotonic() < deadline:
+            time.sleep(1)
+        for pid in self._our_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        time.sleep(1)
+        return self._our_pids()
+
+    # --- REST ---------------------------------------------------------------------------
+
+    @property
+    def token(self) -> str:
+        if self._token is None:
+            resp = httpx.post(f"{self.base}/auth/token", timeout=30,
+                              json={"username": self.user, "password": self.password})
+            assert resp.status_code in (200, 201), resp.text
+            self._token = resp.json()["access_token"]
+        return self._token
+
+    def api(self, method: str, path: str, **kwargs) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token}", **kwargs.pop("headers", {})}
+        return httpx.request(method, f"{self.base}/api/v2{path}", headers=headers,
+                             timeout=kwargs.pop("timeout", 60), **kwargs)
+
+    def wait_for(self, what: str, check, timeout: float, interval: float = 3):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                result = check()
+            except httpx.HTTPError as err:  # a loaded machine: slow answers are not failures
+                print(f"waiting for {what}: {err!r}")
+                result = None
+            if result:
+                return result
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"airflow standalone died waiting for {what}\n"
+                                   + self.log_tail())
+            time.sleep(interval)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n"
+                           + self.log_tail())
+
+
+# --- Chromium ---------------------------------------------------------------------------
+
+def dump_dom(url: str, budget_ms: int = 5000, timeout: float = 120) -> str:
+    """The DOM of `url` after `budget_ms` of virtual time, from a fresh headless Chromium."""
+    with tempfile.TemporaryDirectory(prefix="bertflow-chromium-") as profile:
+        done = subprocess.run(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
+             f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
+            capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"chromium --dump-dom failed ({done.returncode}): "
+                           f"{done.stderr[-2000:]}")
+    return done.stdout
+
+
+class Browser:
+    """Headless Chromium driven through the DevTools protocol over one page websocket."""
+
+    def __init__(self):
+        self.profile = tempfile.mkdtemp(prefix="bertflow-chromium-")
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
+             f"--remote-debugging-port={self.port}", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._id = 0
+        self.ws = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                pages = [t for t in httpx.get(f"http://127.0.0.1:{self.port}/json/list",
+                                              timeout=5).json() if t["type"] == "page"]
+                if pages:
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"chromium exited with {self.proc.returncode}")
+            time.sleep(0.5)
+        else:
+            self.close()
+            raise RuntimeError("chromium DevTools endpoint did not come up")
+        from websockets.sync.client import connect
+
+        self._stack = contextlib.ExitStack()
+        self.ws = self._stack.enter_context(connect(
+            pages[0]["webSocketDebuggerUrl"], max_size=64 * 2**20, open_timeout=30))
+        self.send("Page.enable")
+        self.send("Network.enable")
+
+    def send(self, method: str, timeout: float = 60, **params) -> dict:
+        self._id += 1
+        msg_id = self._id
+        self.ws.send(json.dumps({"id": msg_id, "method": method, "params": params}))
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if msg.get("id") == msg_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def evaluate(self, expression: str):
+        result = self.send("Runtime.evaluate", expression=expression, returnByValue=True,
+                           awaitPromise=True)
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"JS error: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_js(self, expression: str, timeout: float = 90, interval: float = 0.5):
+        """Poll a JS expression until truthy; returns its value."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = self.evaluate(expression)
+            if last:
+                return last
+            time.sleep(interval)
+        body = str(self.evaluate("document.body && document.body.innerText"))[:1500]
+        raise TimeoutError(f"browser: {expression!r} still falsy after {timeout:.0f}s "
+                           f"(url {self.evaluate('location.href')}, body text: {body!r})")
+
+    def set_cookie(self, name: str, value: str, url: str) -> None:
+        assert self.send("Network.setCookie", name=name, value=value, url=url)["success"]
+
+    def navigate(self, url: str) -> None:
+        self.send("Page.navigate", url=url)
+
+    def screenshot(self, path: Path) -> Path:
+        data = self.send("Page.captureScreenshot", format="png", timeout=120)["data"]
+        path.write_bytes(base64.b64decode(data))
+        return path
+
+    def close(self) -> None:
+        try:
+            if self.ws is not None:
+                self._stack.close()
+        finally:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+            shutil.rmtree(self.profile, ignore_errors=True)
