@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.bertflow-installed
 export TF_USE_LEGACY_KERAS := 1
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 
-.PHONY: install demo test lock clean
+.PHONY: install demo test test-deps lock clean
 
 install: $(STAMP)
 
@@ -22,8 +22,13 @@ $(STAMP): requirements.txt Makefile
 demo: install
 	$(BIN)/python -m tasks.demo
 
+# Debian's chromium for the browser checks of the Airflow UI (tests/test_airflow_standalone.py).
+test-deps:
+	@test -x /usr/bin/chromium || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
-test: install
+test: install test-deps
 	@$(BIN)/python -m pytest -q tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 

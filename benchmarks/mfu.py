@@ -86,14 +86,22 @@ def main() -> None:
     if args.config.startswith("peer"):
         precision = "bf16" if "bf16" in args.config else "fp32"
     peak = {p: common.median(v) for p, v in peaks.items()}
+    best_peak = {p: max(v) for p, v in peaks.items()}
     achieved = common.median([x["train_gflop_per_s"] for x in runs])
-    mfu = achieved / peak[precision]
-    print(f"matmul peak (median): fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f}")
-    print(f"{args.config}: {achieved:.1f} training GFLOP/s ({precision}) -> MFU {mfu:.1%}")
+    # On a shared CPU the matmul probe is slowed too; the best probe is the closer estimate of
+    # the machine's peak, so the verdict uses it (the median-based figure is also recorded).
+    mfu_median_peak = achieved / peak[precision]
+    mfu = achieved / best_peak[precision]
+    print(f"matmul peak (median): fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f}; "
+          f"best: fp32 {best_peak['fp32']:.0f}, bf16 {best_peak['bf16']:.0f}")
+    print(f"{args.config}: {achieved:.1f} training GFLOP/s ({precision}) -> MFU {mfu:.1%} of "
+          f"the best peak ({mfu_median_peak:.1%} of the median peak)")
     print(f"target >= {TARGET:.0%}: {common.verdict(100 * mfu, 100 * TARGET, '%')}")
     common.write_results("mfu", {
         "config": args.config, "precision": precision, "peak_gflop_per_s": peak,
-        "peak_runs": peaks, "train_gflop_per_s_median": achieved, "mfu": mfu,
+        "best_peak_gflop_per_s": best_peak, "peak_runs": peaks,
+        "train_gflop_per_s_median": achieved, "mfu": mfu,
+        "mfu_vs_median_peak": mfu_median_peak,
         "target": common.verdict(100 * mfu, 100 * TARGET, "%"),
         "examples_per_s_median": common.median([x["examples_per_s"] for x in runs]),
         "flop_formula": "6*P_tok*B*L + 6*P_seq*B + 12*layers*h*B*L^2 per batch, "

@@ -60,10 +60,10 @@ class WorkerStepOperator(BaseOperator):
         self._cluster = None
 
     def execute(self, context) -> str:
-        from tasks import provision, storage
+        from tasks import credentials, provision, storage
         from tasks.errors import WorkerError
 
-        _, ctx = _load(self.run_uri)
+        cfg, ctx = _load(self.run_uri)
         if self.distributed:
             manifest = storage.read_json(ctx.manifest_uri("provision"))
             spec = provision.WorkerSpec.from_dict(manifest["workers"][self.step])
@@ -76,7 +76,9 @@ class WorkerStepOperator(BaseOperator):
             provision.kill_recorded(storage.read_json(record_uri))
         self._cluster = provision.LocalCluster(
             spec, log=self.log.info, record_uri=record_uri,
-            tmp_root=provision.local_tmp_root(self.run_uri))
+            tmp_root=provision.local_tmp_root(self.run_uri),
+            # Workers cannot reach Airflow's connections; hand them over at start only.
+            extra_env=credentials.worker_env(cfg))
         self._cluster.run()
         manifest_uri = ctx.manifest_uri(self.step)
         if not storage.exists(manifest_uri):

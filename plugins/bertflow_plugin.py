@@ -51,7 +51,8 @@ def index() -> str:
     found = artifact_index(root)
     rows = "".join(
         f"<li>{html.escape(m['model'])} / {html.escape(m['version'])} "
-        f"<a href='models/{m['model']}/{m['version']}/card'>model card</a> "
+        f"<a href='models/{html.escape(m['model'])}/{html.escape(m['version'])}/card'>"
+        f"model card</a> "
         f"<code>{html.escape(m['uri'])}</code></li>" for m in found["models"])
     runs = "".join(f"<li>{html.escape(r['dag_id'])} / {html.escape(r['run_key'])} "
                    f"<code>{html.escape(r['uri'])}</code></li>" for r in found["runs"])

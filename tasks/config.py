@@ -210,13 +210,17 @@ def _error_from_validation(err: ValidationError) -> ConfigError:
 def parse_config(values: dict[str, Any]) -> RunConfig:
     """Validate a mapping (Airflow Params, a JSON file, CLI flags) into a RunConfig.
 
-    Empty strings for optional fields mean "not set", as the UI form sends them.
+    The UI form sends an emptied field as "" or null: both mean "not set" (None for optional
+    fields, "" for text fields whose default is empty).
     """
     cleaned = {}
     for key, value in values.items():
         field = RunConfig.model_fields.get(key)
-        if field is not None and value == "" and _is_optional(field.annotation):
-            value = None
+        if field is not None and value in ("", None):
+            if _is_optional(field.annotation):
+                value = None
+            elif field.default == "":
+                value = ""
         cleaned[key] = value
     try:
         cfg = RunConfig.model_validate(cleaned)
@@ -224,11 +228,12 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
         raise _error_from_validation(err) from None
     # Topology conflicts are config errors too; they name the field to change.
     strategy = resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
-    _check_training_loop(cfg, strategy)
+    check_training_loop(cfg, strategy)
     return cfg
 
 
-def _check_training_loop(cfg: RunConfig, strategy: str) -> None:
+def check_training_loop(cfg: RunConfig, strategy: str) -> None:
+    """Rules between the training loop and the resolved strategy (train re-checks them)."""
     if cfg.training_loop == "fit" and cfg.grad_accum_steps > 1:
         raise ConfigError("grad_accum_steps", "gradient accumulation needs training_loop "
                                               "custom; set it, or grad_accum_steps to 1")
@@ -268,6 +273,9 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         if "description" in prop:
             kwargs["description"] = prop["description"]
         kwargs["default"] = defaults[name]
+        if kwargs["default"] == "" and kwargs.get("type") == "string":
+            # The trigger form treats "" as missing and would mark the field required.
+            kwargs["type"] = ["string", "null"]
         if "const" in kwargs:  # a Literal with one value
             kwargs["enum"] = [kwargs.pop("const")]
         out[name] = kwargs

@@ -1,7 +1,7 @@
 """Data step: read, validate and split the labelled text, write the prepared JSON Lines.
 
-Inputs are CSV, TSV (plain tab-separated, no quoting, as GLUE ships it) or JSON Lines, from
-any URI `tasks.storage` reads. `train_uri` / `eval_uri` name one file, a prefix ending in `/`
+Inputs are CSV, TSV (tab-separated; a field may be quoted like CSV, e.g. to hold a line
+break, as BANKING77's TSV does) or JSON Lines, from any URI `tasks.storage` reads. `train_uri` / `eval_uri` name one file, a prefix ending in `/`
 (every data file under it) or a glob (`*`, `?` within one path segment); several files are
 read in sorted order and concatenated. Every problem is raised as a `DataError` naming the
 file and the line as an editor shows it (the header is line 1) before any expensive work
@@ -251,8 +251,7 @@ def _open_table(uri: str, fmt: str, wanted: list[str]) -> _Table:
 
 def _open_delimited(uri: str, text: str, fmt: str) -> tuple[list[str], Iterator]:
     if fmt == "tsv":
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t",
-                            quoting=csv.QUOTE_NONE)
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
     else:
         reader = csv.reader(io.StringIO(text, newline=""))
     try:

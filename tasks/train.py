@@ -21,7 +21,7 @@ import tf_keras
 from tensorflow.core.framework import summary_pb2
 
 from tasks import checkpoint, inputs, model as model_lib, storage, strategy as strategy_lib
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig, check_training_loop, join_uri
 from tasks.runlayout import RunContext, read_manifest, write_manifest
 
 KEEP_CHECKPOINTS = 3
@@ -31,6 +31,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     name = strategy_lib.strategy_name(cfg)
     if strategy_lib.is_server_task(name):
         strategy_lib.serve_forever()
+    # The loop/strategy rules parse_config applies, also for configs built without it.
+    check_training_loop(cfg, name)
     strategy, name = strategy_lib.build_strategy(cfg)
     policy = model_lib.set_precision(cfg, strategy_lib.device_kind(cfg, name))
     tok = read_manifest(ctx.manifest_uri("tokenize"))

@@ -149,7 +149,8 @@ def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
             const out = [];
             for (const el of {TRIGGER_DIALOG}.querySelectorAll('input, textarea')) {{
                 if (['checkbox', 'radio', 'hidden'].includes(el.type) || el.value !== ''
-                    || el.offsetParent === null) continue;
+                    || el.offsetParent === null || el.getAttribute('role') === 'combobox'
+                    || el.closest('[data-scope=combobox],[data-scope=select]')) continue;
                 let row = el.parentElement;
                 while (row && !row.querySelector('label')) row = row.parentElement;
                 const label = row && row.querySelector('label');

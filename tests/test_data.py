@@ -133,6 +133,15 @@ def test_csv_line_numbers_count_multiline_quoted_rows(tmp_path):
     assert err.line == 5 and "empty text" in str(err)
 
 
+def test_tsv_fields_may_be_quoted_across_lines(tmp_path):
+    # BANKING77's train.tsv holds a text quoted across a line break, like this.
+    content = 'text\tlabel\nfine\tpos\n"\nHow do I unblock my PIN?"\tneg\n\tpos\n'
+    err = _error(tmp_path, _write(tmp_path, "t.tsv", content))
+    assert err.line == 5 and "empty text" in str(err)
+    rows = data.load_source(parse_config({}), _write(tmp_path, "ok.tsv", content[:-5])).examples
+    assert [r.text for r in rows] == ["fine", "How do I unblock my PIN?"]
+
+
 def test_check_inputs_is_cheap_preflight(tmp_path):
     train = _write(tmp_path, "train.tsv", _tsv(GOOD))
     bad_eval = _write(tmp_path, "eval.tsv", _tsv(GOOD, "review\tlabel"))

@@ -1,40 +1,10 @@
-"""Strategy selection: the topology mapping (pure Python) and building real strategies."""
+"""Building real strategies (the topology mapping itself: tests/test_topology.py)."""
 import json
 
 import pytest
 
 from tasks.config import RunConfig
-from tasks.errors import BertflowError, ConfigError
-from tasks.topology import Topology, resolve_strategy_name
-
-
-@pytest.mark.parametrize("topology, visible, expected", [
-    (Topology(), None, "one_device"),
-    (Topology(), 1, "one_device"),
-    (Topology(), 4, "mirrored"),  # auto uses every GPU a worker sees
-    (Topology(devices_per_worker=2), None, "mirrored"),
-    (Topology(num_workers=3), None, "multi_worker_mirrored"),
-    (Topology(num_workers=2, num_ps=1), None, "parameter_server"),
-    (Topology(accelerator="tpu", tpu_address="local"), None, "tpu"),
-    (Topology(tpu_address="my-tpu"), None, "tpu"),
-])
-def test_auto_maps_topology_to_strategy(topology, visible, expected):
-    assert resolve_strategy_name(topology, "auto", visible) == expected
-
-
-@pytest.mark.parametrize("topology, requested, field", [
-    (Topology(num_workers=2), "mirrored", "num_workers"),
-    (Topology(), "parameter_server", "num_ps"),
-    (Topology(num_ps=1), "multi_worker_mirrored", "num_ps"),
-    (Topology(accelerator="tpu"), "tpu", "tpu_address"),
-    (Topology(accelerator="gpu", tpu_address="x"), "tpu", "accelerator"),
-    (Topology(tpu_address="x"), "mirrored", "strategy"),
-    (Topology(devices_per_worker=2), "one_device", "devices_per_worker"),
-])
-def test_conflicts_name_the_field_to_change(topology, requested, field):
-    with pytest.raises(ConfigError) as err:
-        resolve_strategy_name(topology, requested)
-    assert err.value.field == field
+from tasks.errors import BertflowError
 
 
 def test_roles_from_tf_config(monkeypatch):

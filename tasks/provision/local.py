@@ -89,8 +89,12 @@ class LocalCluster:
 
     def __init__(self, spec: WorkerSpec, log: Callable[[str], None] = print, *,
                  grace_seconds: float = 10.0, record_uri: str | None = None,
-                 tmp_root: Path | None = None, port_attempts: int = 3):
+                 tmp_root: Path | None = None, port_attempts: int = 3,
+                 extra_env: dict[str, str] | None = None):
         self.spec = spec
+        # Secrets (e.g. credentials.worker_env): passed at process start only, never part
+        # of the spec, which is written to the provision manifest and logged.
+        self._extra_env = dict(extra_env or {})
         self.log = log
         self.grace_seconds = grace_seconds
         self.record_uri = record_uri
@@ -157,6 +161,7 @@ class LocalCluster:
         env = dict(os.environ)
         env.pop("TF_CONFIG", None)  # single-process strategies must not see a stale cluster
         env.update(self.spec.env)
+        env.update(self._extra_env)
         # `python -m tasks` must resolve to this checkout whatever the caller's cwd/sys.path.
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
