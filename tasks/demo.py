@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     exported = storage.read_json(join_uri(run_uri, "export", "manifest.json"))
     metrics = storage.read_json(join_uri(run_uri, "evaluate", "manifest.json"))["metrics"]
     promoted = storage.read_json(join_uri(run_uri, "promote", "manifest.json"))
+    tokenized = storage.read_json(join_uri(run_uri, "tokenize", "manifest.json"))
+    print(f"Tokenized data: {tokenized['cache_uri']} "
+          f"({'reused from an earlier run' if tokenized['reused'] else 'new'})")
     print(f"Exported model: {exported['version_uri']}")
     print(f"Eval metrics:   {json.dumps(metrics)}")
     print(f"Promoted:       {promoted['promoted']}")
