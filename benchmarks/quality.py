@@ -41,19 +41,6 @@ def head(src: Path, dst: Path, rows: int) -> Path:
     return dst
 
 
-def normalise_tsv(src: Path, dst: Path, rows: int) -> Path:
-    """Parse with csv (quoted fields may span lines, as in BANKING77 train.tsv lines 273-274,
-    which tasks.data rejects), join in-text newlines with a space, write plain TSV."""
-    import csv
-    with open(src, encoding="utf-8", newline="") as f, \
-            open(dst, "w", encoding="utf-8", newline="") as g:
-        for i, rec in enumerate(csv.reader(f, delimiter="\t")):
-            if rows and i > rows:
-                break
-            g.write("\t".join(" ".join(c.split()) for c in rec) + "\n")
-    return dst
-
-
 def tasks_cli(*argv: str) -> str:
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run([PY, "-m", "tasks", *argv], cwd=common.PROJECT_ROOT, env=env,
@@ -66,9 +53,7 @@ def tasks_cli(*argv: str) -> str:
 def run_dataset(name: str, work: Path, args) -> dict:
     train_rel, eval_rel = DATASETS[name]
     train, = common.require_data(train_rel)
-    if args.normalise:
-        train = normalise_tsv(train, work / f"{name}-train.tsv", args.limit)
-    elif args.limit:
+    if args.limit:
         train = head(train, work / f"{name}-train.tsv", args.limit)
     run_dir = work / "art" / "runs" / "quality" / name
     cfg = {"train_uri": str(train), "epochs": args.epochs, "max_steps": args.max_steps,
@@ -113,9 +98,6 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="extra RunConfig field (JSON value), e.g. mixed_precision=\"none\"")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
-    ap.add_argument("--normalise", action="store_true",
-                    help="re-write train files through csv (needed for BANKING77, see "
-                         "normalise_tsv)")
     args = ap.parse_args()
     common.require_data(*[DATASETS[d][0] for d in args.datasets.split(",")])
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
