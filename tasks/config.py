@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -247,7 +247,7 @@ def load_config(text: str) -> RunConfig:
 
 
 def _is_optional(annotation: Any) -> bool:
-    return "None" in str(annotation) or "Optional" in str(annotation)
+    return type(None) in get_args(annotation)
 
 
 # --- Airflow Params ------------------------------------------------------------------------
