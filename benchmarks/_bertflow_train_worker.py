@@ -27,9 +27,6 @@ p.add_argument("--batches", required=True)
 p.add_argument("--model-dir", required=True)
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--set", action="append", default=[])
-p.add_argument("--fused-optimizer", action="store_true",
-               help="swap tasks.model.create_optimizer for benchmarks/fused_adamw.py's "
-                    "(the patch proposed to the training engineer)")
 a = p.parse_args()
 
 from tasks import data as data_step, tokenize as tokenize_step, train as train_step  # noqa
@@ -74,10 +71,6 @@ def step_done(self, step, metrics):
 
 
 train_step.Progress.step_done = step_done
-if a.fused_optimizer:
-    import fused_adamw
-    from tasks import model as model_lib
-    model_lib.create_optimizer = fused_adamw.create_optimizer
 t0 = time.perf_counter()
 manifest_uri = train_step.run(cfg, ctx)
 wall = time.perf_counter() - t0
@@ -87,20 +80,29 @@ end = ends[-1][1]
 n_steps = ends[-1][0] - a.warmup
 dt = end - start
 n_ex = n_steps * batch_size
-# Padded tokens: bertflow pads each batch to its longest row inside length buckets; the
-# batches it forms are not visible here, so FLOPs use the same per-batch-max padding as
-# the driver's length-grouped batches (an estimate; see RESULTS.md).
-tokens = sum(len(b["labels"]) * max(len(x) for x in b["input_ids"]) for b in batches)
-sq = sum(len(b["labels"]) * max(len(x) for x in b["input_ids"]) ** 2 for b in batches)
-flops = train_flops(tokens, len(batches) * batch_size, sq) * n_steps / len(batches)
+# FLOPs of the batches bertflow really computed: its input pipeline is deterministic for a
+# seed, so it is replayed here (untimed) to read the padded shape of every timed batch.
+from tasks import inputs  # noqa: E402
+from tasks.runlayout import read_manifest  # noqa: E402
+
+tok = read_manifest(ctx.manifest_uri("tokenize"))
+with inputs.local_shards(tok, "train") as files:
+    replay = inputs.train_dataset(files, batch_size, cfg.max_seq_length, cfg.seed,
+                                  num_rows=tok["splits"]["train"]["num_examples"])
+    timed = list(replay.skip(a.warmup).take(n_steps))
+shapes = [f["input_ids"].shape for f, _ in timed]
+tokens = sum(b * length for b, length in shapes)
+real = sum(int(f["attention_mask"].numpy().sum()) for f, _ in timed)
+flops = train_flops(tokens, sum(b for b, _ in shapes), sum(b * length ** 2 for b, length in shapes))
 print("RESULT " + json.dumps({
     "examples_per_s": n_ex / dt, "seconds": dt, "steps": n_steps, "examples": n_ex,
+    "padded_tokens": tokens, "mean_padded_length": tokens / n_ex,
+    "padding_fraction": 1 - real / tokens,
     "warmup_steps": a.warmup, "train_gflop_per_s": flops / dt / 1e9,
     "train_step_wall_s": wall, "manifest_examples_per_second": manifest["examples_per_second"],
     "precision": "bf16" if "bfloat16" in manifest["mixed_precision"] else "fp32",
     "mixed_precision": manifest["mixed_precision"], "strategy": manifest["strategy"],
-    "final_loss": manifest["final_loss"], "overrides": overrides,
-    "fused_optimizer": a.fused_optimizer}))
+    "final_loss": manifest["final_loss"], "overrides": overrides}))
 sys.stdout.flush()
 import shutil  # noqa: E402
 shutil.rmtree(work, ignore_errors=True)

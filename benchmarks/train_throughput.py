@@ -53,13 +53,12 @@ CONFIGS = {
     "tf_bf16_fused_spe8": (TF_PY, W_TF, ["--precision", "bf16", "--optimizer", "fused_adamw",
                                          "--spe", "8"]),
     "tf_amp_fused": (TF_PY, W_TF, ["--precision", "amp", "--optimizer", "fused_adamw"]),
+    # bertflow's default config: mixed_precision=auto, bfloat16 on CPUs that have it
     "bertflow": (TF_PY, W_BERTFLOW, []),
-    "bertflow_bf16": (TF_PY, W_BERTFLOW, ["--set", "mixed_precision=mixed_bfloat16"]),
-    # bertflow's train path with the optimizer patch proposed for tasks/model.py
-    "bertflow_bf16_fusedopt": (TF_PY, W_BERTFLOW, ["--set", "mixed_precision=mixed_bfloat16",
-                                                   "--fused-optimizer"]),
+    "bertflow_fp32": (TF_PY, W_BERTFLOW, ["--set", "mixed_precision=none"]),
+    "bertflow_custom": (TF_PY, W_BERTFLOW, ["--set", "training_loop=custom"]),
 }
-DEFAULT = ["peer_bf16", "peer_bf16_t1", "bertflow", "bertflow_bf16", "tf_bf16_fused"]
+DEFAULT = ["peer_bf16", "bertflow", "bertflow_fp32"]
 
 
 def run_side(name: str, batches: Path, model_dir: str) -> dict:
@@ -106,16 +105,22 @@ def main() -> None:
         bpath = Path(tmp) / "batches.json"
         trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples,
                               args.batch_size, seed=0, max_len=128, grouped=True, out=bpath)
+        bs = json.loads(bpath.read_text())["batches"]
+        # The peer computes exactly the driver's batches; bertflow forms its own and reports.
+        peer_padding = 1 - (sum(len(x) for b in bs for x in b["input_ids"])
+                            / sum(len(b["labels"]) * trainbench_data.padded_len(b, 1) for b in bs))
         runs: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.repeats):
             for n in (names if r % 2 == 0 else names[::-1]):
                 res = run_side(n, bpath, model_dir)
+                res.setdefault("padding_fraction", peer_padding if n.startswith("peer") else None)
                 runs[n].append(res)
                 print(f"  [{r + 1}/{args.repeats}] {n:22s} {res['examples_per_s']:7.1f} ex/s"
                       f"  (load {res['load_avg_1min_before']:.1f})", flush=True)
 
     summary = {n: {"median_examples_per_s": common.median([x["examples_per_s"] for x in v]),
-                   "runs_examples_per_s": [round(x["examples_per_s"], 1) for x in v]}
+                   "runs_examples_per_s": [round(x["examples_per_s"], 1) for x in v],
+                   "padding_fraction": v[0]["padding_fraction"]}
                for n, v in runs.items()}
     for n, v in runs.items():
         if "train_gflop_per_s" in v[0]:
@@ -130,7 +135,9 @@ def main() -> None:
         ratio = (s["median_examples_per_s"] / summary[best_peer]["median_examples_per_s"]
                  if best_peer else float("nan"))
         s["ratio_vs_best_peer"] = ratio
-        print(f"  {n:22s} {s['median_examples_per_s']:7.1f} ex/s   x{ratio:.2f} vs {best_peer}")
+        pad = "" if s["padding_fraction"] is None else f"   padding {s['padding_fraction']:.1%}"
+        print(f"  {n:22s} {s['median_examples_per_s']:7.1f} ex/s   x{ratio:.2f} vs {best_peer}"
+              f"{pad}")
     target = None
     ours = [n for n in names if n.startswith("bertflow")]
     if best_peer and ours:

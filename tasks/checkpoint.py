@@ -61,9 +61,12 @@ def load_classifier(model_dir: Path, labels: list[str]):
     `model_dir`. Call inside `strategy.scope()` so the variables are distributed.
 
     A fresh classification head is initialised unless `model_dir` is a fine-tuned model with
-    the same number of labels.
+    the same number of labels. Some layers compute faster than transformers' own (same
+    weights; see tasks/fast_bert.py).
     """
     from transformers import BertConfig, TFBertForSequenceClassification
+
+    from tasks import fast_bert
 
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
@@ -71,10 +74,12 @@ def load_classifier(model_dir: Path, labels: list[str]):
         model_dir, num_labels=len(labels),
         id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     if (model_dir / TF_WEIGHTS).is_file():
-        return TFBertForSequenceClassification.from_pretrained(
+        model = TFBertForSequenceClassification.from_pretrained(
             model_dir, config=config, ignore_mismatched_sizes=True)
-    model = TFBertForSequenceClassification(config)
-    _load_safetensors(model, model_dir / SAFETENSORS)
+    else:
+        model = TFBertForSequenceClassification(config)
+        _load_safetensors(model, model_dir / SAFETENSORS)
+    fast_bert.speed_up(model)
     return model
 
 

@@ -135,8 +135,9 @@ class RunConfig(BaseModel):
     grad_accum_steps: int = Field(default=1, ge=1, le=1024, title="Gradient accumulation",
                                   description="Micro-batches per optimizer step.")
     mixed_precision: Literal["auto", "none", "mixed_bfloat16", "mixed_float16"] = Field(
-        default="none", title="Mixed precision",
-        description="auto: mixed_float16 on GPU, mixed_bfloat16 on TPU, none on CPU.")
+        default="auto", title="Mixed precision",
+        description="auto: mixed_float16 on GPU, mixed_bfloat16 on TPU and on CPUs with "
+                    "native bfloat16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo), else none.")
     checkpoint_every_steps: int = Field(default=100, ge=1, title="Checkpoint every N steps")
     eval_batch_size: int = Field(default=64, ge=1, le=4096,
                                  title="Evaluation batch per replica")

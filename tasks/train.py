@@ -63,7 +63,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         def dataset_fn(input_context, seed_offset=0, skip_batches=0):
             return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
                                         cfg.seed + seed_offset, input_context,
-                                        static_shapes=name == "tpu", skip_batches=skip_batches)
+                                        static_shapes=name == "tpu", skip_batches=skip_batches,
+                                        num_rows=tok["splits"]["train"]["num_examples"])
 
         if start_step < plan.total_steps:
             loop = {"fit": _fit, "custom": _custom_loop}[cfg.training_loop]
@@ -180,7 +181,7 @@ class Progress(tf_keras.callbacks.Callback):
         optimizer = self.model.optimizer
         self.step_done(int(optimizer.iterations.numpy()), {
             "loss": float(logs["loss"]), "accuracy": float(logs["accuracy"]),
-            "learning_rate": float(optimizer.learning_rate.numpy())})
+            "learning_rate": model_lib.current_learning_rate(optimizer)})
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_loss = float(logs["loss"])
@@ -279,7 +280,7 @@ def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, pr
         step = int(optimizer.iterations.numpy())
         progress.epoch_loss = logs["loss"][-1]
         progress.step_done(step, {"loss": logs["loss"][-1], "accuracy": logs["accuracy"][-1],
-                                  "learning_rate": float(optimizer.learning_rate.numpy())})
+                                  "learning_rate": model_lib.current_learning_rate(optimizer)})
         saver.step_done(step)
 
 
@@ -293,7 +294,7 @@ def _custom_loop(strategy, name, model, optimizer, plan, dataset_fn, saver, prog
         step = int(optimizer.iterations.numpy())
         epoch_loss, epoch_steps = epoch_loss + loss, epoch_steps + 1
         progress.step_done(step, {"loss": loss, "accuracy": accuracy,
-                                  "learning_rate": float(optimizer.learning_rate.numpy())})
+                                  "learning_rate": model_lib.current_learning_rate(optimizer)})
         saver.step_done(step)
         if step % plan.steps_per_epoch == 0 or step >= plan.total_steps:
             progress.epoch_loss = epoch_loss / epoch_steps

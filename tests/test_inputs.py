@@ -51,16 +51,27 @@ def test_eval_keeps_every_row_in_order_with_a_partial_last_batch(shards):
             features["input_ids"].shape[1]
 
 
-def test_train_batches_are_full_bucketed_and_cover_the_data(shards):
-    batches = list(inputs.train_dataset(shards, 4, max_seq_length=64, seed=1).take(60))
+def test_train_batches_are_full_length_grouped_and_cover_the_data(shards):
+    batches = list(inputs.train_dataset(shards, 4, max_seq_length=64, seed=1,
+                                        num_rows=len(ROWS)).take(60))
     assert all(len(labels) == 4 for _, labels in batches)
     for features, _ in batches:
         lengths = features["attention_mask"].numpy().sum(axis=1)
-        width = features["input_ids"].shape[1]
-        assert width == lengths.max()
-        # One bucket per batch: all rows fall between the same boundaries.
-        assert len(set(np.digitize(lengths, inputs.bucket_boundaries(64)))) == 1
+        assert features["input_ids"].shape[1] == lengths.max()  # padded to its longest row
     assert set(rows_of(batches)) == set(expected_rows())  # 240 rows cover all 37
+
+    # 37 rows cap the sorting window at 9 batches of 4: the first window holds 36 different
+    # rows, sorted by length into batches whose lengths do not overlap, in shuffled order.
+    window = batches[:9]
+    assert len(set(rows_of(window))) == 36
+    spans = [(int(m.sum(1).min()), int(m.sum(1).max()))
+             for m in (f["attention_mask"].numpy() for f, _ in window)]
+    ordered = sorted(spans, reverse=True)
+    assert all(shorter[1] <= longer[0] for longer, shorter in zip(ordered, ordered[1:]))
+    assert spans != ordered
+    real = sum(int(f["attention_mask"].numpy().sum()) for f, _ in window)
+    padded = sum(f["input_ids"].shape[1] * 4 for f, _ in window)
+    assert real / padded > 0.9  # rows 2-41 tokens long, under 10% padding
 
 
 def test_train_order_is_seeded(shards):

@@ -146,9 +146,8 @@ def test_fit_and_custom_loop_reach_the_same_model(tmp_path):
                                  attention_probs_dropout_prob=0.0)
     results = {}
     for loop in ("fit", "custom"):
-        # mixed_precision auto resolves to float32 on CPU (see RunConfig.mixed_precision).
         cfg, ctx = make_run(tmp_path / loop, model_dir, training_loop=loop, epochs=2,
-                            mixed_precision="auto", weight_decay=0.01)
+                            weight_decay=0.01)
         train.run(cfg, ctx)
         evaluate.run(cfg, ctx)
         manifest = read_manifest(ctx.manifest_uri("train"))

@@ -1,4 +1,5 @@
 """Batch sizes, step counts, learning-rate scaling and schedule (no training)."""
+import numpy as np
 import pytest
 
 from tasks import model
@@ -47,13 +48,63 @@ def test_adamw_decays_kernels_but_not_biases_or_layer_norm():
     assert isinstance(loss_scaled, tf_keras.mixed_precision.LossScaleOptimizer)
 
 
+def test_adamw_follows_torch_adamw_including_the_sparse_embedding_gradient():
+    """Decoupled decay then Adam, as torch.optim.AdamW: p -= lr*wd*p; m, v updated; then
+    p -= lr * m_hat / (sqrt(v_hat) + eps), except that TensorFlow's kernel adds eps before the
+    bias correction of v (eps / sqrt(1 - b2^t) in torch's terms; 1e-5 apart here at t=1, where
+    eps is largest). An IndexedSlices gradient (what an embedding gather gives) updates like
+    its dense equivalent, with rows that repeat summed."""
+    import tensorflow as tf
+
+    lr, wd, eps, b1, b2 = 0.1, 0.2, 1e-6, 0.9, 0.999
+    optimizer = model.AdamW(learning_rate=lr, weight_decay=wd, epsilon=eps,
+                            exclude_from_weight_decay=model.NO_DECAY)
+    table = tf.Variable(np.ones([4, 2], np.float32), name="word_embeddings/weight")
+    bias = tf.Variable(np.ones([2], np.float32), name="dense/bias")
+    rows = tf.constant([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]])
+    dense_grad = np.zeros([4, 2], np.float32)
+    dense_grad[0] = [1.0, 2.0]
+    dense_grad[2] = [3.5, -0.5]  # rows 1 and 2 of `rows` both hit index 2
+    p, b = np.ones([4, 2]), np.ones([2])
+    m, v, mb, vb = np.zeros([4, 2]), np.zeros([4, 2]), np.zeros(2), np.zeros(2)
+    for t in (1, 2, 3):
+        sparse = tf.IndexedSlices(rows, tf.constant([0, 2, 2]), tf.constant([4, 2]))
+        optimizer.apply_gradients([(sparse, table), (tf.constant([0.5, -2.0]), bias)])
+        p = p - lr * wd * p  # decay: the table is a weight, the bias is excluded
+        m, v = b1 * m + (1 - b1) * dense_grad, b2 * v + (1 - b2) * dense_grad ** 2
+        step = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        p = p - step * m / (np.sqrt(v) + eps)
+        g = np.array([0.5, -2.0])
+        mb, vb = b1 * mb + (1 - b1) * g, b2 * vb + (1 - b2) * g ** 2
+        b = b - step * mb / (np.sqrt(vb) + eps)
+    np.testing.assert_allclose(table.numpy(), p, rtol=1e-6)
+    np.testing.assert_allclose(bias.numpy(), b, rtol=1e-6)
+    assert model.current_learning_rate(optimizer) == pytest.approx(lr)
+
+
 @pytest.mark.parametrize("setting, device, policy", [
-    ("auto", "cpu", "float32"), ("auto", "gpu", "mixed_float16"),
-    ("auto", "tpu", "mixed_bfloat16"), ("none", "gpu", "float32"),
-    ("mixed_bfloat16", "cpu", "mixed_bfloat16"),
+    ("auto", "gpu", "mixed_float16"), ("auto", "tpu", "mixed_bfloat16"),
+    ("none", "gpu", "float32"), ("mixed_bfloat16", "cpu", "mixed_bfloat16"),
 ])
 def test_precision_policy(setting, device, policy):
     assert model.precision_policy(RunConfig(mixed_precision=setting), device) == policy
+
+
+@pytest.mark.parametrize("flags, policy", [
+    ("fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni", "mixed_bfloat16"),
+    ("fpu avx2 amx_bf16 amx_tile", "mixed_bfloat16"),
+    ("fpu sse2 avx2 avx512f avx512_vnni", "float32"),
+])
+def test_auto_precision_on_cpu_follows_native_bfloat16(tmp_path, monkeypatch, flags, policy):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nmodel name\t: x\nflags\t\t: {flags}\n\n")
+    assert model.cpu_has_native_bf16(str(cpuinfo)) == (policy == "mixed_bfloat16")
+    monkeypatch.setattr(model, "cpu_has_native_bf16", lambda: policy == "mixed_bfloat16")
+    assert model.precision_policy(RunConfig(), "cpu") == policy  # auto is the default
+
+
+def test_no_cpuinfo_means_no_native_bfloat16(tmp_path):
+    assert model.cpu_has_native_bf16(str(tmp_path / "absent")) is False
 
 
 def test_empty_training_split_is_a_config_error():

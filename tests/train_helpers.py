@@ -103,10 +103,13 @@ def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: 
 def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 41,
              train_lengths: tuple[int, int] = (3, 20),
              **overrides) -> tuple[RunConfig, RunContext]:
-    """A run folder with config.json, context.json and tokenized data, ready for train."""
+    """A run folder with config.json, context.json and tokenized data, ready for train.
+    float32 unless a test asks otherwise: tests compare weights to tight tolerances, and
+    `auto` would pick bfloat16 on some CPUs and not on others."""
     values = dict(base_model=str(model_dir), artifact_root=str(root), max_seq_length=32,
                   per_replica_batch_size=16, epochs=3, learning_rate=1e-2, warmup_ratio=0.1,
-                  weight_decay=0.0, eval_batch_size=8, checkpoint_every_steps=10)
+                  weight_decay=0.0, eval_batch_size=8, checkpoint_every_steps=10,
+                  mixed_precision="none")
     values.update(overrides)
     cfg = RunConfig(**values)
     ctx = RunContext(artifact_root=str(root), dag_id="test", run_key="run1")
