@@ -1,12 +1,12 @@
 """bertflow side of train_throughput: the project's real train step, `tasks.train.run`
-(strategy, tasks.model optimizer/precision, tasks.inputs length-bucketed TFRecord batches,
+(strategy, tasks.model optimizer/precision, tasks.inputs length-grouped TFRecord batches,
 Keras fit with the project's callbacks) on the same SST-2 rows as the peer.
 
 Untimed set-up: the rows are written to a TSV and go through `tasks.data.run` and
 `tasks.tokenize.run` into a fresh run folder. Then `tasks.train.run` trains for
 warmup + timed steps; step end times are read by wrapping `tasks.train.Progress.step_done`
-(the project's own per-step hook), so the figure excludes the warm-up steps exactly as the
-peer's does. `--set field=value` overrides RunConfig fields (e.g. mixed_precision).
+(the project's own per-step hook). The warm-up is one pass over the rows, so the timed steps
+are the second pass: the peer's rows exactly, grouped into bertflow's own batches. `--set field=value` overrides RunConfig fields (e.g. mixed_precision).
 Prints one line `RESULT {json}`."""
 import argparse
 import json
@@ -25,7 +25,9 @@ sys.path.insert(0, str(HERE))
 p = argparse.ArgumentParser()
 p.add_argument("--batches", required=True)
 p.add_argument("--model-dir", required=True)
-p.add_argument("--warmup", type=int, default=3)
+p.add_argument("--warmup", type=int, default=None,
+               help="untimed steps; default one pass over the rows, so that the timed steps are "
+                    "the next pass: exactly the peer's rows, in bertflow's own batches")
 p.add_argument("--set", action="append", default=[])
 a = p.parse_args()
 
@@ -37,6 +39,8 @@ from trainbench_data import train_flops  # noqa: E402
 batches = json.load(open(a.batches))["batches"]
 timed_steps = len(batches)
 batch_size = len(batches[0]["labels"])
+if a.warmup is None:
+    a.warmup = timed_steps
 work = Path(tempfile.mkdtemp(prefix="bench-bertflow-train-"))
 tsv = work / "rows.tsv"
 with open(tsv, "w", encoding="utf-8") as f:
@@ -97,7 +101,7 @@ flops = train_flops(tokens, sum(b for b, _ in shapes), sum(b * length ** 2 for b
 print("RESULT " + json.dumps({
     "examples_per_s": n_ex / dt, "seconds": dt, "steps": n_steps, "examples": n_ex,
     "padded_tokens": tokens, "mean_padded_length": tokens / n_ex,
-    "padding_fraction": 1 - real / tokens,
+    "padding_fraction": 1 - real / tokens, "real_tokens_per_s": real / dt,
     "warmup_steps": a.warmup, "train_gflop_per_s": flops / dt / 1e9,
     "train_step_wall_s": wall, "manifest_examples_per_second": manifest["examples_per_second"],
     "precision": "bf16" if "bfloat16" in manifest["mixed_precision"] else "fp32",

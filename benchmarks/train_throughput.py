@@ -107,20 +107,25 @@ def main() -> None:
                               args.batch_size, seed=0, max_len=128, grouped=True, out=bpath)
         bs = json.loads(bpath.read_text())["batches"]
         # The peer computes exactly the driver's batches; bertflow forms its own and reports.
-        peer_padding = 1 - (sum(len(x) for b in bs for x in b["input_ids"])
-                            / sum(len(b["labels"]) * trainbench_data.padded_len(b, 1) for b in bs))
+        real_tokens = sum(len(x) for b in bs for x in b["input_ids"])
+        peer_padding = 1 - real_tokens / sum(len(b["labels"]) * trainbench_data.padded_len(b, 1)
+                                             for b in bs)
         runs: dict[str, list[dict]] = {n: [] for n in names}
         for r in range(args.repeats):
             for n in (names if r % 2 == 0 else names[::-1]):
                 res = run_side(n, bpath, model_dir)
-                res.setdefault("padding_fraction", peer_padding if n.startswith("peer") else None)
+                if n.startswith("peer"):
+                    res.update(padding_fraction=peer_padding,
+                               real_tokens_per_s=real_tokens / res["seconds"])
                 runs[n].append(res)
                 print(f"  [{r + 1}/{args.repeats}] {n:22s} {res['examples_per_s']:7.1f} ex/s"
                       f"  (load {res['load_avg_1min_before']:.1f})", flush=True)
 
     summary = {n: {"median_examples_per_s": common.median([x["examples_per_s"] for x in v]),
                    "runs_examples_per_s": [round(x["examples_per_s"], 1) for x in v],
-                   "padding_fraction": v[0]["padding_fraction"]}
+                   "padding_fraction": v[0].get("padding_fraction"),
+                   "median_real_tokens_per_s": common.median(
+                       [x.get("real_tokens_per_s", 0.0) for x in v])}
                for n, v in runs.items()}
     for n, v in runs.items():
         if "train_gflop_per_s" in v[0]:
@@ -135,7 +140,9 @@ def main() -> None:
         ratio = (s["median_examples_per_s"] / summary[best_peer]["median_examples_per_s"]
                  if best_peer else float("nan"))
         s["ratio_vs_best_peer"] = ratio
-        pad = "" if s["padding_fraction"] is None else f"   padding {s['padding_fraction']:.1%}"
+        pad = "" if s["padding_fraction"] is None else (
+            f"   padding {s['padding_fraction']:.1%}, "
+            f"{s['median_real_tokens_per_s']:.0f} real tokens/s")
         print(f"  {n:22s} {s['median_examples_per_s']:7.1f} ex/s   x{ratio:.2f} vs {best_peer}"
               f"{pad}")
     target = None

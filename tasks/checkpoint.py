@@ -56,17 +56,17 @@ def vocab_path(model_dir: Path) -> Path:
     return path
 
 
-def load_classifier(model_dir: Path, labels: list[str]):
+def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = True):
     """A TFBertForSequenceClassification with one output per label, encoder weights from
     `model_dir`. Call inside `strategy.scope()` so the variables are distributed.
 
     A fresh classification head is initialised unless `model_dir` is a fine-tuned model with
-    the same number of labels. Some layers compute faster than transformers' own (same
-    weights; see tasks/fast_bert.py).
+    the same number of labels. `float32_gelu` computes the feed-forward GELU in float32
+    under mixed precision (faster on CPUs; tasks/float32_gelu.py).
     """
     from transformers import BertConfig, TFBertForSequenceClassification
 
-    from tasks import fast_bert
+    from tasks import float32_gelu as gelu
 
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
@@ -79,7 +79,8 @@ def load_classifier(model_dir: Path, labels: list[str]):
     else:
         model = TFBertForSequenceClassification(config)
         _load_safetensors(model, model_dir / SAFETENSORS)
-    fast_bert.speed_up(model)
+    if float32_gelu:
+        gelu.apply_to(model)
     return model
 
 

