@@ -166,6 +166,17 @@ def test_fit_and_custom_loop_reach_the_same_model(tmp_path):
         (fit_metrics["accuracy"], fit_metrics["macro_f1"])
 
 
+def test_custom_loop_with_loss_scaling_under_mixed_float16(tmp_path, tiny_model_dir):
+    """float16 (auto's choice on GPUs) wraps the optimizer in a LossScaleOptimizer; the custom
+    loop's scaled loss and unscaled, accumulated gradients still train (slowly, on the CPU)."""
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, mixed_precision="mixed_float16",
+                        training_loop="custom", grad_accum_steps=2, per_replica_batch_size=8)
+    train.run(cfg, ctx)
+    manifest = read_manifest(ctx.manifest_uri("train"))
+    assert manifest["mixed_precision"] == "mixed_float16" and manifest["steps"] == 24
+    assert manifest["final_loss"] < math.log(2)  # below chance level
+
+
 def test_fit_in_mixed_bfloat16_logs_the_plan(tmp_path, tiny_model_dir, capsys):
     cfg, ctx = make_run(tmp_path, tiny_model_dir, mixed_precision="mixed_bfloat16",
                         lr_scaling="linear", reference_batch_size=32, learning_rate=1e-2)
