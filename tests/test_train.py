@@ -178,20 +178,21 @@ def test_custom_loop_with_loss_scaling_under_mixed_float16(tmp_path, tiny_model_
 
 
 def test_fit_in_mixed_bfloat16_logs_the_plan(tmp_path, tiny_model_dir, capsys):
+    # 2e-2 scaled by 16/32 trains at the 1e-2 the other tests use.
     cfg, ctx = make_run(tmp_path, tiny_model_dir, mixed_precision="mixed_bfloat16",
-                        lr_scaling="linear", reference_batch_size=32, learning_rate=1e-2)
+                        lr_scaling="linear", reference_batch_size=32, learning_rate=2e-2)
     train.run(cfg, ctx)
     evaluate.run(cfg, ctx)
     out = capsys.readouterr().out
     # Global batch, learning-rate scaling and steps per epoch: logged at start and recorded.
     assert ("1 replicas x 16 per replica x 1 accumulation = global batch 16; learning rate "
-            "0.01 (linear: x 16/32) = 0.005; 8 steps per epoch, 24 steps in 3 epochs") in out
+            "0.02 (linear: x 16/32) = 0.01; 8 steps per epoch, 24 steps in 3 epochs") in out
     assert "precision mixed_bfloat16" in out
     manifest = check_outputs(ctx, "one_device", 1, 16)
     assert manifest["mixed_precision"] == "mixed_bfloat16" and manifest["training_loop"] == "fit"
     assert (manifest["global_batch_size"], manifest["steps_per_epoch"]) == (16, 8)
-    assert (manifest["base_learning_rate"], manifest["lr_scaling"]) == (0.01, "linear")
-    assert manifest["learning_rate"] == pytest.approx(0.005)
+    assert (manifest["base_learning_rate"], manifest["lr_scaling"]) == (0.02, "linear")
+    assert manifest["learning_rate"] == pytest.approx(0.01)
     # Variables stay float32 under the mixed policy (bfloat16 is the compute type only).
     assert {w.dtype for w in h5_weights(Path(manifest["model_dir"])).values()} == \
         {np.dtype("float32")}
