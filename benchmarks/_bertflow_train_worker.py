@@ -6,7 +6,8 @@ Untimed set-up: the rows are written to a TSV and go through `tasks.data.run` an
 `tasks.tokenize.run` into a fresh run folder. Then `tasks.train.run` trains for
 warmup + timed steps; step end times are read by wrapping `tasks.train.Progress.step_done`
 (the project's own per-step hook). The warm-up is one pass over the rows, so the timed steps
-are the second pass: the peer's rows exactly, grouped into bertflow's own batches. `--set field=value` overrides RunConfig fields (e.g. mixed_precision).
+are the second pass: the peer's rows exactly, grouped into bertflow's own batches.
+`--set field=value` overrides RunConfig fields (e.g. mixed_precision).
 Prints one line `RESULT {json}`."""
 import argparse
 import json
@@ -97,7 +98,8 @@ with inputs.local_shards(tok, "train") as files:
 shapes = [f["input_ids"].shape for f, _ in timed]
 tokens = sum(b * length for b, length in shapes)
 real = sum(int(f["attention_mask"].numpy().sum()) for f, _ in timed)
-flops = train_flops(tokens, sum(b for b, _ in shapes), sum(b * length ** 2 for b, length in shapes))
+flops = train_flops(tokens, sum(b for b, _ in shapes),
+                    sum(b * length ** 2 for b, length in shapes))
 print("RESULT " + json.dumps({
     "examples_per_s": n_ex / dt, "seconds": dt, "steps": n_steps, "examples": n_ex,
     "padded_tokens": tokens, "mean_padded_length": tokens / n_ex,

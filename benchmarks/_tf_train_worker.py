@@ -32,11 +32,10 @@ p.add_argument("--optimizer", choices=["keras_adamw", "fused_adamw"], default="k
                     " variable) with the embedding's sparse gradient densified first")
 a = p.parse_args()
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
-from trainbench_data import padded_len, train_flops  # noqa: E402
+from trainbench_data import padded_arrays, padded_len, train_flops  # noqa: E402
 
 if a.intra:
     tf.config.threading.set_intra_op_parallelism_threads(a.intra)
@@ -83,12 +82,7 @@ batches = json.load(open(a.batches))["batches"]
 
 
 def to_arrays(b):
-    n = padded_len(b, a.pad_multiple)
-    ids = np.zeros((len(b["input_ids"]), n), np.int32)
-    for i, x in enumerate(b["input_ids"]):
-        ids[i, :len(x)] = x
-    return ({"input_ids": ids, "attention_mask": (ids != 0).astype(np.int32),
-             "token_type_ids": np.zeros_like(ids)}, np.asarray(b["labels"], np.int32))
+    return padded_arrays(b, a.pad_multiple)
 
 
 seen, warm = set(), []

@@ -34,7 +34,6 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
            profile: bool = False) -> dict:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     sys.path.insert(0, str(common.PROJECT_ROOT))
-    import numpy as np
     import tensorflow as tf
     import tf_keras
 
@@ -62,14 +61,8 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    batches = []
-    for b in json.loads(batches_path.read_text())["batches"]:
-        ids = np.zeros((len(b["input_ids"]), max(len(x) for x in b["input_ids"])), np.int32)
-        for i, x in enumerate(b["input_ids"]):
-            ids[i, :len(x)] = x
-        batches.append(({"input_ids": tf.constant(ids),
-                         "attention_mask": tf.constant((ids != 0).astype(np.int32)),
-                         "token_type_ids": tf.zeros_like(ids)}, tf.constant(b["labels"])))
+    batches = [tf.nest.map_structure(tf.constant, trainbench_data.padded_arrays(b))
+               for b in json.loads(batches_path.read_text())["batches"]]
     for features, labels in batches[:warmup]:
         step(features, labels)
     with tempfile.TemporaryDirectory() as trace_dir:

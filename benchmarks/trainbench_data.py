@@ -64,6 +64,17 @@ def padded_len(batch: dict, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+def padded_arrays(batch: dict, multiple: int = 1):
+    """A batch as numpy model inputs (padded to its longest row, rounded up to `multiple`)
+    and labels."""
+    import numpy as np
+    ids = np.zeros((len(batch["input_ids"]), padded_len(batch, multiple)), np.int32)
+    for i, x in enumerate(batch["input_ids"]):
+        ids[i, :len(x)] = x
+    return ({"input_ids": ids, "attention_mask": (ids != 0).astype(np.int32),
+             "token_type_ids": np.zeros_like(ids)}, np.asarray(batch["labels"], np.int32))
+
+
 def train_flops(tokens: int, seqs: int, seq_len_sq_sum: int, *, layers: int = 6,
                 hidden: int = 384, ffn: int = 1536, num_labels: int = 2) -> float:
     """Training FLOPs actually computed for padded tokens (fwd + bwd = 3x forward):

@@ -112,9 +112,9 @@ def _length_grouped(rows: tf.data.Dataset, batch: int, window_batches: int,
             [window_batches], seed=tf.stack([tf.cast(seed, tf.int64), index])))
 
         def cut(x):  # [window, ...] sorted -> [window_batches, batch, ...] shuffled
-            x = tf.gather(tf.gather(x, order), tf.range(batch * window_batches))
-            return tf.gather(tf.reshape(x, tf.concat([[window_batches, batch],
-                                                      tf.shape(x)[1:]], 0)), batch_order)
+            x = tf.reshape(tf.gather(x, order),
+                           tf.concat([[window_batches, batch], tf.shape(x)[1:]], 0))
+            return tf.gather(x, batch_order)
 
         widths = tf.reduce_max(cut(lengths), axis=1)
         return tf.data.Dataset.from_tensor_slices(
