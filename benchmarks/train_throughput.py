@@ -56,9 +56,11 @@ CONFIGS = {
     # bertflow's default config: mixed_precision=auto, bfloat16 on CPUs that have it
     "bertflow": (TF_PY, W_BERTFLOW, []),
     "bertflow_fp32": (TF_PY, W_BERTFLOW, ["--set", "mixed_precision=none"]),
+    # the default config where bertflow's CPU kernels are not built: TensorFlow's ops
+    "bertflow_no_kernels": (TF_PY, W_BERTFLOW, ["--env", "BERTFLOW_CPU_KERNELS=0"]),
     "bertflow_custom": (TF_PY, W_BERTFLOW, ["--set", "training_loop=custom"]),
 }
-DEFAULT = ["peer_bf16", "bertflow", "bertflow_fp32"]
+DEFAULT = ["peer_bf16", "bertflow", "bertflow_no_kernels", "bertflow_fp32"]
 
 
 def run_side(name: str, batches: Path, model_dir: str) -> dict:

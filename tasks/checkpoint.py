@@ -56,13 +56,16 @@ def vocab_path(model_dir: Path) -> Path:
     return path
 
 
-def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = True):
+def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = True,
+                    cpu_kernels: bool = False):
     """A TFBertForSequenceClassification with one output per label, encoder weights from
     `model_dir`. Call inside `strategy.scope()` so the variables are distributed.
 
     A fresh classification head is initialised unless `model_dir` is a fine-tuned model with
     the same number of labels. `float32_gelu` computes the feed-forward GELU in float32
-    under mixed precision (faster on CPUs; tasks/float32_gelu.py).
+    under mixed precision (faster on CPUs; tasks/float32_gelu.py). `cpu_kernels` runs dropout,
+    LayerNorm and GELU on bertflow's CPU kernels instead (tasks/cpu_layers.py); only for
+    training and evaluation on CPU, never for a model that is exported.
     """
     from transformers import BertConfig, TFBertForSequenceClassification
 
@@ -79,7 +82,10 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
     else:
         model = TFBertForSequenceClassification(config)
         _load_safetensors(model, model_dir / SAFETENSORS)
-    if float32_gelu:
+    if cpu_kernels:
+        from tasks import cpu_layers
+        cpu_layers.apply_to(model)
+    elif float32_gelu:
         gelu.apply_to(model)
     return model
 

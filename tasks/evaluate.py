@@ -30,7 +30,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     else:
         strategy, name = strategy_lib.build_strategy(cfg)
-    model_lib.set_precision(cfg, strategy_lib.device_kind(cfg, name))  # as in training
+    kind = strategy_lib.device_kind(cfg, name)
+    model_lib.set_precision(cfg, kind)  # as in training
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     trained = read_manifest(ctx.manifest_uri("train"))
     labels = tok["labels"]
@@ -39,7 +40,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     with storage.staged_local_dir(trained["model_dir"], "r") as model_dir, \
             inputs.local_shards(tok, "eval") as files:
         with strategy.scope():
-            model = checkpoint.load_classifier(model_dir, labels)
+            model = checkpoint.load_classifier(
+                model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(kind, name))
         matrix = confusion_matrix(strategy, model, files, len(labels),
                                   cfg.eval_batch_size * strategy.num_replicas_in_sync,
                                   static_shapes=name == "tpu", max_seq_length=cfg.max_seq_length)

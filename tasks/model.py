@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 import tensorflow as tf
 import tf_keras
 
+from tasks import cpu_kernels
 from tasks.errors import ConfigError
 
 # BERT convention: no weight decay on biases and LayerNorm parameters.
@@ -90,22 +91,39 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
     Being a legacy-Keras optimizer, it keeps its learning rate as a schedule evaluated at
     `iterations`, with no variable written in replica context, so it also trains under
     CentralStorage and ParameterServer strategies.
+
+    With `cpu_kernel`, each variable takes one pass instead (tasks/cpu_kernels/adamw.cc): the
+    same rule, and the sparse embedding gradient is applied without building a dense tensor.
     """
 
     def __init__(self, learning_rate, weight_decay: float, exclude_from_weight_decay=(),
-                 **kwargs):
+                 cpu_kernel: bool = False, **kwargs):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.weight_decay = weight_decay
         self._no_decay = [re.compile(pattern) for pattern in exclude_from_weight_decay]
+        self.cpu_kernel = cpu_kernel
 
     def decays(self, var) -> bool:
         return bool(self.weight_decay) and not any(p.search(var.name) for p in self._no_decay)
 
+    def _coefficients(self, var, apply_state):
+        key = (var.device, var.dtype.base_dtype)
+        return (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+
+    def _apply_kernel(self, grad, var, apply_state, indices=None):
+        c = self._coefficients(var, apply_state)
+        decay = c["lr_t"] * self.weight_decay if self.decays(var) else tf.zeros([])
+        coefficients = tf.stack([c["lr"], c["one_minus_beta_1_t"], c["one_minus_beta_2_t"],
+                                 c["epsilon"], decay])
+        return cpu_kernels.apply_adamw(var, self.get_slot(var, "m"), self.get_slot(var, "v"),
+                                       grad, coefficients, indices)
+
     def _resource_apply_dense(self, grad, var, apply_state=None):
+        if self.cpu_kernel:
+            return self._apply_kernel(grad, var, apply_state)
         if not self.decays(var):
             return super()._resource_apply_dense(grad, var, apply_state)
-        key = (var.device, var.dtype.base_dtype)
-        coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+        coefficients = self._coefficients(var, apply_state)
         decay = tf.raw_ops.ResourceApplyGradientDescent(
             var=var.handle, alpha=coefficients["lr_t"] * self.weight_decay,
             delta=var.read_value(), use_locking=self._use_locking)
@@ -113,6 +131,8 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
             return super()._resource_apply_dense(grad, var, apply_state)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, var, indices, **kwargs):
+        if self.cpu_kernel:
+            return self._apply_kernel(grad, var, kwargs.get("apply_state"), indices)
         dense = tf.math.unsorted_segment_sum(grad, indices, tf.shape(var)[0])
         return self._resource_apply_dense(dense, var, **kwargs)
 
@@ -121,13 +141,15 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
                 "exclude_from_weight_decay": [p.pattern for p in self._no_decay]}
 
 
-def create_optimizer(cfg, plan: TrainPlan, policy: str) -> tf_keras.optimizers.legacy.Optimizer:
+def create_optimizer(cfg, plan: TrainPlan, policy: str,
+                     cpu_kernel: bool = False) -> tf_keras.optimizers.legacy.Optimizer:
     """AdamW on the warm-up/decay schedule (loss-scaled under float16, whose small range
     would flush small gradients to zero). Create it inside strategy.scope()."""
     optimizer = AdamW(
         learning_rate=WarmUpLinearDecay(plan.learning_rate, plan.warmup_steps,
                                         plan.total_steps),
-        weight_decay=cfg.weight_decay, exclude_from_weight_decay=NO_DECAY, epsilon=1e-6)
+        weight_decay=cfg.weight_decay, exclude_from_weight_decay=NO_DECAY, epsilon=1e-6,
+        cpu_kernel=cpu_kernel)
     if policy == "mixed_float16":
         return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer

@@ -84,6 +84,14 @@ def device_kind(cfg, name: str) -> str:
     return "gpu" if tf.config.list_physical_devices("GPU") and cfg.accelerator != "cpu" else "cpu"
 
 
+def use_cpu_kernels(kind: str, name: str) -> bool:
+    """Whether this process trains on bertflow's CPU kernels (tasks/cpu_kernels): on CPU
+    replicas, when the library is built. Not under ParameterServer, whose variables are
+    updated inside the ps servers, which load no op library."""
+    from tasks import cpu_kernels
+    return kind == "cpu" and name != "parameter_server" and cpu_kernels.available()
+
+
 def _prepare_devices(cfg) -> int:
     """Number of devices one worker trains on. On CPU, devices_per_worker > 1 splits the CPU
     into that many logical devices so Mirrored can be exercised without GPUs."""

@@ -34,7 +34,9 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     # The loop/strategy rules parse_config applies, also for configs built without it.
     check_training_loop(cfg, name)
     strategy, name = strategy_lib.build_strategy(cfg)
-    policy = model_lib.set_precision(cfg, strategy_lib.device_kind(cfg, name))
+    kind = strategy_lib.device_kind(cfg, name)
+    policy = model_lib.set_precision(cfg, kind)
+    kernels = strategy_lib.use_cpu_kernels(kind, name)
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     labels = tok["labels"]
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
@@ -43,12 +45,12 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     chief = strategy_lib.is_chief()
     step_uri = ctx.step_uri("train")
     tf_keras.utils.set_random_seed(cfg.seed)
-    print(describe_plan(cfg, plan, name, policy), flush=True)
+    print(describe_plan(cfg, plan, name, policy, kernels), flush=True)
 
     with _output_dir(step_uri, chief) as out, inputs.local_shards(tok, "train") as files:
         with strategy.scope():
-            model = checkpoint.load_classifier(base, labels)
-            optimizer = model_lib.create_optimizer(cfg, plan, policy)
+            model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels)
+            optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels)
             manager = tf.train.CheckpointManager(
                 tf.train.Checkpoint(model=model, optimizer=optimizer), out / "checkpoints",
                 max_to_keep=KEEP_CHECKPOINTS)
@@ -92,6 +94,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "strategy": name,
         "training_loop": cfg.training_loop,
         "mixed_precision": policy,
+        "cpu_kernels": kernels,
         "base_model": str(base),
         "labels": labels,
         "num_train_examples": tok["splits"]["train"]["num_examples"],
@@ -106,7 +109,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     })
 
 
-def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: str) -> str:
+def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: str,
+                  cpu_kernels: bool = False) -> str:
     """The start-of-training log line: how the global batch, the learning rate and the step
     counts were derived."""
     ratio = f"{plan.global_batch_size}/{cfg.reference_batch_size}"
@@ -116,7 +120,8 @@ def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: 
             f"= global batch {plan.global_batch_size}; learning rate {cfg.learning_rate:.4g} "
             f"({cfg.lr_scaling}: {rule[cfg.lr_scaling]}) = {plan.learning_rate:.4g}; "
             f"{plan.steps_per_epoch} steps per epoch, {plan.total_steps} steps in "
-            f"{plan.epochs} epochs ({plan.warmup_steps} warm-up); precision {policy}")
+            f"{plan.epochs} epochs ({plan.warmup_steps} warm-up); precision {policy}; "
+            f"bertflow CPU kernels {'on' if cpu_kernels else 'off'}")
 
 
 @contextmanager

@@ -48,17 +48,23 @@ def test_adamw_decays_kernels_but_not_biases_or_layer_norm():
     assert isinstance(loss_scaled, tf_keras.mixed_precision.LossScaleOptimizer)
 
 
-def test_adamw_follows_torch_adamw_including_the_sparse_embedding_gradient():
+@pytest.mark.parametrize("cpu_kernel", [False, True], ids=["tf_kernels", "bertflow_kernel"])
+def test_adamw_follows_torch_adamw_including_the_sparse_embedding_gradient(cpu_kernel):
     """Decoupled decay then Adam, as torch.optim.AdamW: p -= lr*wd*p; m, v updated; then
     p -= lr * m_hat / (sqrt(v_hat) + eps), except that TensorFlow's kernel adds eps before the
     bias correction of v (eps / sqrt(1 - b2^t) in torch's terms; 1e-5 apart here at t=1, where
     eps is largest). An IndexedSlices gradient (what an embedding gather gives) updates like
-    its dense equivalent, with rows that repeat summed."""
+    its dense equivalent, with rows that repeat summed. Both implementations: TensorFlow's
+    kernels and bertflow's one-pass CPU kernel (tasks/cpu_kernels/adamw.cc)."""
     import tensorflow as tf
+
+    from tasks import cpu_kernels
+    if cpu_kernel and not cpu_kernels.available():
+        pytest.fail("bertflow CPU kernels not built: run `make install`")
 
     lr, wd, eps, b1, b2 = 0.1, 0.2, 1e-6, 0.9, 0.999
     optimizer = model.AdamW(learning_rate=lr, weight_decay=wd, epsilon=eps,
-                            exclude_from_weight_decay=model.NO_DECAY)
+                            exclude_from_weight_decay=model.NO_DECAY, cpu_kernel=cpu_kernel)
     table = tf.Variable(np.ones([4, 2], np.float32), name="word_embeddings/weight")
     bias = tf.Variable(np.ones([2], np.float32), name="dense/bias")
     rows = tf.constant([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]])
@@ -118,7 +124,8 @@ def test_start_of_training_line_explains_batch_learning_rate_and_steps():
     cfg = RunConfig(per_replica_batch_size=16, grad_accum_steps=2, epochs=3, learning_rate=1e-4,
                     lr_scaling="sqrt", reference_batch_size=32, training_loop="custom")
     plan = model.make_plan(cfg, num_train_examples=1000, num_replicas=4)
-    line = train.describe_plan(cfg, plan, "mirrored", "float32")
+    line = train.describe_plan(cfg, plan, "mirrored", "float32", cpu_kernels=True)
     assert line == ("train: strategy mirrored, 4 replicas x 16 per replica x 2 accumulation "
                     "= global batch 128; learning rate 0.0001 (sqrt: x sqrt(128/32)) = 0.0002; "
-                    "8 steps per epoch, 24 steps in 3 epochs (2 warm-up); precision float32")
+                    "8 steps per epoch, 24 steps in 3 epochs (2 warm-up); precision float32; "
+                    "bertflow CPU kernels on")

@@ -1,0 +1,189 @@
+"""tasks/cpu_kernels and tasks/cpu_layers: bertflow's CPU kernels against TensorFlow's own ops.
+
+`make install` builds the library; these tests fail, not skip, when it is missing, because
+training on CPU would then silently take the slow path. BERTFLOW_CPU_KERNELS=0 (switched off
+on purpose) skips them.
+"""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from tasks import checkpoint, cpu_kernels, cpu_layers, model as model_lib
+from train_helpers import LABELS, tiny_model_dir  # noqa: F401
+
+if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
+    pytest.skip("BERTFLOW_CPU_KERNELS=0 switches the CPU kernels off", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def library():
+    if not cpu_kernels.available():
+        pytest.fail(f"{cpu_kernels.library_path()} is not built: run `make install` "
+                    "(or `python -m tasks.cpu_kernels build`; needs g++)")
+
+
+def to_f32(t):
+    return tf.cast(t, tf.float32).numpy()
+
+
+def grad_of(fn, x, dy, extra=()):
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fn(x)
+    return y, tape.gradient(y, [x, *extra], output_gradients=dy)
+
+
+X = tf.constant(np.concatenate([np.linspace(-12, 12, 40001), [0.0, 1e-30, -1e-30]]), tf.float32)
+
+
+def test_gelu_and_its_gradient_match_tensorflows_exact_gelu():
+    dy = tf.random.stateless_normal(X.shape, [1, 2])
+    y, (dx,) = grad_of(cpu_kernels.gelu, X, dy)
+    y_ref, (dx_ref,) = grad_of(lambda x: tf.nn.gelu(x, approximate=False), X, dy)
+    np.testing.assert_allclose(y.numpy(), y_ref.numpy(), rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(dx.numpy(), dx_ref.numpy(), rtol=1e-5, atol=2e-6)
+
+
+def test_bfloat16_gelu_is_the_float32_result_rounded():
+    xb = tf.cast(X, tf.bfloat16)
+    y = cpu_kernels.gelu(xb)
+    assert y.dtype == tf.bfloat16
+    exact = tf.nn.gelu(tf.cast(xb, tf.float32), approximate=False)
+    # At most one bfloat16 step (2^-8 relative) from the exactly rounded value.
+    np.testing.assert_allclose(to_f32(y), exact.numpy(), rtol=2 ** -8, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_layer_norm_matches_keras_values_and_gradients(dtype):
+    x = tf.cast(tf.random.stateless_normal([3, 5, 48], [3, 4]) * 3 + 1, dtype)
+    dy = tf.cast(tf.random.stateless_normal(x.shape, [5, 6]), dtype)
+    ref = tf_keras.layers.LayerNormalization(epsilon=1e-12)
+    ref.build(x.shape)
+    ref.gamma.assign(tf.random.stateless_normal([48], [7, 8]))
+    ref.beta.assign(tf.random.stateless_normal([48], [9, 10]))
+    results = []
+    for fn in (lambda t: tf.cast(ref(t), dtype),
+               lambda t: cpu_kernels.layer_norm(t, ref.gamma, ref.beta, 1e-12)):
+        y, grads = grad_of(fn, x, dy, extra=(ref.gamma, ref.beta))
+        assert y.dtype == dtype
+        results.append([to_f32(y)] + [to_f32(g) for g in grads])
+    tol = {tf.float32: 1e-5, tf.bfloat16: 2 ** -7}[dtype]
+    for ours, theirs, name in zip(results[1], results[0], ["y", "dx", "dgamma", "dbeta"]):
+        np.testing.assert_allclose(ours, theirs, rtol=tol, atol=tol, err_msg=name)
+
+
+def test_dropout_keeps_the_right_share_scaled_and_routes_the_gradient_through_it():
+    x = tf.random.stateless_uniform([1000, 1000], [1, 1], minval=1.0, maxval=2.0)
+    y, (dx,) = grad_of(lambda t: cpu_kernels.dropout(t, 0.1), x, tf.ones_like(x))
+    y, dx, x = y.numpy(), dx.numpy(), x.numpy()
+    kept = y != 0
+    assert abs(kept.mean() - 0.9) < 0.002  # 1e6 draws: the standard error is 0.0003
+    np.testing.assert_allclose(y[kept], x[kept] / 0.9, rtol=1e-6)
+    np.testing.assert_allclose(dx, kept / 0.9, rtol=1e-6)  # d(sum y)/dx
+    # Kept elements are spread evenly: every row and column keeps close to 90%.
+    assert kept.mean(axis=0).min() > 0.85 and kept.mean(axis=1).min() > 0.85
+
+
+def test_dropout_draws_a_new_mask_each_call_and_repeats_under_a_global_seed():
+    x = tf.ones([64, 64], tf.bfloat16)
+    masks = []
+    for _ in range(2):
+        tf_keras.utils.set_random_seed(7)
+        masks.append([cpu_kernels.dropout(x, 0.5).numpy() != 0 for _ in range(2)])
+    (a1, a2), (b1, b2) = masks
+    assert (a1 != a2).any()
+    assert (a1 == b1).all() and (a2 == b2).all()
+
+
+def test_dropout_rejects_a_rate_outside_zero_to_one():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"dropout rate must be in \[0, 1\)"):
+        cpu_kernels.dropout(tf.ones([4]), 1.0)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_adamw_kernel_takes_the_same_steps_as_tensorflows_kernels(sparse):
+    """The whole AdamW rule itself is checked in test_train_plan; here the one-pass kernel
+    follows the two-kernel path step for step, decay on and off, sparse rows repeated."""
+    kwargs = dict(learning_rate=0.05, weight_decay=0.1, epsilon=1e-6,
+                  exclude_from_weight_decay=model_lib.NO_DECAY)
+    init = np.random.default_rng(0).normal(size=[6, 4]).astype(np.float32)
+    results = []
+    for kernel in (False, True):
+        opt = model_lib.AdamW(cpu_kernel=kernel, **kwargs)
+        table = tf.Variable(init, name="word_embeddings/weight")
+        bias = tf.Variable(init[0], name="dense/bias")
+        for t in range(3):
+            rows = tf.random.stateless_normal([5, 4], [t, 0])
+            g = (tf.IndexedSlices(rows, tf.constant([1, 4, 1, 0, 5]), tf.constant([6, 4]))
+                 if sparse else tf.random.stateless_normal([6, 4], [t, 1]))
+            opt.apply_gradients([(g, table), (rows[0], bias)])
+        results.append((table.numpy(), bias.numpy()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6, atol=1e-7)
+    assert not np.allclose(results[1][0], init)
+
+
+def test_adamw_kernel_leaves_a_value_read_before_the_step_alone():
+    """A tensor read from the variable before the update still holds the old value: the kernel
+    copies a buffer that a reader shares instead of writing through it."""
+    var = tf.Variable(np.ones([8], np.float32), name="w")
+    opt = model_lib.AdamW(learning_rate=0.1, weight_decay=0.0, cpu_kernel=True)
+    before = var.read_value()
+    opt.apply_gradients([(tf.ones([8]), var)])
+    assert (before.numpy() == 1.0).all() and (var.numpy() < 1.0).all()
+
+
+def test_layers_swap_onto_the_kernels_with_the_same_weights_and_outputs(tiny_model_dir):  # noqa: F811
+    batch = {"input_ids": tf.constant([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]]),
+             "token_type_ids": tf.constant([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]),
+             "attention_mask": tf.constant([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+    stock = checkpoint.load_classifier(tiny_model_dir, LABELS, float32_gelu=False)
+    ours = checkpoint.load_classifier(tiny_model_dir, LABELS, cpu_kernels=True)
+    kinds = {type(layer) for layer in ours.submodules}
+    assert {cpu_layers.KernelDropout, cpu_layers.KernelLayerNorm} <= kinds
+    assert tf_keras.layers.Dropout not in kinds and tf_keras.layers.LayerNormalization not in kinds
+    assert [v.name.split("/", 1)[1] for v in ours.weights] == \
+        [v.name.split("/", 1)[1] for v in stock.weights]
+    ours.set_weights(stock.get_weights())
+    labels = tf.constant([0, 1])
+    results = []
+    for model in (stock, ours):
+        with tf.GradientTape() as tape:
+            logits = model(batch, training=False).logits
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+        grads = tape.gradient(loss, model.trainable_variables)
+        results.append((logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    for ours_g, stock_g in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(ours_g, stock_g, rtol=1e-4, atol=1e-6)
+    # Training mode draws dropout masks: two calls differ, inference is deterministic.
+    train1, train2 = (ours(batch, training=True).logits.numpy() for _ in range(2))
+    assert not np.allclose(train1, train2)
+    np.testing.assert_array_equal(ours(batch).logits.numpy(), ours(batch).logits.numpy())
+
+
+def test_float16_layers_fall_back_to_the_stock_implementation():
+    x = tf.random.stateless_normal([2, 3, 8], [1, 2])
+    ln = cpu_layers.KernelLayerNorm(dtype="float16")
+    ref = tf_keras.layers.LayerNormalization(dtype="float16")
+    np.testing.assert_array_equal(ln(tf.cast(x, tf.float16)).numpy(),
+                                  ref(tf.cast(x, tf.float16)).numpy())
+    y = cpu_layers.kernel_gelu(tf.cast(x, tf.float16))
+    assert y.dtype == tf.float16
+
+
+def test_a_stale_or_missing_build_is_not_loaded(monkeypatch, tmp_path):
+    """The library's file name hashes its sources: another build directory, or edited
+    sources, mean "not built" (and the slow path), never a mismatched library."""
+    monkeypatch.setattr(cpu_kernels, "BUILD_DIR", tmp_path)
+    assert not cpu_kernels.library_path().exists()
+    cpu_kernels.library.cache_clear()
+    try:
+        assert cpu_kernels.library() is None and not cpu_kernels.available()
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
+    assert cpu_kernels.available()
