@@ -52,6 +52,27 @@ def test_fit_on_one_device_learns(tmp_path, tiny_model_dir):
     evaluate.run(cfg, ctx)
     manifest = check_outputs(ctx, "one_device", 1, 16)
     assert manifest["training_loop"] == "fit" and manifest["global_batch_size"] == 16
+    assert manifest["cpu_kernels"] is True  # built by make install (tasks/cpu_kernels)
+
+
+def test_without_cpu_kernels_training_falls_back_to_tensorflows_ops(tmp_path, tiny_model_dir,
+                                                                   monkeypatch, capsys):
+    """Where the kernels are not built (or BERTFLOW_CPU_KERNELS=0), the same run trains on
+    TensorFlow's ops, and the log line and the manifest say so."""
+    from tasks import cpu_kernels
+
+    monkeypatch.setenv("BERTFLOW_CPU_KERNELS", "0")
+    cpu_kernels.library.cache_clear()
+    try:
+        cfg, ctx = make_run(tmp_path, tiny_model_dir)
+        train.run(cfg, ctx)
+        evaluate.run(cfg, ctx)
+    finally:
+        monkeypatch.undo()
+        cpu_kernels.library.cache_clear()
+    manifest = check_outputs(ctx, "one_device", 1, 16)
+    assert manifest["cpu_kernels"] is False
+    assert "bertflow CPU kernels off" in capsys.readouterr().out
 
 
 def test_mirrored_over_two_logical_cpus(tmp_path, tiny_model_dir):
