@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 from transformers.models.bert import modeling_tf_bert as hf_bert
 
-from tasks import cpu_kernels
+from tasks import cpu_kernels, float32_gelu
 
 KERNEL_DTYPES = (tf.float32, tf.bfloat16)
 
@@ -54,6 +54,4 @@ def apply_to(model) -> None:
             layer.__class__ = KernelDropout
         elif type(layer) is tf_keras.layers.LayerNormalization:
             layer.__class__ = KernelLayerNorm
-        elif (isinstance(layer, hf_bert.TFBertIntermediate)
-              and layer.intermediate_act_fn is hf_bert.get_tf_activation("gelu")):
-            layer.intermediate_act_fn = kernel_gelu
+    float32_gelu.apply_to(model, kernel_gelu)

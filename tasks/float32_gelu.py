@@ -15,11 +15,13 @@ import tensorflow as tf
 from transformers.models.bert import modeling_tf_bert as hf_bert
 
 
-def apply_to(model) -> None:
+def apply_to(model, activation=None) -> None:
+    """Replace the exact GELU of every feed-forward layer with `activation` (default: this
+    module's float32 GELU)."""
     for layer in model.submodules:
         if (isinstance(layer, hf_bert.TFBertIntermediate)
                 and layer.intermediate_act_fn is hf_bert.get_tf_activation("gelu")):
-            layer.intermediate_act_fn = gelu
+            layer.intermediate_act_fn = activation or gelu
 
 
 def gelu(x: tf.Tensor) -> tf.Tensor:

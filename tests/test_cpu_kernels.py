@@ -12,7 +12,7 @@ import tensorflow as tf
 import tf_keras
 
 from tasks import checkpoint, cpu_kernels, cpu_layers, model as model_lib
-from train_helpers import LABELS, tiny_model_dir  # noqa: F401
+from train_helpers import LABELS, logits_and_gradients, tiny_batch, tiny_model_dir  # noqa: F401
 
 if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
     pytest.skip("BERTFLOW_CPU_KERNELS=0 switches the CPU kernels off", allow_module_level=True)
@@ -136,10 +136,9 @@ def test_adamw_kernel_leaves_a_value_read_before_the_step_alone():
     assert (before.numpy() == 1.0).all() and (var.numpy() < 1.0).all()
 
 
-def test_layers_swap_onto_the_kernels_with_the_same_weights_and_outputs(tiny_model_dir):  # noqa: F811
-    batch = {"input_ids": tf.constant([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]]),
-             "token_type_ids": tf.constant([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]),
-             "attention_mask": tf.constant([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+def test_layers_swap_onto_the_kernels_with_the_same_weights_and_outputs(
+        tiny_model_dir):  # noqa: F811
+    batch = tiny_batch()
     stock = checkpoint.load_classifier(tiny_model_dir, LABELS, float32_gelu=False)
     ours = checkpoint.load_classifier(tiny_model_dir, LABELS, cpu_kernels=True)
     kinds = {type(layer) for layer in ours.submodules}
@@ -148,14 +147,7 @@ def test_layers_swap_onto_the_kernels_with_the_same_weights_and_outputs(tiny_mod
     assert [v.name.split("/", 1)[1] for v in ours.weights] == \
         [v.name.split("/", 1)[1] for v in stock.weights]
     ours.set_weights(stock.get_weights())
-    labels = tf.constant([0, 1])
-    results = []
-    for model in (stock, ours):
-        with tf.GradientTape() as tape:
-            logits = model(batch, training=False).logits
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
-        grads = tape.gradient(loss, model.trainable_variables)
-        results.append((logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]))
+    results = [logits_and_gradients(model, batch) for model in (stock, ours)]
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     for ours_g, stock_g in zip(results[1][1], results[0][1]):
         np.testing.assert_allclose(ours_g, stock_g, rtol=1e-4, atol=1e-6)

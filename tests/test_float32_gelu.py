@@ -6,11 +6,9 @@ import tf_keras
 from transformers.models.bert import modeling_tf_bert
 
 from tasks import checkpoint, float32_gelu
-from train_helpers import LABELS, tiny_model_dir  # noqa: F401
+from train_helpers import LABELS, logits_and_gradients, tiny_batch, tiny_model_dir  # noqa: F401
 
-BATCH = {"input_ids": tf.constant([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]]),
-         "token_type_ids": tf.constant([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]),
-         "attention_mask": tf.constant([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+BATCH = tiny_batch()
 
 
 @pytest.fixture
@@ -46,14 +44,7 @@ def test_every_feed_forward_layer_and_only_the_activation_changes(tiny_model_dir
 
 
 def test_same_logits_and_gradients_in_float32(tiny_model_dir):  # noqa: F811
-    labels = tf.constant([0, 1])
-    results = []
-    for model in stock_and_ours(tiny_model_dir):
-        with tf.GradientTape() as tape:
-            logits = model(BATCH, training=False).logits
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
-        grads = tape.gradient(loss, model.trainable_variables)
-        results.append((logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]))
+    results = [logits_and_gradients(model, BATCH) for model in stock_and_ours(tiny_model_dir)]
     (stock_logits, stock_grads), (our_logits, our_grads) = results
     np.testing.assert_allclose(our_logits, stock_logits, rtol=1e-6, atol=1e-7)
     for ours, theirs in zip(our_grads, stock_grads):

@@ -52,6 +52,25 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+def tiny_batch():
+    """Two rows for the tiny model, one padded: for tests that compare models layer by layer."""
+    import tensorflow as tf
+    return {"input_ids": tf.constant([[2, 5, 6, 7, 3], [2, 8, 3, 0, 0]]),
+            "token_type_ids": tf.constant([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0]]),
+            "attention_mask": tf.constant([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])}
+
+
+def logits_and_gradients(model, batch) -> tuple:
+    """Inference-mode logits and the cross-entropy gradients (labels 0, 1) as numpy."""
+    import tensorflow as tf
+    labels = tf.constant([0, 1])
+    with tf.GradientTape() as tape:
+        logits = model(batch, training=False).logits
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+    grads = tape.gradient(loss, model.trainable_variables)
+    return logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
+
+
 def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20) -> list[tuple]:
     """(input_ids, token_type_ids, label) with the label given away by the words."""
     rng = random.Random(seed)
