@@ -45,8 +45,9 @@ class WorkerStepOperator(BaseOperator):
     """Controller for a step that runs in worker processes.
 
     Starts the workers for `step` (the provisioned cluster spec for train/evaluate, one
-    process otherwise), streams their output into this task's log, fails with the worker's
-    error text, and stops them when Airflow kills the task. Returns the step's manifest URI.
+    process otherwise) on the configured backend (local processes, Kubernetes, Vertex AI, a
+    TPU VM), streams their output into this task's log, fails with the worker's error text,
+    and stops them when Airflow kills the task. Returns the step's manifest URI.
     """
 
     template_fields = ("run_uri",)
@@ -57,9 +58,11 @@ class WorkerStepOperator(BaseOperator):
         self.step = step
         self.run_uri = run_uri
         self.distributed = distributed
-        self._cluster = None
+        self._controller = None
 
     def execute(self, context) -> str:
+        from dataclasses import replace
+
         from tasks import credentials, provision, storage
         from tasks.errors import WorkerError
 
@@ -69,25 +72,23 @@ class WorkerStepOperator(BaseOperator):
             spec = provision.WorkerSpec.from_dict(manifest["workers"][self.step])
         else:
             spec = provision.single_process_spec(self.step, self.run_uri)
-        self.log.info("%s: %d process(es), strategy %s, cluster %s", self.step,
-                      len(spec.roles), spec.strategy or "-", spec.cluster or "single")
-        record_uri = provision.pid_record_uri(self.run_uri, self.step)
-        if storage.exists(record_uri):  # a retry: whatever a dead earlier attempt left running
-            provision.kill_recorded(storage.read_json(record_uri))
-        self._cluster = provision.LocalCluster(
-            spec, log=self.log.info, record_uri=record_uri,
-            tmp_root=provision.local_tmp_root(self.run_uri),
-            # Workers cannot reach Airflow's connections; hand them over at start only.
-            extra_env=credentials.worker_env(cfg))
-        self._cluster.run()
+        spec = replace(spec, step=self.step)
+        self.log.info("%s: %d process(es) on %s, strategy %s, cluster %s", self.step,
+                      len(spec.roles), cfg.provisioner, spec.strategy or "-",
+                      spec.cluster or "single")
+        # Workers cannot reach Airflow's connections; the backend hands them over without
+        # writing them into any spec, object or log.
+        self._controller = provision.backend_for(cfg).controller(
+            cfg, ctx, spec, log=self.log.info, secrets=credentials.worker_env(cfg))
+        self._controller.run()
         manifest_uri = ctx.manifest_uri(self.step)
         if not storage.exists(manifest_uri):
             raise WorkerError(f"{self.step} workers finished but wrote no {manifest_uri}")
         return manifest_uri
 
     def on_kill(self) -> None:
-        if self._cluster is not None:
-            self._cluster.stop()
+        if self._controller is not None:
+            self._controller.stop()
 
 
 @dag(
@@ -108,6 +109,7 @@ def bert_finetune():
         """Parse the Params (field errors fail here), check the inputs, create the run
         folder."""
         from tasks import data, storage
+        from tasks.provision import backend_for
         from tasks.runlayout import init_run
         from tasks.config import parse_config
         from tasks.runlayout import RunContext, run_key_for
@@ -115,12 +117,14 @@ def bert_finetune():
         cfg = parse_config(dict(context["params"]))
         storage.configure(storage.Connections(cfg.gcp_conn_id, cfg.aws_conn_id))
         data.check_inputs(cfg)
+        backend = backend_for(cfg)
         dag_run = context["dag_run"]
         logical = dag_run.logical_date.isoformat() if dag_run.logical_date else None
         run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
         ctx = RunContext(artifact_root=cfg.artifact_root, dag_id=dag_run.dag_id,
                          run_key=run_key_for(run_type, logical, dag_run.run_id),
                          run_id=dag_run.run_id)
+        backend.check(cfg, ctx)  # e.g. remote workers need a gs:// or s3:// run folder
         return init_run(cfg, ctx)
 
     @task

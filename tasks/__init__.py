@@ -9,3 +9,6 @@ import os
 # tensorflow or transformers is first imported, in every process.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+# The project version: trainer images are labelled and named with it (tasks/images.py).
+__version__ = "0.5.0"

@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import typing
 
-from tasks import storage
+from tasks import launcher, storage
 from tasks.config import RunConfig, parse_config
 from tasks.errors import BertflowError, ConfigError
 from tasks.runlayout import RunContext, init_run, load_run
@@ -43,6 +44,11 @@ def _is_list(annotation) -> bool:
                for a in (annotation, *typing.get_args(annotation)))
 
 
+def _is_dict(annotation) -> bool:
+    return any(typing.get_origin(a) is dict
+               for a in (annotation, *typing.get_args(annotation)))
+
+
 def _is_text(annotation) -> bool:
     """str, Optional[str] and Literal["a", ...] fields: their flag values stay strings."""
     args = (annotation, *typing.get_args(annotation))
@@ -54,7 +60,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     for name, field in RunConfig.model_fields.items():
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.title or name}. {field.description or ''} (default: {default!r})"
-        metavar = "A,B,..." if _is_list(field.annotation) else "VALUE"
+        metavar = ("A,B,..." if _is_list(field.annotation) else
+                   "JSON" if _is_dict(field.annotation) else "VALUE")
         group.add_argument(f"--{name}", dest=f"cfg_{name}", metavar=metavar,
                            help=help_text.replace("%", "%%"))
 
@@ -72,6 +79,11 @@ def _flag_values(args: argparse.Namespace) -> dict:
                 raise ConfigError(name, f"not a JSON list ({err})") from None
         elif _is_list(field.annotation) and raw != "":
             raw = [v.strip() for v in raw.split(",")]
+        elif _is_dict(field.annotation) and raw != "":
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise ConfigError(name, f"not a JSON object ({err})") from None
         elif not _is_text(field.annotation):
             # Numbers and booleans as JSON (so errors quote 4096, not '4096'); parse_config
             # then validates them exactly like Params and config files.
@@ -114,6 +126,10 @@ def build_parser() -> argparse.ArgumentParser:
     for step in STEPS:
         p = sub.add_parser(step, help=f"run the {step} step")
         p.add_argument("--run-dir", required=True, help="run folder URI")
+        if step == "provision":
+            p.add_argument("--dry-run", action="store_true",
+                           help="print what the configured backend (provisioner) would "
+                                "create, touching no cloud and writing nothing")
     init = sub.add_parser("init-run", help="create a run folder (config.json, context.json)")
     init.add_argument("--run-dir", required=True,
                       help="{artifact_root}/runs/{dag_id}/{run_key}")
@@ -129,7 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "init-run":
             print(_init_run_command(args))
+        elif getattr(args, "dry_run", False):
+            from tasks.provision import dry_run
+            print(dry_run(*load_run(args.run_dir), warn=lambda msg: print(
+                f"bertflow: warning: {msg}", file=sys.stderr)))
         else:
+            # Remote workers (Kubernetes pods) get their TF_CONFIG built here from their
+            # role and index (tasks/launcher.py); local processes and Vertex AI set it.
+            launcher.apply(os.environ)
             print(run_step(args.command, args.run_dir))
     except BertflowError as err:
         print(f"bertflow: error: {err}", file=sys.stderr)

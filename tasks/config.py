@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
+                      model_validator)
 
 from tasks.errors import ConfigError
 from tasks.topology import Topology, resolve_strategy_name
@@ -29,6 +31,10 @@ Strategy = Literal[
     "central_storage", "tpu",
 ]
 Accelerator = Literal["auto", "cpu", "gpu", "tpu"]
+Provisioner = Literal["local", "kubernetes", "vertex_ai", "tpu_vm"]
+# A Kubernetes toleration written as key=value:Effect or key:Effect.
+TOLERATION = re.compile(r"^([A-Za-z0-9./_-]+)(?:=([A-Za-z0-9._-]*))?:"
+                        r"(NoSchedule|PreferNoSchedule|NoExecute)$")
 
 
 class RunConfig(BaseModel):
@@ -105,9 +111,85 @@ class RunConfig(BaseModel):
                     "TPU VM.")
     tpu_zone: str = Field(default="", title="TPU zone")
     tpu_project: str = Field(default="", title="TPU project")
-    provisioner: Literal["local"] = Field(
+    provisioner: Provisioner = Field(
         default="local", title="Worker backend",
-        description="Where workers run: local processes on the Airflow worker's machine.")
+        description="Where workers run. local: processes on the Airflow worker's machine. "
+                    "kubernetes: Indexed Jobs on a cluster (GKE, EKS, ...). vertex_ai: a "
+                    "Vertex AI CustomJob. tpu_vm: a Cloud TPU VM (queued resource). Remote "
+                    "backends need artifact_root on gs:// or s3://.")
+    worker_image: str = Field(
+        default="", title="Worker image",
+        description="Container image of the remote workers. Empty: "
+                    "{image_registry}/bertflow-trainer-{cpu|gpu|tpu}:{version}, the image "
+                    "built from that lock (docker/).")
+    image_registry: str = Field(
+        default="", title="Image registry",
+        description="Registry prefix of the default worker images, e.g. "
+                    "us-docker.pkg.dev/PROJECT/REPO or ACCOUNT.dkr.ecr.REGION.amazonaws.com.")
+    accelerator_type: str = Field(
+        default="", title="Accelerator type",
+        description="GPU or TPU type in the backend's words. kubernetes: the GKE node label "
+                    "(nvidia-l4, nvidia-tesla-a100, tpu-v5-lite-podslice). vertex_ai: "
+                    "NVIDIA_L4, NVIDIA_H100_80GB, TPU_V5_LITEPOD. tpu_vm: v5litepod-8, "
+                    "v4-8. Empty: CPU only (kubernetes: any GPU node, see node_selector).")
+    tpu_topology: str = Field(
+        default="", title="TPU topology", pattern=r"^$|^\d+(x\d+){1,2}$",
+        description="TPU slice topology, e.g. 2x2 or 2x2x1 (kubernetes, vertex_ai).")
+    machine_type: str = Field(
+        default="", title="Machine type",
+        description="vertex_ai machine type, e.g. n1-standard-8, g2-standard-8, "
+                    "a3-highgpu-8g, ct5lp-hightpu-4t. Empty: n1-standard-8 (CPU), "
+                    "g2-standard-N for L4 GPUs.")
+    worker_cpu: str = Field(default="", title="CPU per worker",
+                            description="kubernetes CPU request per pod, e.g. 4 or 3500m.")
+    worker_memory: str = Field(default="", title="Memory per worker",
+                               description="kubernetes memory request and limit per pod, "
+                                           "e.g. 16Gi.")
+    k8s_conn_id: str = Field(
+        default="", title="Kubernetes connection id",
+        description="Airflow Kubernetes connection (cncf-kubernetes provider). Empty: "
+                    "in-cluster config, else ~/.kube/config.")
+    k8s_namespace: str = Field(default="default", title="Kubernetes namespace",
+                               pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    service_account: str = Field(
+        default="", title="Service account",
+        description="kubernetes: the pods' ServiceAccount (bind it to a cloud identity with "
+                    "GKE Workload Identity or EKS IRSA / Pod Identity: no key in any "
+                    "object). vertex_ai, tpu_vm: the Google service account email the "
+                    "workers run as.")
+    image_pull_secrets: Optional[list[str]] = Field(
+        default=None, title="Image pull secrets",
+        description="kubernetes Secrets for pulling the worker image.")
+    node_selector: Optional[dict[str, str]] = Field(
+        default=None, title="Extra node selector",
+        description="kubernetes node labels the workers need, added to the accelerator's, "
+                    'e.g. {"eks.amazonaws.com/nodegroup": "gpu"}.')
+    tolerations: Optional[list[str]] = Field(
+        default=None, title="Extra tolerations",
+        description="kubernetes taints the workers tolerate, as key=value:Effect or "
+                    "key:Effect (GPU and TPU taints are tolerated already).")
+    gcp_project: str = Field(
+        default="", title="Google Cloud project",
+        description="Project of the Vertex AI job or the TPU VM. Empty: the connection's "
+                    "project (gcp_conn_id), else the ambient default.")
+    gcp_region: str = Field(default="", title="Vertex AI region",
+                            description="e.g. us-central1 (vertex_ai).")
+    network: str = Field(
+        default="", title="VPC network",
+        description="vertex_ai: projects/NUMBER/global/networks/NAME (peered); tpu_vm: "
+                    "the network name. Empty: the default network.")
+    tpu_runtime_version: str = Field(
+        default="", title="TPU VM runtime",
+        description="Cloud TPU VM software version. Empty: tpu-vm-tf-2.20.0-pjrt, the "
+                    "TensorFlow of the TPU image's lock (-pod- variant for multi-host).")
+    worker_timeout_minutes: int = Field(
+        default=1440, ge=1, le=100800, title="Worker timeout (minutes)",
+        description="Remote workers are stopped after this long (Job "
+                    "activeDeadlineSeconds, Vertex timeout, TPU VM lifetime).")
+    schedule_timeout_seconds: int = Field(
+        default=900, ge=10, le=86400, title="Scheduling timeout (s)",
+        description="How long remote workers may wait for a machine (unschedulable pods, "
+                    "a queued TPU) before the step fails with the platform's reason.")
 
     # --- training ----------------------------------------------------------------------------
     training_loop: Literal["fit", "custom"] = Field(
@@ -166,6 +248,15 @@ class RunConfig(BaseModel):
     gate_max_regression: float = Field(
         default=0.02, ge=0, le=1, title="Maximum regression",
         description="A model more than this below the current champion is not promoted.")
+
+    @field_validator("tolerations")
+    @classmethod
+    def _check_tolerations(cls, value: Optional[list[str]]) -> Optional[list[str]]:
+        for entry in value or ():
+            if not TOLERATION.match(entry):
+                raise ValueError(f"{entry!r} is not key=value:Effect or key:Effect (Effect: "
+                                 "NoSchedule, PreferNoSchedule or NoExecute)")
+        return value
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "RunConfig":
@@ -227,6 +318,9 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
         cfg = RunConfig.model_validate(cleaned)
     except ValidationError as err:
         raise _error_from_validation(err) from None
+    if cfg.provisioner == "tpu_vm" and cfg.accelerator not in ("auto", "tpu"):
+        raise ConfigError("accelerator", f"provisioner tpu_vm runs on TPUs; set accelerator "
+                                         f"to tpu or auto, not {cfg.accelerator}")
     # Topology conflicts are config errors too; they name the field to change.
     strategy = resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
     check_training_loop(cfg, strategy)

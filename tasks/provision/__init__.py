@@ -1,36 +1,59 @@
 """Worker provisioning: the setup step of the pipeline (`release` is its teardown).
 
-`run(cfg, ctx)` resolves the strategy and cluster shape and writes the worker specs for train
-and evaluate to `provision/manifest.json`; controllers render them with a backend
-(`LocalCluster` for the local backend).
+`run(cfg, ctx)` resolves the strategy and cluster shape, checks the config against the chosen
+backend (`provisioner`), creates what the backend makes at setup (a TPU VM), and writes the
+worker specs of every worker step to `provision/manifest.json`. Controllers run those specs
+with `backend_for(cfg).controller(...)`; `dry_run` prints what the backend would create.
 """
 from __future__ import annotations
 
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.provision.backends import Backend, backend_for, to_text
 from tasks.provision.local import LocalCluster, kill_recorded, local_tmp_root
+from tasks.provision.local_backend import pid_record_uri
 from tasks.provision.spec import WorkerSpec, distributed_spec, single_process_spec
 from tasks.runlayout import RunContext, write_manifest
 
-__all__ = ["LocalCluster", "WorkerSpec", "distributed_spec", "single_process_spec", "run",
-           "pid_record_uri", "local_tmp_root", "kill_recorded"]
+__all__ = ["Backend", "LocalCluster", "WorkerSpec", "backend_for", "distributed_spec",
+           "dry_run", "kill_recorded", "local_tmp_root", "pid_record_uri", "run",
+           "single_process_spec", "step_spec", "WORKER_STEPS"]
 
 DISTRIBUTED_STEPS = ("train", "evaluate")
+# Steps that import TensorFlow and so run as workers, in pipeline order.
+WORKER_STEPS = ("tokenize", "train", "evaluate", "export")
 
 
-def pid_record_uri(run_uri: str, step: str) -> str:
-    """Where the controller of `step` records its worker pids (one file per step, so a retry
-    of one step rewrites only its own record)."""
-    return join_uri(run_uri, "provision", "pids", f"{step}.json")
+def step_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
+    if step in DISTRIBUTED_STEPS:
+        return distributed_spec(cfg, step, run_uri)
+    return single_process_spec(step, run_uri)
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
+    backend = backend_for(cfg)
+    backend.check(cfg, ctx)
     specs = {step: distributed_spec(cfg, step, ctx.run_uri) for step in DISTRIBUTED_STEPS}
     first = specs[DISTRIBUTED_STEPS[0]]
+    resources = backend.setup(cfg, ctx)
     return write_manifest(ctx.step_uri("provision"), {
         "backend": cfg.provisioner,
         "strategy": first.strategy,
         "cluster": first.cluster,
         "num_processes": len(first.roles),
         "workers": {step: spec.to_dict() for step, spec in specs.items()},
+        "resources": resources,
         "tmp_root": str(local_tmp_root(ctx.run_uri)),
     })
+
+
+def dry_run(cfg: RunConfig, ctx: RunContext, warn=print) -> str:
+    """What the configured backend would create for every worker step, as text to review
+    (Kubernetes YAML for `kubectl apply -f`, JSON for Vertex AI and TPU VMs). Touches no
+    cloud and writes nothing."""
+    backend = backend_for(cfg)
+    for message in backend.check(cfg, ctx, dry_run=True):
+        warn(message)
+    objects = []
+    for step in WORKER_STEPS:
+        objects += backend.render(cfg, ctx, step_spec(cfg, step, ctx.run_uri))
+    return to_text(backend, objects)

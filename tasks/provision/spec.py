@@ -1,7 +1,7 @@
 """The worker spec: what to run, with which environment, in which cluster shape.
 
-A backend (local processes here; Kubernetes or Vertex AI later) renders one spec into
-processes. The spec is plain data so it can be written to the provision manifest and read back
+A backend (tasks/provision/backends.py: local processes, Kubernetes Jobs, a Vertex AI
+CustomJob, a Cloud TPU VM) renders one spec into processes. The spec is plain data so it can be written to the provision manifest and read back
 by the controller task (or rendered into a pod template) without importing TensorFlow.
 """
 from __future__ import annotations
@@ -24,6 +24,10 @@ class WorkerSpec:
     # TF_CONFIG roles -> process count; empty means one process without TF_CONFIG.
     cluster: dict[str, int] = field(default_factory=dict)
     strategy: str = ""
+    # The pipeline step it runs; accelerated steps (train, evaluate) get the configured
+    # GPUs/TPUs on remote backends, the others (tokenize, export) a CPU-only worker.
+    step: str = ""
+    accelerated: bool = False
 
     @property
     def roles(self) -> list[tuple[str, int]]:
@@ -44,7 +48,8 @@ class WorkerSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "WorkerSpec":
         return cls(command=list(data["command"]), env=dict(data["env"]),
-                   cluster=dict(data["cluster"]), strategy=data["strategy"])
+                   cluster=dict(data["cluster"]), strategy=data["strategy"],
+                   step=data.get("step", ""), accelerated=data.get("accelerated", False))
 
 
 def step_command(step: str, run_uri: str) -> list[str]:
@@ -56,9 +61,9 @@ def distributed_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
     topology = Topology.from_config(cfg)
     strategy = resolve_strategy_name(topology, cfg.strategy)
     return WorkerSpec(command=step_command(step, run_uri), cluster=cluster_shape(strategy, topology),
-                      strategy=strategy)
+                      strategy=strategy, step=step, accelerated=True)
 
 
 def single_process_spec(step: str, run_uri: str) -> WorkerSpec:
     """Spec for steps that import TensorFlow but need no cluster (tokenize, export)."""
-    return WorkerSpec(command=step_command(step, run_uri))
+    return WorkerSpec(command=step_command(step, run_uri), step=step)
