@@ -62,7 +62,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{field.title or name}. {field.description or ''} (default: {default!r})"
         metavar = ("A,B,..." if _is_list(field.annotation) else
                    "JSON" if _is_dict(field.annotation) else "VALUE")
-        group.add_argument(f"--{name}", dest=f"cfg_{name}", metavar=metavar,
+        # Both spellings: --max-seq-length (conventional) and --max_seq_length (the field).
+        flags = dict.fromkeys([f"--{name.replace('_', '-')}", f"--{name}"])
+        group.add_argument(*flags, dest=f"cfg_{name}", metavar=metavar,
                            help=help_text.replace("%", "%%"))
 
 

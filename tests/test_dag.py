@@ -109,3 +109,18 @@ print(dag.schedule, coerce_to_core_timetable(dag.timetable).periodic)
                           cwd=PROJECT_ROOT, env={**os.environ, "BERTFLOW_SCHEDULE": "@weekly"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "@weekly True"
+
+
+def test_janitor_sweeps_the_configured_backend_on_its_schedule():
+    code = f"""
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(dag_folder={str(DAGS)!r})
+dag = bag.dags["bertflow_janitor"]
+print(bag.import_errors, dag.schedule, dag.params["provisioner"], dag.params["k8s_namespace"])
+"""
+    conf = '{"provisioner": "kubernetes", "k8s_namespace": "ml"}'
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, env={**os.environ, "BERTFLOW_JANITOR_CONF": conf,
+                                                 "BERTFLOW_JANITOR_SCHEDULE": "@daily"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "{} @daily kubernetes ml"
