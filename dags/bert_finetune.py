@@ -7,10 +7,11 @@ and watched by a controller task; the Airflow task process never imports TensorF
 file imports nothing heavy at parse time. Tasks pass run-folder / manifest URIs through XCom.
 
 Schedule: manual by default; set BERTFLOW_SCHEDULE (a cron expression or preset such as
-"@weekly") for scheduled retraining and backfills (Airflow backfills only periodic DAGs).
-Scheduled and backfill runs are keyed by logical date, so
-`airflow backfill create --dag-id bert_finetune --from-date ... --to-date ...` writes one run
-folder per date and re-running a date reuses it (and the tokenized-data cache).
+"@weekly") for scheduled retraining and backfills (Airflow backfills only periodic DAGs); runs
+get real data intervals. Scheduled and backfill runs are keyed by experiment and logical date,
+so `airflow backfill create --dag-id bert_finetune --from-date ... --to-date ...` writes one
+run folder per date and re-running a date of an experiment reuses it (and the tokenized-data
+cache). Data URIs may name the run's date: `gs://bucket/reviews/{ds}/*.jsonl`.
 Promoted models are asset events on the alias "bertflow-promoted-model" (schedule on it to
 react to a new champion).
 """
@@ -91,9 +92,20 @@ class WorkerStepOperator(BaseOperator):
             self._controller.stop()
 
 
+def _schedule():
+    """BERTFLOW_SCHEDULE (a cron expression or preset such as @weekly), the one place the
+    schedule is set, as a data-interval timetable: each scheduled or backfill run covers
+    [previous tick, this tick), which date placeholders such as {data_interval_start:%Y-%m-%d}
+    resolve from. Unset: manual only. catchup stays off; backfills fill history."""
+    from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
+
+    expression = os.environ.get("BERTFLOW_SCHEDULE")
+    return CronDataIntervalTimetable(expression, timezone="UTC") if expression else None
+
+
 @dag(
     dag_id=DAG_ID,
-    schedule=os.environ.get("BERTFLOW_SCHEDULE") or None,
+    schedule=_schedule(),
     start_date=datetime(2024, 1, 1),
     catchup=False,
     max_active_runs=1,  # local workers share one machine's cores
@@ -108,22 +120,29 @@ def bert_finetune():
     def validate(**context) -> str:
         """Parse the Params (field errors fail here), check the inputs, create the run
         folder."""
-        from tasks import data, storage
+        from tasks import data, storage, uri_templates
         from tasks.provision import backend_for
         from tasks.runlayout import init_run
         from tasks.config import parse_config
         from tasks.runlayout import RunContext, run_key_for
 
-        cfg = parse_config(dict(context["params"]))
+        dag_run = context["dag_run"]
+        logical = dag_run.logical_date
+        dates = uri_templates.RunDates(
+            logical, dag_run.data_interval_start or logical,
+            dag_run.data_interval_end or logical) if logical else None
+        # Date placeholders resolve here; the run records only the resolved URIs.
+        values = uri_templates.resolve(dict(context["params"]), dates)
+        cfg = parse_config(values)
         storage.configure(storage.Connections(cfg.gcp_conn_id, cfg.aws_conn_id))
         data.check_inputs(cfg)
         backend = backend_for(cfg)
-        dag_run = context["dag_run"]
-        logical = dag_run.logical_date.isoformat() if dag_run.logical_date else None
         run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
+        iso = logical.isoformat() if logical else None
         ctx = RunContext(artifact_root=cfg.artifact_root, dag_id=dag_run.dag_id,
-                         run_key=run_key_for(run_type, logical, dag_run.run_id),
-                         run_id=dag_run.run_id)
+                         run_key=run_key_for(run_type, iso, dag_run.run_id, cfg.experiment),
+                         run_id=dag_run.run_id, experiment=cfg.experiment,
+                         logical_date=iso or "")
         backend.check(cfg, ctx)  # e.g. remote workers need a gs:// or s3:// run folder
         return init_run(cfg, ctx)
 

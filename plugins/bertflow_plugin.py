@@ -10,8 +10,10 @@ import html
 import sys
 from pathlib import Path
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -22,7 +24,12 @@ from tasks import storage  # noqa: E402
 from tasks.config import default_artifact_root, join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
 
-app = FastAPI(title="bertflow artifacts")
+# The api-server mounts plugin apps without the core API's auth dependencies, so the page
+# declares them itself: a logged-in user (the JWT the UI holds as a cookie, or a bearer token)
+# allowed to read bert_finetune's runs. Anonymous requests get 401, others without that
+# permission 403.
+app = FastAPI(title="bertflow artifacts", dependencies=[
+    Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id="bert_finetune"))])
 
 
 def _relative(root: str, uris: list[str], name: str) -> list[list[str]]:

@@ -97,29 +97,37 @@ def _flag_values(args: argparse.Namespace) -> dict:
     return values
 
 
-def _split_run_dir(run_dir: str, dag_id: str | None, run_key: str | None) -> RunContext:
-    """{artifact_root}/runs/{dag_id}/{run_key} -> RunContext, checking the given ids."""
+def _run_context(run_dir: str, dag_id: str | None, run_key: str | None,
+                 cfg: RunConfig) -> RunContext:
+    """The context of a new run folder. `{artifact_root}/runs/{dag_id}/{run_key}` is read as
+    such (the given ids and artifact_root must agree with it); any other folder is taken as
+    it is, its run key its last path segment."""
     parts = run_dir.rstrip("/").rsplit("/", 3)
-    if len(parts) != 4 or parts[1] != "runs":
-        raise ConfigError("run-dir", f"{run_dir} is not of the form "
-                                     "{artifact_root}/runs/{dag_id}/{run_key}")
-    root, _, found_dag, found_key = parts
-    for flag, given, found in (("dag-id", dag_id, found_dag), ("run-key", run_key, found_key)):
-        if given is not None and given != found:
-            raise ConfigError(flag, f"{given!r} does not match the run folder ({found!r})")
-    return RunContext(artifact_root=root, dag_id=found_dag, run_key=found_key, run_id=found_key)
+    if len(parts) == 4 and parts[1] == "runs":
+        root, _, found_dag, found_key = parts
+        for flag, given, found in (("dag-id", dag_id, found_dag),
+                                   ("run-key", run_key, found_key)):
+            if given is not None and given != found:
+                raise ConfigError(flag, f"{given!r} does not match the run folder ({found!r})")
+        if cfg.artifact_root.rstrip("/") != root:
+            raise ConfigError("artifact_root", f"{cfg.artifact_root} differs from the run "
+                                               f"folder's root {root}")
+        return RunContext(artifact_root=root, dag_id=found_dag, run_key=found_key,
+                          run_id=found_key, experiment=cfg.experiment)
+    key = run_key or run_dir.rstrip("/").rsplit("/", 1)[-1]
+    return RunContext(artifact_root=cfg.artifact_root.rstrip("/"), dag_id=dag_id or "manual",
+                      run_key=key, run_id=key, experiment=cfg.experiment,
+                      run_dir=run_dir.rstrip("/"))
 
 
 def _init_run_command(args: argparse.Namespace) -> str:
-    ctx = _split_run_dir(args.run_dir, args.dag_id, args.run_key)
     values = json.loads(storage.read_text(args.config)) if args.config else {}
     values.update(_flag_values(args))
-    values.setdefault("artifact_root", ctx.artifact_root)
+    parts = args.run_dir.rstrip("/").rsplit("/", 3)
+    if len(parts) == 4 and parts[1] == "runs":  # the run folder names its artifact root
+        values.setdefault("artifact_root", parts[0])
     cfg = parse_config(values)
-    if cfg.artifact_root.rstrip("/") != ctx.artifact_root:
-        raise ConfigError("artifact_root", f"{cfg.artifact_root} differs from the run folder's "
-                                           f"root {ctx.artifact_root}")
-    return init_run(cfg, ctx)
+    return init_run(cfg, _run_context(args.run_dir, args.dag_id, args.run_key, cfg))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 "create, touching no cloud and writing nothing")
     init = sub.add_parser("init-run", help="create a run folder (config.json, context.json)")
     init.add_argument("--run-dir", required=True,
-                      help="{artifact_root}/runs/{dag_id}/{run_key}")
+                      help="the run folder to create: any local path or gs:// / s3:// URI "
+                           "({artifact_root}/runs/{dag_id}/{run_key} is read as such)")
     init.add_argument("--dag-id", help="checked against the run folder")
     init.add_argument("--run-key", help="checked against the run folder")
     init.add_argument("--config", help="JSON file (URI) with config fields")

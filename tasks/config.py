@@ -15,6 +15,7 @@ from typing import Any, Literal, Optional, get_args
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from tasks import uri_templates
 from tasks.errors import ConfigError
 from tasks.topology import Topology, resolve_strategy_name
 
@@ -47,7 +48,9 @@ class RunConfig(BaseModel):
         default=str(DEMO_DIR / "train.tsv"), title="Training data",
         description="CSV, TSV or JSON Lines file with a text and a label column: local path, "
                     "gs:// or s3:// URI; or a folder ending in / (all data files under "
-                    "it) or a glob such as gs://bucket/data/part-*.csv.")
+                    "it) or a glob such as gs://bucket/data/part-*.csv. May hold the run's "
+                    "date: gs://bucket/reviews/{ds}/*.jsonl (see README, Date "
+                    "placeholders).")
     eval_uri: Optional[str] = Field(
         default=str(DEMO_DIR / "eval.tsv"), title="Evaluation data",
         description="Same format as the training data. Leave empty to hold out a seeded, "
@@ -70,6 +73,14 @@ class RunConfig(BaseModel):
                     "evaluation file is given.")
     seed: int = Field(default=42, ge=0, title="Random seed",
                       description="Seeds the split, shuffling and weight initialisation.")
+
+    experiment: str = Field(
+        default="default", title="Experiment", max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$",
+        description="Name of the experiment this run belongs to (letters, digits, '.', "
+                    "'-'). Scheduled and backfill runs are filed under "
+                    "{experiment}__{logical date}, so a backfill of another experiment never "
+                    "touches this one's runs.")
 
     # --- model and tokenizer ----------------------------------------------------------------
     base_model: str = Field(
@@ -279,6 +290,32 @@ class RunConfig(BaseModel):
         return self.model_dump_json(indent=2)
 
 
+# The trigger form's sections, in order (Airflow draws one box per Param `section`). The first
+# holds what a first-time user changes; "(advanced)" ones can stay at their defaults.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Start here": ("experiment", "train_uri", "eval_uri", "labels", "epochs", "accelerator",
+                   "num_workers", "provisioner"),
+    "Data": ("file_format", "text_column", "text_pair_column", "label_column",
+             "eval_fraction", "seed"),
+    "Model": ("base_model", "max_seq_length", "lower_case", "num_shards"),
+    "Workers": ("strategy", "devices_per_worker", "num_ps", "tpu_address", "tpu_zone",
+                "tpu_project"),
+    "Training": ("training_loop", "per_replica_batch_size", "max_steps", "learning_rate",
+                 "warmup_ratio", "weight_decay", "mixed_precision"),
+    "Export and quality gate": ("export_uri", "model_name", "gate_metric", "gate_min_value",
+                                "gate_max_regression"),
+    "Remote workers (advanced)": (
+        "worker_image", "image_registry", "accelerator_type", "tpu_topology", "machine_type",
+        "worker_cpu", "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",
+        "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
+        "network", "tpu_runtime_version", "worker_timeout_minutes",
+        "schedule_timeout_seconds"),
+    "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
+                            "checkpoint_every_steps", "eval_batch_size"),
+    "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id"),
+}
+
+
 def join_uri(base: str, *parts: str) -> str:
     """Join URI/path segments with '/' (works for local paths, gs:// and s3://)."""
     out = base.rstrip("/")
@@ -318,6 +355,7 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
         cfg = RunConfig.model_validate(cleaned)
     except ValidationError as err:
         raise _error_from_validation(err) from None
+    uri_templates.check(cleaned)  # unknown date placeholders name their field
     if cfg.provisioner == "tpu_vm" and cfg.accelerator not in ("auto", "tpu"):
         raise ConfigError("accelerator", f"provisioner tpu_vm runs on TPUs; set accelerator "
                                          f"to tpu or auto, not {cfg.accelerator}")
@@ -347,14 +385,21 @@ def _is_optional(annotation: Any) -> bool:
 
 # --- Airflow Params ------------------------------------------------------------------------
 def param_schemas() -> dict[str, dict[str, Any]]:
-    """JSON-schema keyword arguments per field, in the shape airflow.sdk.Param takes.
+    """JSON-schema keyword arguments per field, in the shape airflow.sdk.Param takes, in
+    SECTIONS order (the trigger form keeps a section's fields together only if they are
+    adjacent).
 
     Kept free of Airflow imports so it can be tested and reused (e.g. by the CLI's --help).
     """
+    listed = [name for names in SECTIONS.values() for name in names]
+    if sorted(listed) != sorted(RunConfig.model_fields):
+        raise RuntimeError("tasks.config.SECTIONS must list every RunConfig field once: "
+                           f"{sorted(set(RunConfig.model_fields) ^ set(listed))}")
     schema = RunConfig.model_json_schema()
     out: dict[str, dict[str, Any]] = {}
     defaults = RunConfig().model_dump()
-    for name, prop in schema["properties"].items():
+    for section, name in ((s, n) for s, names in SECTIONS.items() for n in names):
+        prop = schema["properties"][name]
         kwargs: dict[str, Any] = {}
         if "anyOf" in prop:  # Optional[X] -> type [X, "null"]
             types = [p.get("type") for p in prop["anyOf"]]
@@ -373,5 +418,6 @@ def param_schemas() -> dict[str, dict[str, Any]]:
             kwargs["type"] = ["string", "null"]
         if "const" in kwargs:  # a Literal with one value
             kwargs["enum"] = [kwargs.pop("const")]
+        kwargs["section"] = section
         out[name] = kwargs
     return out

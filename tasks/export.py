@@ -53,6 +53,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
             published = storage.publish_dir(Path(tmp), version_uri)
     return runlayout.write_manifest(ctx.step_uri("export"), {
         "version_uri": version_uri, "version": version, "model_name": cfg.model_name,
+        "experiment": ctx.experiment, "logical_date": ctx.logical_date or None,
         "inputs": ["text", "text_pair"] if has_pair else ["text"], "labels": labels,
         "published": published})
 
@@ -186,6 +187,8 @@ Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`
 {per_class}
 
 ## Lineage
+- experiment: `{ctx.experiment}`
+- logical date: `{ctx.logical_date or "none (manual run)"}`
 - dag_id: `{ctx.dag_id}`
 - run_id: `{ctx.run_id}`
 - run folder: `{ctx.run_uri}`

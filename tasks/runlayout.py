@@ -19,11 +19,13 @@ CONFIG = "config.json"
 CONTEXT = "context.json"
 
 
-def run_key_for(run_type: str, logical_date_iso: str | None, run_id: str) -> str:
-    """Scheduled and backfill runs are keyed by logical date (so a re-run of a date lands in
-    the same folder); manual runs by their run id."""
+def run_key_for(run_type: str, logical_date_iso: str | None, run_id: str,
+                experiment: str = "default") -> str:
+    """Scheduled and backfill runs are keyed by experiment and logical date (a re-run of a
+    date of an experiment lands in the same folder; another experiment never does); manual
+    runs by their run id, which is unique."""
     if run_type in ("scheduled", "backfill") and logical_date_iso:
-        key = logical_date_iso
+        key = f"{experiment}__{logical_date_iso}"
     else:
         key = run_id
     return re.sub(r"[^A-Za-z0-9._-]+", "_", key)
@@ -35,10 +37,15 @@ class RunContext:
     dag_id: str
     run_key: str
     run_id: str = ""
+    experiment: str = "default"
+    logical_date: str = ""  # ISO 8601; empty for a run without one
+    # Set when the run folder is not {artifact_root}/runs/{dag_id}/{run_key} (a folder given
+    # to `python -m tasks init-run`); the tokenized-data cache stays under artifact_root.
+    run_dir: str = ""
 
     @property
     def run_uri(self) -> str:
-        return join_uri(self.artifact_root, "runs", self.dag_id, self.run_key)
+        return self.run_dir or join_uri(self.artifact_root, "runs", self.dag_id, self.run_key)
 
     def step_uri(self, step: str) -> str:
         return join_uri(self.run_uri, step)

@@ -16,13 +16,14 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 from tasks import storage
 from tasks.config import join_uri
 from tasks.demo import predict_in_fresh_process, sample_rows
 
-from ui_helpers import CHROMIUM, Browser, Standalone, dump_dom
+from ui_helpers import CHROMIUM, Browser, Standalone
 
 DAG_ID = "bert_finetune"
 TASK_IDS = {"validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
@@ -231,7 +232,17 @@ def test_plugin_page_lists_the_exported_model(server, finished_run):
                                      "/taskInstances/export/xcomEntries/return_value"
                               ).json()["value"]
     exported = storage.read_json(manifest_uri)
-    dom = dump_dom(f"{server.base}/bertflow/")
+    # Behind Airflow's login: anonymous is refused, the logged-in browser sees the page.
+    assert httpx.get(f"{server.base}/bertflow/", timeout=30).status_code == 401
+    browser = Browser()
+    try:
+        browser.set_cookie("_token", server.token, server.base + "/")
+        browser.navigate(f"{server.base}/bertflow/")
+        browser.wait_js("document.body && document.body.innerText.includes('Models')",
+                        timeout=60)
+        dom = browser.evaluate("document.documentElement.outerHTML")
+    finally:
+        browser.close()
     assert "<h3>Models</h3>" in dom
     assert exported["version_uri"] in dom, dom[:2000]
     assert f"/{exported['version']}/card" in dom

@@ -38,7 +38,7 @@ def test_init_run_writes_config_and_context(artifact_root, tmp_path):
     assert cfg["artifact_root"] == artifact_root
     assert storage.read_json(f"{run_dir}/context.json") == {
         "artifact_root": artifact_root, "dag_id": "bert_finetune", "run_key": "manual_1",
-        "run_id": "manual_1"}
+        "run_id": "manual_1", "experiment": "default", "logical_date": "", "run_dir": ""}
 
 
 def test_step_prints_its_manifest_uri(artifact_root):
@@ -59,8 +59,21 @@ def test_config_errors_are_one_line_and_exit_2(artifact_root):
         "to 512 (got 4096)"]
     done = cli("init-run", "--run-dir", run_dir, "--labels", "[neg, pos")
     assert done.returncode == 2 and "config field 'labels': not a JSON list" in done.stderr
-    done = cli("init-run", "--run-dir", f"{artifact_root}/elsewhere")
-    assert done.returncode == 2 and "run-dir" in done.stderr
+    done = cli("init-run", "--run-dir", run_dir, "--dag-id", "other")
+    assert done.returncode == 2 and "config field 'dag-id'" in done.stderr
+
+
+def test_init_run_takes_any_folder(artifact_root, tmp_path):
+    run_dir = tmp_path / "my-experiments" / "try1"
+    done = cli("init-run", "--run-dir", str(run_dir), "--max-seq-length", "64",
+               "--experiment", "short-seqs")
+    assert done.returncode == 0, done.stderr
+    context = storage.read_json(f"{run_dir}/context.json")
+    assert (context["run_dir"], context["run_key"], context["experiment"]) == (
+        str(run_dir), "try1", "short-seqs")
+    assert context["artifact_root"] == artifact_root  # the token cache stays shared
+    done = cli("provision", "--run-dir", str(run_dir))
+    assert done.stdout.strip() == f"{run_dir}/provision/manifest.json", done.stderr
 
 
 def test_missing_run_folder_is_a_clear_error(tmp_path):

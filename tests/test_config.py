@@ -72,6 +72,23 @@ def test_param_schemas_cover_every_field_with_title_default_and_type():
     assert schemas["per_replica_batch_size"]["minimum"] == 1
 
 
+def test_form_sections_keep_their_fields_together_first_steps_first(monkeypatch):
+    from tasks import config
+
+    sections = [schema["section"] for schema in param_schemas().values()]
+    # Each section is one contiguous run of fields, in SECTIONS order.
+    runs = [s for i, s in enumerate(sections) if i == 0 or sections[i - 1] != s]
+    assert runs == list(config.SECTIONS)
+    first = [name for name, schema in param_schemas().items()
+             if schema["section"] == "Start here"]
+    assert {"train_uri", "eval_uri", "labels", "epochs", "accelerator",
+            "num_workers"} <= set(first)
+    # A field left out of SECTIONS would vanish from the form: refused loudly instead.
+    monkeypatch.setitem(config.SECTIONS, "Data", config.SECTIONS["Data"][1:])
+    with pytest.raises(RuntimeError, match="file_format"):
+        param_schemas()
+
+
 def test_param_schemas_validate_their_own_defaults():
     jsonschema = pytest.importorskip("jsonschema")
     for name, schema in param_schemas().items():

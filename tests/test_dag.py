@@ -56,7 +56,7 @@ def test_provision_and_release_are_setup_and_teardown(dag):
 
 
 def test_params_come_from_run_config_with_titles_and_enums(dag):
-    assert list(dag.params.keys()) == list(RunConfig.model_fields)
+    assert sorted(dag.params.keys()) == sorted(RunConfig.model_fields)
     for name, field in RunConfig.model_fields.items():
         schema = dag.params.get_param(name).schema
         assert schema["title"] == field.title, name
@@ -101,14 +101,19 @@ def test_schedule_comes_from_the_environment():
     code = f"""
 from airflow.dag_processing.dagbag import DagBag
 from airflow.serialization.encoders import coerce_to_core_timetable
+from pendulum import datetime
 dag = DagBag(dag_folder={str(DAGS)!r}).dags["bert_finetune"]
-# periodic: what `airflow backfill create` requires
-print(dag.schedule, coerce_to_core_timetable(dag.timetable).periodic)
+core = coerce_to_core_timetable(dag.timetable)
+# periodic: what `airflow backfill create` requires; a real data interval per run
+interval = core.infer_manual_data_interval(run_after=datetime(2026, 11, 10, 12))
+print(type(core).__name__, core.periodic, interval.start.date(), interval.end.date())
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=PROJECT_ROOT, env={**os.environ, "BERTFLOW_SCHEDULE": "@weekly"})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines()[-1] == "@weekly True"
+    # Sunday-to-Sunday weeks: the run after 2026-11-10 covers the week before it.
+    assert done.stdout.strip().splitlines()[-1] == (
+        "CronDataIntervalTimetable True 2026-11-01 2026-11-08")
 
 
 def test_janitor_sweeps_the_configured_backend_on_its_schedule():

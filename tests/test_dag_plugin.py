@@ -1,33 +1,62 @@
-"""The bertflow Airflow plugin: loads through Airflow's plugin manager and lists artifacts."""
+"""The bertflow Airflow plugin, mounted by Airflow's own api-server app (in process, on the
+test's SQLite metadata DB): it answers only logged-in users, and lists artifacts."""
 from __future__ import annotations
 
+import pytest
 from airflow import plugins_manager
 from fastapi.testclient import TestClient
 
 from tasks import storage
 
 
-def bertflow_app():
-    apps, _ = plugins_manager.get_fastapi_plugins()
-    return next(a["app"] for a in apps if a["url_prefix"] == "/bertflow")
-
-
 def test_plugin_registers_its_app_and_nav_view():
-    assert bertflow_app() is not None
+    apps, _ = plugins_manager.get_fastapi_plugins()
+    assert any(a["url_prefix"] == "/bertflow" for a in apps)
     views, _ = plugins_manager._get_ui_plugins()
     assert any(v["href"] == "/bertflow/" for v in views)
 
 
-def test_pages_list_runs_and_models_from_the_artifact_store(artifact_root):
+@pytest.fixture(scope="module")
+def api_server(airflow_db):
+    """Airflow's api-server app (core API, auth manager, plugins) as `airflow api-server`
+    builds it, plus a JWT for the admin user the simple auth manager knows."""
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    client = TestClient(create_app(apps="core"))
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin",
+                                                                  role="admin"))
+    return client, token
+
+
+def test_anonymous_and_forged_requests_are_refused(api_server):
+    client, _ = api_server
+    assert client.get("/bertflow/").status_code == 401
+    assert client.get("/bertflow/models/m/v1/card").status_code == 401
+    forged = {"Authorization": "Bearer not-a-jwt"}
+    assert client.get("/bertflow/", headers=forged).status_code == 403
+
+
+def test_logged_in_user_sees_runs_and_models(api_server, artifact_root):
+    client, token = api_server
     storage.write_json(f"{artifact_root}/runs/bert_finetune/2024-01-01/context.json", {})
     version = f"{artifact_root}/models/bert-classifier/v1"
     storage.write_text(f"{version}/model_card.md", "# bert-classifier v1\n")
     storage.write_json(f"{version}/_COMPLETE.json", {})
     storage.write_text(f"{artifact_root}/models/bert-classifier/v2/model_card.md", "partial")
 
-    client = TestClient(bertflow_app())
-    page = client.get("/").text
-    assert "bert_finetune / 2024-01-01" in page
-    assert "bert-classifier / v1" in page and "v2" not in page  # incomplete versions hidden
-    assert client.get("/models/bert-classifier/v1/card").text == "# bert-classifier v1\n"
-    assert client.get("/models/bert-classifier/v9/card").status_code == 404
+    client.cookies.set("_token", token)  # what the UI holds after login
+    try:
+        page = client.get("/bertflow/")
+        assert page.status_code == 200, page.text
+        assert "bert_finetune / 2024-01-01" in page.text
+        assert "bert-classifier / v1" in page.text and "v2" not in page.text  # incomplete
+        card = client.get("/bertflow/models/bert-classifier/v1/card")
+        assert card.text == "# bert-classifier v1\n"
+        assert client.get("/bertflow/models/bert-classifier/v9/card").status_code == 404
+        # No request path reaches the store unchecked.
+        for bad in ("..", "%2e%2e", "..%2F..%2Fruns"):
+            resp = client.get(f"/bertflow/models/{bad}/v1/card")
+            assert resp.status_code in (400, 404), (bad, resp.status_code)
+    finally:
+        client.cookies.clear()

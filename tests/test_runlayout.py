@@ -4,10 +4,13 @@ from tasks.runlayout import (RunContext, cache_uri, read_manifest, read_run_conf
                              run_key_for, write_manifest, write_run_config)
 
 
-def test_run_key_uses_logical_date_for_scheduled_and_backfill_runs():
+def test_run_key_uses_experiment_and_logical_date_for_scheduled_and_backfill_runs():
     date = "2026-11-01T00:00:00+00:00"
-    assert run_key_for("scheduled", date, "scheduled__x") == "2026-11-01T00_00_00_00_00"
+    assert run_key_for("scheduled", date, "scheduled__x") == \
+        "default__2026-11-01T00_00_00_00_00"
     assert run_key_for("backfill", date, "backfill__y") == run_key_for("scheduled", date, "z")
+    assert run_key_for("backfill", date, "backfill__y", "lr3e-5") == \
+        "lr3e-5__2026-11-01T00_00_00_00_00"
     assert run_key_for("manual", date, "manual__2026-11-30T10:00:00") == \
         "manual__2026-11-30T10_00_00"
 

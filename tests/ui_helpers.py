@@ -190,19 +190,6 @@ class Standalone:
 
 # --- Chromium ---------------------------------------------------------------------------
 
-def dump_dom(url: str, budget_ms: int = 5000, timeout: float = 120) -> str:
-    """The DOM of `url` after `budget_ms` of virtual time, from a fresh headless Chromium."""
-    with tempfile.TemporaryDirectory(prefix="bertflow-chromium-") as profile:
-        done = subprocess.run(
-            [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-             f"--virtual-time-budget={budget_ms}", "--dump-dom", url],
-            capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"chromium --dump-dom failed ({done.returncode}): "
-                           f"{done.stderr[-2000:]}")
-    return done.stdout
-
-
 class Browser:
     """Headless Chromium driven through the DevTools protocol over one page websocket."""
 
