@@ -78,6 +78,27 @@ def _airflow_connection(conn_id: str):
                            "clear the conn id to use ambient credentials") from None
 
 
+def google_connection(conn_id: str) -> tuple:
+    """(credentials or None, project or None, endpoint or None) of a Google Cloud Airflow
+    connection: a key (keyfile_dict or key_path extra) gives service-account credentials,
+    no key means ambient ones (None). Shared by GCS and the Vertex AI backend."""
+    extra = _airflow_connection(conn_id).extra_dejson
+    get = lambda name: extra.get(name) or extra.get(  # noqa: E731
+        f"extra__google_cloud_platform__{name}")
+    credentials = None
+    keyfile = get("keyfile_dict")
+    if keyfile or get("key_path"):
+        from google.oauth2 import service_account
+
+        credentials = (
+            service_account.Credentials.from_service_account_info(
+                json.loads(keyfile) if isinstance(keyfile, str) else keyfile)
+            if keyfile else
+            service_account.Credentials.from_service_account_file(get("key_path")))
+    return (credentials, get("project") or get("project_id") or None,
+            get("endpoint_url") or get("api_endpoint") or None)
+
+
 class ChecksumMismatch(Exception):
     """An object's checksum differs from the local file's; retried like a network error."""
 
@@ -292,24 +313,14 @@ class GCSStore(ObjectStore):
 
         kwargs: dict = {}
         if conn_id:
-            extra = _airflow_connection(conn_id).extra_dejson
-            get = lambda name: extra.get(name) or extra.get(  # noqa: E731
-                f"extra__google_cloud_platform__{name}")
-            endpoint = get("endpoint_url") or get("api_endpoint")
-            keyfile = get("keyfile_dict")
-            if keyfile or get("key_path"):
-                from google.oauth2 import service_account
-
-                kwargs["credentials"] = (
-                    service_account.Credentials.from_service_account_info(
-                        json.loads(keyfile) if isinstance(keyfile, str) else keyfile)
-                    if keyfile else
-                    service_account.Credentials.from_service_account_file(get("key_path")))
+            credentials, project, endpoint = google_connection(conn_id)
+            if credentials is not None:
+                kwargs["credentials"] = credentials
             if endpoint:
                 kwargs["client_options"] = {"api_endpoint": endpoint}
                 # An endpoint without a key is an emulator: talk to it anonymously.
                 kwargs["use_auth_w_custom_endpoint"] = "credentials" in kwargs
-            kwargs["project"] = get("project") or get("project_id") or None
+            kwargs["project"] = project
         try:
             self.client = gcs.Client(**kwargs)
         except Exception as err:  # google.auth.exceptions.DefaultCredentialsError

@@ -30,8 +30,8 @@ import pytest
 from tasks.errors import WorkerError
 from tasks.provision import LocalCluster, distributed_spec
 from tasks.runlayout import read_manifest
-from train_helpers import (LABELS, h5_weights, make_run, run_steps_in_subprocess,
-                           write_tiny_model)
+from train_helpers import (h5_weights, make_run, run_cluster, run_steps_in_subprocess,
+                           single_device_matrix, write_tiny_model)
 
 # Trained weights of the 2-worker MWMS run and the 2-device Mirrored run agree to within this
 # (max absolute difference over every variable, after 24 AdamW steps at lr 1e-2, which move
@@ -45,34 +45,6 @@ FIXED = (10, 10)  # words per training row: one batch shape, one trace of the tr
 # that float rounding (batches padded to different widths) could flip.
 COMMON = dict(per_replica_batch_size=8, epochs=6, eval_batch_size=8, learning_rate=1e-2,
               warmup_ratio=0.25, weight_decay=0.01, checkpoint_every_steps=4)
-
-
-def run_cluster(cfg, ctx, step: str, **kwargs) -> list[str]:
-    """Run one step's WorkerSpec (as the provision step would write it) on loopback."""
-    lines: list[str] = []
-    spec = distributed_spec(cfg, step, ctx.run_uri)
-    try:
-        LocalCluster(spec, log=lines.append, grace_seconds=60, **kwargs).run()
-    except WorkerError as err:
-        raise AssertionError(f"{step} failed: {err}\n" + "\n".join(lines[-60:])) from None
-    return lines
-
-
-
-def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8) -> np.ndarray:
-    """The reference: the same checkpoint evaluated in this process on one device."""
-    import tensorflow as tf
-    import tf_keras
-
-    from tasks import checkpoint, evaluate, inputs
-
-    tf_keras.mixed_precision.set_global_policy("float32")
-    tok = read_manifest(ctx.manifest_uri("tokenize"))
-    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
-    with strategy.scope():
-        model = checkpoint.load_classifier(model_dir, LABELS)
-    with inputs.local_shards(tok, "eval") as files:
-        return evaluate.confusion_matrix(strategy, model, files, len(LABELS), batch_size)
 
 
 @pytest.fixture(scope="module")

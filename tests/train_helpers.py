@@ -22,8 +22,8 @@ if str(ROOT) not in sys.path:
 
 from tasks import storage  # noqa: E402  (importing tasks sets TF_USE_LEGACY_KERAS)
 from tasks.config import RunConfig  # noqa: E402
-from tasks.runlayout import (RunContext, read_run_config, write_manifest,  # noqa: E402
-                             write_run_config)
+from tasks.runlayout import (RunContext, read_manifest, read_run_config,  # noqa: E402
+                             write_manifest, write_run_config)
 
 LABELS = ["neg", "pos"]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(95)]
@@ -160,6 +160,38 @@ def run_steps_in_subprocess(run_dir: str, *steps: str, env: dict | None = None,
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, __file__, run_dir, *steps], env=full_env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_cluster(cfg, ctx, step: str, **kwargs) -> list[str]:
+    """Run one step's WorkerSpec (as the provision step would write it) on loopback with
+    the local backend; its log lines."""
+    from tasks.errors import WorkerError
+    from tasks.provision import LocalCluster, distributed_spec
+
+    lines: list[str] = []
+    spec = distributed_spec(cfg, step, ctx.run_uri)
+    try:
+        LocalCluster(spec, log=lines.append, grace_seconds=60, **kwargs).run()
+    except WorkerError as err:
+        raise AssertionError(f"{step} failed: {err}\n" + "\n".join(lines[-60:])) from None
+    return lines
+
+
+def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8):
+    """The reference: the same checkpoint evaluated in this process on one device (its
+    confusion matrix on the eval split)."""
+    import tensorflow as tf
+    import tf_keras
+
+    from tasks import checkpoint, evaluate, inputs
+
+    tf_keras.mixed_precision.set_global_policy("float32")
+    tok = read_manifest(ctx.manifest_uri("tokenize"))
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = checkpoint.load_classifier(model_dir, LABELS)
+    with inputs.local_shards(tok, "eval") as files:
+        return evaluate.confusion_matrix(strategy, model, files, len(LABELS), batch_size)
 
 
 def main(argv: list[str]) -> None:

@@ -1,0 +1,601 @@
+"""Cloud TPU VM backend (`provisioner: tpu_vm`): a queued resource per run, the accelerated
+steps (train, evaluate) run on the VM by a small agent, the run folder on gs:// carries the
+commands, the logs and the results.
+
+Lifecycle
+- `setup` (the provision step) creates a queued resource `bertflow-{run hash}` (for a
+  multi-host slice: named `tpu_address`) with one node: `accelerator_type`, the TensorFlow
+  runtime (`tpu_runtime_version`, default tpu-vm-tf-2.20.0-pjrt, -pod-pjrt for multi-host),
+  labels (managed-by=bertflow, the run's hash and DAG, an expiry time the sweep reads), a
+  queueing policy that gives up after `schedule_timeout_seconds`, and a startup script that
+  starts the agent (tasks/provision/tpu_agent.py) in the TPU trainer image on worker 0. It
+  waits until ACTIVE and fails with the platform's reason (quota, no capacity) and what to
+  change.
+- `controller(...)` for train/evaluate writes a step request into the run folder
+  (`provision/tpu_vm/requests/{step}.json`), streams the agent's log chunks with a `[tpu:0]`
+  prefix, and fails with the worker's last lines; `stop()` writes a cancel file. tokenize
+  runs before the VM exists and export after it is released, so they run as local processes
+  on the Airflow worker (LocalCluster), as with `provisioner: local`.
+- `release` (teardown) deletes the node, then the queued resource; `sweep` deletes
+  bertflow's queued resources whose expiry label has passed.
+
+tpu_address: `local` for a single-host slice (accelerator_type up to 8 chips/cores, e.g.
+v4-8, v5litepod-8: TPUClusterResolver finds the chips of the VM it runs on). For a multi-host
+slice (v4-16, v5litepod-16, ...) it is the TPU's name: the backend names the node after it,
+and the worker on host 0 connects to the whole slice by that name (with tpu_zone /
+tpu_project), as Cloud TPU's TensorFlow pod runtime expects.
+
+Credentials: the Airflow side uses `gcp_conn_id` (its key, project) or the ambient account.
+The VM uses its own service account (`service_account`) for gs://: no connection secret is
+written into the queued resource, the startup script or the run folder. For emulators and
+tests, `BERTFLOW_TPU_ENDPOINT=http://HOST:PORT` points the client (REST) at a fake API with
+anonymous credentials.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import threading
+import time
+from typing import Any
+
+from tasks import images, storage
+from tasks.config import RunConfig, join_uri
+from tasks.errors import BertflowError, ConfigError, WorkerError
+from tasks.provision.backends import Backend, Log, check_remote
+from tasks.provision.local_backend import LocalBackend
+from tasks.provision.spec import WorkerSpec
+from tasks.runlayout import RunContext
+
+ENDPOINT_ENV = "BERTFLOW_TPU_ENDPOINT"
+TF_VERSION = "2.20.0"  # the TPU image's lock (tensorflow-tpu stops at 2.20)
+DEFAULT_RUNTIME = f"tpu-vm-tf-{TF_VERSION}-pjrt"
+DEFAULT_POD_RUNTIME = f"tpu-vm-tf-{TF_VERSION}-pod-pjrt"
+HOST_CHIPS = 8  # the number in an accelerator type up to which a slice is one host
+MANAGED_BY = "bertflow"
+LABEL_RUN, LABEL_DAG, LABEL_EXPIRES = "bertflow-run", "bertflow-dag", "bertflow-expires"
+TAIL_LINES = 30
+_ACCELERATOR = re.compile(r"^v\d+[a-z]*-(\d+)$")  # v4-8, v5p-16, v5litepod-8, v6e-16
+_TPU_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,47}[a-z0-9])?$")
+_STATE_HINTS = {
+    "quota": "request more TPU quota for {type} in {zone}, or pick another tpu_zone or a "
+             "smaller accelerator_type",
+    "stock": "no {type} capacity came free in {zone} within {timeout}s: try another tpu_zone "
+             "or accelerator_type, use a reservation, or raise schedule_timeout_seconds",
+}
+
+
+# --- the run's names and the objects it creates ----------------------------------------------
+def is_multi_host(accelerator_type: str) -> bool:
+    match = _ACCELERATOR.match(accelerator_type)
+    if not match:
+        raise ConfigError("accelerator_type", f"{accelerator_type!r} is not a Cloud TPU type "
+                                              "such as v4-8, v5litepod-8 or v6e-16")
+    return int(match.group(1)) > HOST_CHIPS
+
+
+def runtime_version(cfg: RunConfig) -> str:
+    if cfg.tpu_runtime_version:
+        return cfg.tpu_runtime_version
+    return DEFAULT_POD_RUNTIME if is_multi_host(cfg.accelerator_type) else DEFAULT_RUNTIME
+
+
+def run_hash(ctx: RunContext) -> str:
+    return hashlib.sha256(ctx.run_uri.encode()).hexdigest()[:12]
+
+
+def resource_id(cfg: RunConfig, ctx: RunContext) -> str:
+    """The queued resource's and node's id: the TPU name for a multi-host slice (the worker
+    connects by it), else one per run."""
+    if is_multi_host(cfg.accelerator_type):
+        return cfg.tpu_address
+    return f"bertflow-{run_hash(ctx)}"
+
+
+def agent_uri(ctx: RunContext, *parts: str) -> str:
+    """Where controller and agent meet in the run folder."""
+    return join_uri(ctx.step_uri("provision"), "tpu_vm", *parts)
+
+
+def _label(value: str) -> str:
+    """A Google Cloud label value: lowercase letters, digits, - and _, at most 63."""
+    return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
+
+
+def labels(cfg: RunConfig, ctx: RunContext, now: float | None = None) -> dict[str, str]:
+    """Expiry: the queue's patience plus the workers' lifetime, after which a sweep removes
+    the queued resource even if no teardown ran."""
+    now = time.time() if now is None else now
+    expires = int(now + cfg.schedule_timeout_seconds + cfg.worker_timeout_minutes * 60)
+    return {"managed-by": MANAGED_BY, LABEL_RUN: run_hash(ctx), LABEL_DAG: _label(ctx.dag_id),
+            LABEL_EXPIRES: str(expires)}
+
+
+def worker_image(cfg: RunConfig) -> str:
+    return cfg.worker_image or images.default_image("tpu", cfg.image_registry)
+
+
+def startup_script(cfg: RunConfig, ctx: RunContext) -> str:
+    """Runs at every boot of every host: worker 0 starts the agent in the TPU trainer image.
+    Holds no secret: the container reaches gs:// as the VM's service account."""
+    image = worker_image(cfg)
+    registry = image.split("/", 1)[0] if "/" in image else ""
+    login = (f"gcloud auth configure-docker {shlex.quote(registry)} --quiet\n"
+             if registry.endswith(("-docker.pkg.dev", "gcr.io")) else "")
+    agent = ["python", "-m", "tasks.provision.tpu_agent", "--run-dir", ctx.run_uri]
+    return (
+        "#!/bin/bash\n"
+        f"# bertflow TPU VM agent for run {ctx.run_uri} (tasks/provision/tpu_agent.py)\n"
+        "worker=$(curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/"
+        "computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)\n"
+        '[ "${worker:-0}" = "0" ] || exit 0  # multi-host: the TF worker runs on host 0\n'
+        f"{login}"
+        "docker rm -f bertflow-agent >/dev/null 2>&1\n"
+        "docker run -d --restart=on-failure:5 --name bertflow-agent --privileged --net=host "
+        "-e TF_USE_LEGACY_KERAS=1 -e PYTHONUNBUFFERED=1 "
+        f"--entrypoint python {shlex.quote(image)} {shlex.join(agent[1:])}\n")
+
+
+def queued_resource(cfg: RunConfig, ctx: RunContext, project: str, now: float | None = None):
+    """The QueuedResource (google.cloud.tpu_v2) this run creates."""
+    from google.cloud import tpu_v2
+
+    parent = f"projects/{project}/locations/{cfg.tpu_zone}"
+    node = tpu_v2.Node(
+        accelerator_type=cfg.accelerator_type, runtime_version=runtime_version(cfg),
+        description=f"bertflow run {ctx.run_uri}", labels=labels(cfg, ctx, now),
+        metadata={"startup-script": startup_script(cfg, ctx)},
+        # External IPs, as gcloud's default, so the VM can pull the image; with a network
+        # that has Private Google Access and an Artifact Registry image they are not needed.
+        network_config=tpu_v2.NetworkConfig(network=cfg.network, enable_external_ips=True))
+    if cfg.service_account:
+        node.service_account = tpu_v2.ServiceAccount(
+            email=cfg.service_account, scope=["https://www.googleapis.com/auth/cloud-platform"])
+    resource = tpu_v2.QueuedResource(tpu=tpu_v2.QueuedResource.Tpu(node_spec=[
+        tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=resource_id(cfg, ctx),
+                                           node=node)]))
+    resource.queueing_policy.valid_until_duration = {"seconds": int(cfg.schedule_timeout_seconds)}
+    return resource
+
+
+def _to_dict(message) -> dict:
+    """A proto-plus message as the REST API's JSON (camelCase, enum names)."""
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(type(message).pb(message))
+
+
+# --- the client --------------------------------------------------------------------------------
+def tpu_client(cfg: RunConfig):
+    """(TpuClient over REST, the project its credentials name or None)."""
+    from google.cloud import tpu_v2
+    from google.cloud.tpu_v2.services.tpu.transports import TpuRestTransport
+
+    endpoint = os.environ.get(ENDPOINT_ENV)
+    if endpoint:  # an emulator or a test's fake: no credentials
+        from google.auth.credentials import AnonymousCredentials
+
+        scheme, _, host = endpoint.rpartition("://")
+        transport = TpuRestTransport(host=host, credentials=AnonymousCredentials(),
+                                     url_scheme=scheme or "https")
+        return tpu_v2.TpuClient(transport=transport), None
+    credentials = project = None
+    if cfg.gcp_conn_id:
+        from tasks.cloud_storage import google_connection
+
+        credentials, project, _ = google_connection(cfg.gcp_conn_id)
+    if credentials is None:
+        import google.auth
+
+        try:
+            credentials, ambient = google.auth.default(
+                scopes=["https://www.googleapis.com/auth/cloud-platform"])
+        except Exception as err:  # DefaultCredentialsError
+            raise BertflowError(f"Cloud TPU: no credentials ({type(err).__name__}); set "
+                                "gcp_conn_id or configure application-default "
+                                "credentials") from None
+        project = project or ambient
+    return tpu_v2.TpuClient(credentials=credentials, transport="rest"), project
+
+
+def _project(cfg: RunConfig, found: str | None) -> str:
+    project = cfg.tpu_project or cfg.gcp_project or found
+    if not project:
+        raise ConfigError("tpu_project", "no Google Cloud project for the TPU: set tpu_project "
+                                         "or gcp_project (or the connection's project)")
+    return project
+
+
+def _errors():
+    from google.api_core import exceptions
+
+    return exceptions
+
+
+class TpuVmBackend(Backend):
+    name = "tpu_vm"
+    render_format = "json"
+    poll_seconds = 10.0  # how often setup asks for the queued resource's state
+
+    # --- checks ---------------------------------------------------------------------------
+    def check(self, cfg: RunConfig, ctx: RunContext, dry_run: bool = False) -> list[str]:
+        warnings = check_remote(cfg, dry_run)
+        if storage.scheme_of(cfg.artifact_root) == "s3":
+            reason = (f"{cfg.artifact_root}: TPU VMs read the run folder and the tokenized "
+                      "data from Cloud Storage directly; use a gs:// artifact_root in the "
+                      "TPU's region")
+            if not dry_run:
+                raise ConfigError("artifact_root", reason)
+            warnings.append(f"artifact_root: {reason} (a real run refuses this)")
+        if cfg.accelerator != "tpu":
+            raise ConfigError("accelerator", "provisioner tpu_vm trains on the TPU; set "
+                                             "accelerator to tpu")
+        if not cfg.tpu_zone:
+            raise ConfigError("tpu_zone", "provisioner tpu_vm needs the zone of the TPU, e.g. "
+                                          "us-central2-b (v4) or us-west4-a (v5e)")
+        if not cfg.accelerator_type:
+            raise ConfigError("accelerator_type", "provisioner tpu_vm needs the TPU type, e.g. "
+                                                  "v4-8 or v5litepod-8")
+        multi = is_multi_host(cfg.accelerator_type)
+        if not multi and cfg.tpu_address != "local":
+            raise ConfigError("tpu_address", f"{cfg.accelerator_type} is a single-host TPU VM: "
+                                             "set tpu_address to local (the worker runs on the "
+                                             "VM and uses its chips)")
+        if multi and (cfg.tpu_address == "local" or not _TPU_NAME.match(cfg.tpu_address)):
+            raise ConfigError("tpu_address", f"{cfg.accelerator_type} spans several hosts: set "
+                                             "tpu_address to the name to give the slice "
+                                             "(lowercase letters, digits, -; e.g. "
+                                             "bertflow-sst2); the worker on host 0 connects "
+                                             "to the slice by that name")
+        version = cfg.tpu_runtime_version
+        if version.startswith("tpu-vm-tf-") and ("-pod" in version) != multi:
+            raise ConfigError("tpu_runtime_version", (
+                f"{cfg.accelerator_type} is multi-host and needs a -pod- runtime such as "
+                f"{DEFAULT_POD_RUNTIME}") if multi else (
+                f"{version} is for multi-host slices; use {DEFAULT_RUNTIME} for "
+                f"{cfg.accelerator_type}"))
+        if not (cfg.worker_image or cfg.image_registry):
+            reason = ("the TPU VM pulls the trainer image from a registry: set image_registry "
+                      "(or worker_image)")
+            if not dry_run:
+                raise ConfigError("image_registry", reason)
+            warnings.append(f"image_registry: {reason} (a real run refuses this)")
+        return warnings
+
+    # --- dry run ----------------------------------------------------------------------------
+    def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
+        if not spec.accelerated:
+            return [{**obj, "runs_on": "the Airflow worker (local process)"}
+                    for obj in LocalBackend().render(cfg, ctx, spec)]
+        from tasks.provision import DISTRIBUTED_STEPS
+
+        objects = []
+        if spec.step == DISTRIBUTED_STEPS[0]:  # made once, at the provision step
+            project = cfg.tpu_project or cfg.gcp_project or "PROJECT"
+            parent = f"projects/{project}/locations/{cfg.tpu_zone or 'ZONE'}"
+            objects.append({
+                "kind": "tpu.googleapis.com/QueuedResource",
+                "parent": parent, "queuedResourceId": resource_id(cfg, ctx),
+                "queuedResource": _to_dict(queued_resource(cfg, ctx, project))})
+        objects.append({"kind": "bertflow/TpuStepRequest",
+                        "uri": agent_uri(ctx, "requests", f"{spec.step}.json"),
+                        "request": step_request(cfg, spec, f"{spec.step}-001")})
+        return objects
+
+    # --- setup: the queued resource, until ACTIVE ---------------------------------------------
+    def setup(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
+        from google.cloud import tpu_v2
+
+        exceptions = _errors()
+        client, found = tpu_client(cfg)
+        project = _project(cfg, found)
+        parent = f"projects/{project}/locations/{cfg.tpu_zone}"
+        rid = resource_id(cfg, ctx)
+        name = f"{parent}/queuedResources/{rid}"
+        State = tpu_v2.QueuedResourceState.State
+        existing = self._get(client, name)
+        if existing is not None and _run_of(existing) != run_hash(ctx):
+            raise ConfigError("tpu_address", f"a queued resource {rid} in {cfg.tpu_zone} "
+                                             "belongs to another run or is not bertflow's; "
+                                             "choose another TPU name")
+        if existing is not None and existing.state.state in (State.FAILED, State.SUSPENDED):
+            log(f"[tpu] {rid}: an earlier attempt left it {existing.state.state.name}; "
+                "deleting it and queueing again")
+            self._delete(client, "queued resource", name, log, force=True)
+            existing = None
+        if existing is None:
+            log(f"[tpu] queueing {cfg.accelerator_type} ({runtime_version(cfg)}) as {name}")
+            try:
+                operation = client.create_queued_resource(
+                    parent=parent, queued_resource_id=rid,
+                    queued_resource=queued_resource(cfg, ctx, project))
+                operation.result(timeout=max(1, min(300, cfg.schedule_timeout_seconds)))
+            except exceptions.ResourceExhausted as err:
+                raise BertflowError(self._failure(cfg, err.message, "quota")) from None
+            except exceptions.AlreadyExists:
+                pass  # a concurrent attempt of this very run created it
+            except TimeoutError:
+                pass  # the create operation still runs; the state tells the rest
+            except exceptions.GoogleAPICallError as err:
+                raise BertflowError(f"Cloud TPU refused queued resource {rid} in "
+                                    f"{cfg.tpu_zone}: {err.message}") from None
+        else:
+            log(f"[tpu] {rid} exists from an earlier attempt "
+                f"({existing.state.state.name}); waiting for it")
+        resource = self._wait_active(cfg, client, name, log)
+        node_name = f"{parent}/nodes/{rid}"
+        node = client.get_node(name=node_name)
+        log(f"[tpu] {rid} is ACTIVE: {node.accelerator_type}, {node.runtime_version}")
+        return {"queued_resource": resource.name, "node": node_name,
+                "accelerator_type": cfg.accelerator_type,
+                "runtime_version": runtime_version(cfg), "tpu_address": cfg.tpu_address,
+                "zone": cfg.tpu_zone, "project": project, "image": worker_image(cfg),
+                "expires": int(dict(node.labels).get(LABEL_EXPIRES, "0")) or None,
+                "agent_folder": agent_uri(ctx)}
+
+    def _wait_active(self, cfg: RunConfig, client, name: str, log: Log):
+        from google.cloud import tpu_v2
+
+        State = tpu_v2.QueuedResourceState.State
+        deadline = time.monotonic() + cfg.schedule_timeout_seconds
+        last = None
+        while True:
+            resource = client.get_queued_resource(name=name)
+            state = resource.state.state
+            if state != last:
+                log(f"[tpu] {name.rsplit('/', 1)[1]}: {state.name}")
+                last = state
+            if state == State.ACTIVE:
+                return resource
+            if state == State.FAILED:
+                message = resource.state.failed_data.error.message or "no reason given"
+                kind = "quota" if "quota" in message.lower() else "stock"
+                raise BertflowError(self._failure(cfg, message, kind))
+            if state in (State.SUSPENDING, State.SUSPENDED, State.DELETING):
+                raise BertflowError(f"queued resource {name} is {state.name} (deleted or "
+                                    "preempted) before the run could use it; retry the "
+                                    "provision task")
+            if time.monotonic() >= deadline:
+                raise BertflowError(
+                    f"queued resource {name} stayed {state.name} for "
+                    f"{cfg.schedule_timeout_seconds}s: "
+                    + _STATE_HINTS["stock"].format(type=cfg.accelerator_type,
+                                                   zone=cfg.tpu_zone,
+                                                   timeout=cfg.schedule_timeout_seconds))
+            time.sleep(min(self.poll_seconds, max(0.0, deadline - time.monotonic())))
+
+    @staticmethod
+    def _failure(cfg: RunConfig, message: str, kind: str) -> str:
+        hint = _STATE_HINTS[kind].format(type=cfg.accelerator_type, zone=cfg.tpu_zone,
+                                         timeout=cfg.schedule_timeout_seconds)
+        return (f"Cloud TPU could not provide {cfg.accelerator_type} in {cfg.tpu_zone}: "
+                f"{message} ({hint})")
+
+    @staticmethod
+    def _get(client, name: str):
+        try:
+            return client.get_queued_resource(name=name)
+        except _errors().NotFound:
+            return None
+
+    @staticmethod
+    def _delete(client, what: str, name: str, log: Log, force: bool = False) -> bool:
+        """Delete and wait; False when it was already gone."""
+        exceptions = _errors()
+        try:
+            if what == "node":
+                operation = client.delete_node(name=name)
+            else:
+                operation = client.delete_queued_resource(
+                    request={"name": name, "force": force})
+            operation.result(timeout=600)
+        except exceptions.NotFound:
+            return False
+        log(f"[tpu] deleted {what} {name}")
+        return True
+
+    # --- workers ------------------------------------------------------------------------------
+    def controller(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *, log: Log,
+                   secrets: dict[str, str]):
+        if not spec.accelerated:  # tokenize (before the VM exists), export (after release)
+            return LocalBackend().controller(cfg, ctx, spec, log=log, secrets=secrets)
+        # `secrets` stay here: the VM reads gs:// as its own service account.
+        return TpuStepController(cfg, ctx, spec, log=log)
+
+    # --- teardown -----------------------------------------------------------------------------
+    def release(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
+        released: dict[str, Any] = {"deleted": [], "already_gone": []}
+        local = LocalBackend().release(cfg, ctx, log)  # tokenize/export ran locally
+        released.update(local)
+        try:
+            rid = resource_id(cfg, ctx)
+        except ConfigError as err:
+            released["skipped"] = str(err)
+            return released
+        if not cfg.tpu_zone or not rid:
+            released["skipped"] = "no tpu_zone or TPU name: nothing was created"
+            return released
+        try:  # the agent exits when it sees this; deleting the VM stops it anyway
+            storage.write_json(agent_uri(ctx, "shutdown.json"), {"at": time.time()})
+        except BertflowError as err:
+            log(f"[tpu] could not write the agent's shutdown marker: {err}")
+        client, found = tpu_client(cfg)
+        project = _project(cfg, found)
+        parent = f"projects/{project}/locations/{cfg.tpu_zone}"
+        name = f"{parent}/queuedResources/{rid}"
+        existing = self._get(client, name)
+        if existing is not None and _run_of(existing) != run_hash(ctx):
+            log(f"[tpu] {name} belongs to another run; leaving it")
+            released["skipped"] = f"{name} belongs to another run"
+            return released
+        for what, target, force in (("node", f"{parent}/nodes/{rid}", False),
+                                    ("queued resource", name, True)):
+            key = "deleted" if self._delete(client, what, target, log, force) else "already_gone"
+            released[key].append(target)
+        return released
+
+    def sweep(self, cfg: RunConfig, log: Log = print) -> list[str]:
+        if not cfg.tpu_zone:
+            raise ConfigError("tpu_zone", "the sweep needs the zone to look in")
+        client, found = tpu_client(cfg)
+        parent = f"projects/{_project(cfg, found)}/locations/{cfg.tpu_zone}"
+        now = time.time()
+        removed = []
+        for resource in client.list_queued_resources(parent=parent):
+            node_labels = _node_labels(resource)
+            if node_labels.get("managed-by") != MANAGED_BY:
+                continue
+            try:
+                expires = int(node_labels.get(LABEL_EXPIRES, ""))
+            except ValueError:
+                continue
+            if expires > now:
+                continue
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
+            log(f"[tpu] {resource.name} expired at {when} (run "
+                f"{node_labels.get(LABEL_RUN)}); deleting")
+            for spec in resource.tpu.node_spec:
+                self._delete(client, "node", f"{spec.parent}/nodes/{spec.node_id}", log)
+            self._delete(client, "queued resource", resource.name, log, force=True)
+            removed.append(resource.name)
+        return removed
+
+
+def _node_labels(resource) -> dict[str, str]:
+    specs = resource.tpu.node_spec
+    return dict(specs[0].node.labels) if specs else {}
+
+
+def _run_of(resource) -> str | None:
+    return _node_labels(resource).get(LABEL_RUN)
+
+
+# --- running a step on the VM --------------------------------------------------------------------
+def step_request(cfg: RunConfig, spec: WorkerSpec, request_id: str) -> dict:
+    """What the agent runs. The environment holds no secret: with gcp_conn_id set, the step
+    gets that connection without a key, so its storage uses the VM's service account."""
+    env = dict(spec.env)
+    if cfg.gcp_conn_id:
+        project = cfg.tpu_project or cfg.gcp_project
+        env[f"AIRFLOW_CONN_{cfg.gcp_conn_id.upper()}"] = json.dumps(
+            {"conn_type": "google_cloud_platform",
+             "extra": {"project": project} if project else {}})
+    return {"id": request_id, "step": spec.step, "command": list(spec.command), "env": env,
+            "timeout_seconds": cfg.worker_timeout_minutes * 60}
+
+
+class TpuStepController:
+    """Runs one step on the TPU VM through its agent. `run()` blocks; `stop()` from any
+    thread writes the cancel file, and run() then raises.
+
+    A retried Airflow task whose step is still running on the VM (no status yet) attaches to
+    it instead of starting it twice; a finished step is run again under the next id."""
+
+    poll_seconds = 2.0
+    # No sign of the agent for this long after the request: the VM never started it.
+    pickup_seconds: float | None = None  # None: the config's schedule_timeout_seconds
+    # The agent's heartbeat did not change for this long while the step ran: it died.
+    stale_seconds = 600.0
+
+    def __init__(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *, log: Log):
+        self.cfg, self.ctx, self.spec, self.log = cfg, ctx, spec, log
+        self.request_id: str | None = None
+        self._stopped = threading.Event()
+        self._seen: set[str] = set()
+        self._tail: list[str] = []
+
+    def _uri(self, *parts: str) -> str:
+        return agent_uri(self.ctx, *parts)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self.request_id:
+            try:
+                storage.write_json(self._uri("cancel", f"{self.request_id}.json"),
+                                   {"at": time.time()})
+            except BertflowError as err:
+                self.log(f"[tpu] could not write the cancel request: {err}")
+
+    def run(self) -> None:
+        self.request_id = self._submit()
+        if self._stopped.is_set():  # stop() came while submitting
+            self.stop()
+            raise WorkerError("the TPU step was stopped before it finished")
+        pickup = self.pickup_seconds or self.cfg.schedule_timeout_seconds
+        started = time.monotonic()
+        heartbeat, heartbeat_seen = None, time.monotonic()
+        picked_up = False
+        while True:
+            status_uri = self._uri("status", f"{self.request_id}.json")
+            status = storage.read_json(status_uri) if storage.exists(status_uri) else None
+            picked_up = self._stream() or picked_up
+            if status is not None:
+                self._stream()
+                return self._finish(status)
+            if self._stopped.is_set():
+                raise WorkerError(f"tpu:0 {self.spec.step} was stopped (cancel requested)")
+            agent = self._agent()
+            if agent is not None and agent != heartbeat:
+                heartbeat, heartbeat_seen = agent, time.monotonic()
+                picked_up = picked_up or agent.get("running") == self.request_id
+            now = time.monotonic()
+            if not picked_up and now - started > pickup:
+                raise WorkerError(
+                    f"the TPU VM's agent did not pick up {self.request_id} within {pickup:.0f}s "
+                    f"(last heartbeat: {heartbeat or 'none'}). Check the VM's startup script "
+                    "log (sudo journalctl -u google-startup-scripts), the agent's (sudo "
+                    "docker logs bertflow-agent), and that its service account can read and "
+                    "write the run folder and pull the image")
+            if picked_up and now - heartbeat_seen > self.stale_seconds:
+                raise WorkerError(
+                    f"the TPU VM's agent stopped answering while running {self.request_id} "
+                    f"(no heartbeat for {self.stale_seconds:.0f}s): the VM was preempted, "
+                    "restarted or deleted; retry the task")
+            self._stopped.wait(self.poll_seconds)
+
+    def _submit(self) -> str:
+        request_uri = self._uri("requests", f"{self.spec.step}.json")
+        previous = storage.read_json(request_uri) if storage.exists(request_uri) else None
+        if previous and not storage.exists(self._uri("status", f"{previous['id']}.json")):
+            self.log(f"[tpu] {previous['id']} is still running on the TPU VM (an earlier "
+                     "attempt of this task); following it")
+            return previous["id"]
+        number = int(previous["id"].rsplit("-", 1)[1]) + 1 if previous else 1
+        request_id = f"{self.spec.step}-{number:03d}"
+        storage.write_json(request_uri, step_request(self.cfg, self.spec, request_id))
+        self.log(f"[tpu] requested {request_id}: {shlex.join(self.spec.command)}")
+        return request_id
+
+    def _agent(self) -> dict | None:
+        uri = self._uri("agent.json")
+        try:
+            return storage.read_json(uri) if storage.exists(uri) else None
+        except (BertflowError, ValueError):
+            return None
+
+    def _stream(self) -> bool:
+        """Log the chunks not seen yet, in order; True when there were any."""
+        prefix = self._uri("logs", self.request_id) + "/"
+        chunks = sorted(u for u in storage.list_uris(prefix) if u.endswith(".txt"))
+        new = [u for u in chunks if u not in self._seen]
+        for uri in new:
+            for line in storage.read_text(uri).splitlines():
+                self.log(f"[tpu:0] {line}")
+                self._tail.append(line)
+            self._tail = self._tail[-TAIL_LINES:]
+            self._seen.add(uri)
+        return bool(new) or bool(chunks)
+
+    def _finish(self, status: dict) -> None:
+        code = status.get("exit_code")
+        if code == 0:
+            return
+        tail = status.get("tail") or self._tail
+        last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
+        why = " (cancelled)" if status.get("cancelled") else (
+            " (timed out)" if status.get("timed_out") else "")
+        raise WorkerError(f"tpu:0 exited with code {code}{why}: {last}\n--- last output of "
+                          f"tpu:0 ---\n" + "\n".join(tail))

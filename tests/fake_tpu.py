@@ -1,0 +1,185 @@
+"""A fake Cloud TPU API (v2, REST) on loopback, driven by the real `google.cloud.tpu_v2`
+TpuClient (`BERTFLOW_TPU_ENDPOINT=http://127.0.0.1:PORT`).
+
+It serves the paths the client's REST transport calls (google/cloud/tpu_v2/services/tpu/
+transports/rest_base.py):
+
+- `POST   /v2/projects/*/locations/*/queuedResources?queuedResourceId=ID` -> Operation (done)
+- `GET    /v2/projects/*/locations/*/queuedResources[/ID]`
+- `DELETE /v2/projects/*/locations/*/queuedResources/ID[?force=true]` -> Operation (done)
+- `GET    /v2/projects/*/locations/*/nodes/ID`, `DELETE` the same -> Operation (done)
+- `GET    /v2/projects/*/locations/*/operations/ID`
+
+Long-running operations are done at once, with the resource (or Empty) as response. A queued
+resource's state follows a script: each GET of it moves one step along `states` (the last
+state sticks), so a test writes WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE, FAILED with
+a message, or a queue that never moves. Its node appears when it turns ACTIVE. Every request
+is recorded (method, path, query, body) for order and secret checks.
+"""
+from __future__ import annotations
+
+import json
+import re
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
+NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
+EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
+META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
+
+_PATH = re.compile(r"^/v2/(projects/[^/]+/locations/[^/]+)/(queuedResources|nodes|operations)"
+                   r"(?:/([^/:]+))?$")
+
+
+class FakeTpu:
+    """`endpoint` is the base URL; `states` is the script given to the next created queued
+    resource (`failure` its FAILED message); `requests` lists what the client sent."""
+
+    def __init__(self):
+        self.queued: dict[str, dict] = {}    # full name -> resource JSON
+        self.nodes: dict[str, dict] = {}     # full name -> node JSON
+        self.scripts: dict[str, list[str]] = {}
+        self.operations: dict[str, dict] = {}
+        self.requests: list[dict] = []
+        self.states = ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
+        self.failure = "Quota limit 'TPUV5sLitepodServingPerProjectPerZoneForTPUAPI' exceeded"
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def _handle(self):
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                body = json.loads(raw) if raw else None
+                query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                with fake.lock:
+                    fake.requests.append({"method": self.command, "path": url.path,
+                                          "query": query, "body": body})
+                    status, payload = fake.route(self.command, url.path, query, body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_DELETE = _handle
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       daemon=True)
+
+    def start(self) -> "FakeTpu":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # --- what tests inspect -----------------------------------------------------------------
+    def calls(self, method: str | None = None) -> list[tuple[str, str]]:
+        """(method, resource path without /v2/) of each request, in order."""
+        return [(r["method"], r["path"][len("/v2/"):]) for r in self.requests
+                if method is None or r["method"] == method]
+
+    def add_queued(self, name: str, resource: dict, state: str) -> None:
+        """A queued resource made outside the code under test (sweep tests)."""
+        with self.lock:
+            self.queued[name] = {**resource, "name": name, "state": {"state": state}}
+            self.scripts[name] = [state]
+            if state == "ACTIVE":
+                self._make_node(name)
+
+    # --- the API --------------------------------------------------------------------------
+    def route(self, method: str, path: str, query: dict, body):
+        match = _PATH.match(path)
+        if not match:
+            return _error(404, f"no route {method} {path}")
+        parent, kind, rid = match.groups()
+        name = f"{parent}/{kind}/{rid}" if rid else None
+        if kind == "operations":
+            op = self.operations.get(name)
+            return (200, op) if op else _error(404, f"operation {name} not found")
+        if kind == "queuedResources":
+            if method == "POST" and not rid:
+                return self._create_queued(parent, query, body)
+            if method == "GET" and not rid:
+                return 200, {"queuedResources": [self._advance(n) for n in sorted(self.queued)
+                                                  if n.startswith(parent + "/")]}
+            if name not in self.queued:
+                return _error(404, f"Resource '{name}' was not found")
+            if method == "GET":
+                return 200, self._advance(name)
+            if method == "DELETE":
+                node = self._node_name(name)
+                if node in self.nodes and query.get("force") != "true":
+                    return _error(400, f"queued resource {name} has a node; delete it first or "
+                                       "use force")
+                del self.queued[name]
+                self.nodes.pop(node, None)
+                return 200, self._operation(parent, {"@type": EMPTY_TYPE})
+        if kind == "nodes" and rid:
+            if name not in self.nodes:
+                return _error(404, f"Resource '{name}' was not found")
+            if method == "GET":
+                return 200, self.nodes[name]
+            if method == "DELETE":
+                del self.nodes[name]
+                return 200, self._operation(parent, {"@type": EMPTY_TYPE})
+        return _error(404, f"no route {method} {path}")
+
+    def _create_queued(self, parent: str, query: dict, body: dict):
+        rid = query.get("queuedResourceId")
+        name = f"{parent}/queuedResources/{rid}"
+        if name in self.queued:
+            return _error(409, f"Resource '{name}' already exists", "ALREADY_EXISTS")
+        resource = {**body, "name": name, "createTime": "2026-01-01T00:00:00Z",
+                    "state": {"state": "CREATING"}}
+        self.queued[name] = resource
+        self.scripts[name] = list(self.states)
+        return 200, self._operation(parent, {"@type": QR_TYPE, **resource})
+
+    def _advance(self, name: str) -> dict:
+        resource = self.queued[name]
+        script = self.scripts[name]
+        state = script.pop(0) if len(script) > 1 else script[0]
+        resource["state"] = {"state": state}
+        if state == "FAILED":
+            resource["state"]["failedData"] = {"error": {"code": 8, "message": self.failure}}
+        if state == "ACTIVE" and self._node_name(name) not in self.nodes:
+            self._make_node(name)
+        return resource
+
+    def _node_name(self, queued_name: str) -> str:
+        resource = self.queued.get(queued_name) or {}
+        spec = ((resource.get("tpu") or {}).get("nodeSpec") or [{}])[0]
+        parent = queued_name.split("/queuedResources/")[0]
+        return f"{parent}/nodes/{spec.get('nodeId', '')}"
+
+    def _make_node(self, queued_name: str) -> None:
+        spec = self.queued[queued_name]["tpu"]["nodeSpec"][0]
+        name = self._node_name(queued_name)
+        self.nodes[name] = {**spec["node"], "name": name, "state": "READY",
+                            "queuedResource": queued_name,
+                            "networkEndpoints": [{"ipAddress": "10.0.0.2", "port": 8470}]}
+
+    def _operation(self, parent: str, response: dict) -> dict:
+        name = f"{parent}/operations/operation-{uuid.uuid4().hex[:12]}"
+        op = {"name": name, "done": True, "response": response,
+              "metadata": {"@type": META_TYPE, "verb": "create", "apiVersion": "v2"}}
+        self.operations[name] = op
+        return op
+
+
+def _error(code: int, message: str, status: str = ""):
+    status = status or {400: "INVALID_ARGUMENT", 404: "NOT_FOUND"}.get(code, "UNKNOWN")
+    return code, {"error": {"code": code, "message": message, "status": status}}

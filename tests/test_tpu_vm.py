@@ -1,0 +1,373 @@
+"""provisioner tpu_vm: the real google-cloud-tpu client against a fake Cloud TPU API on
+loopback (tests/fake_tpu.py), and the VM's agent as a real process against a run folder on the
+GCS emulator (tests/storage_servers.py). No TensorFlow: the agent runs any command."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from fake_tpu import FakeTpu
+from storage_servers import BUCKET, gcs_emulator  # noqa: F401
+from tasks import storage
+from tasks.config import PROJECT_ROOT, parse_config
+from tasks.errors import BertflowError, ConfigError, WorkerError
+from tasks.provision import backend_for, tpu_vm
+from tasks.provision.spec import WorkerSpec
+from tasks.runlayout import RunContext
+from test_cli import cli
+
+ZONE, PROJECT = "us-west4-a", "bertflow-test"
+SECRET = "bertflow-tpu-secret-5d2e8c71aa"  # a connection's key: must never be written anywhere
+CONN_ID = "bertflow_gcs"
+SECRETS = {f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(
+    {"conn_type": "google_cloud_platform", "password": SECRET,
+     "extra": {"keyfile_dict": {"private_key": SECRET}}})}
+
+
+def tpu_config(root: str, **overrides):
+    values = {"provisioner": "tpu_vm", "accelerator": "tpu", "tpu_address": "local",
+              "tpu_zone": ZONE, "tpu_project": PROJECT, "accelerator_type": "v5litepod-8",
+              "image_registry": "us-docker.pkg.dev/bertflow-test/trainers",
+              "service_account": "trainer@bertflow-test.iam.gserviceaccount.com",
+              "network": "ml-net", "gcp_conn_id": CONN_ID, "artifact_root": root,
+              "schedule_timeout_seconds": 60, **overrides}
+    return parse_config(values)
+
+
+def run_context(root: str, key: str = "manual__tpu") -> RunContext:
+    return RunContext(root, "bert_finetune", key, key)
+
+
+@pytest.fixture
+def fake_tpu(monkeypatch):
+    fake = FakeTpu().start()
+    monkeypatch.setenv(tpu_vm.ENDPOINT_ENV, fake.endpoint)
+    monkeypatch.setattr(tpu_vm.TpuVmBackend, "poll_seconds", 0.01)
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def gs_root(gcs_emulator):  # noqa: F811
+    return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+def _no_secret(*texts: str) -> None:
+    for text in texts:
+        assert SECRET not in text
+
+
+# --- setup ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("accelerator_type, address, runtime", [
+    ("v5litepod-8", "local", "tpu-vm-tf-2.20.0-pjrt"),
+    ("v5litepod-16", "bertflow-pod", "tpu-vm-tf-2.20.0-pod-pjrt"),
+])
+def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type, address,
+                                                     runtime):
+    root = f"gs://{BUCKET}/root"
+    cfg, ctx = tpu_config(root, accelerator_type=accelerator_type, tpu_address=address), \
+        run_context(root)
+    lines = []
+    before = time.time()
+    facts = tpu_vm.TpuVmBackend().setup(cfg, ctx, log=lines.append)
+
+    rid = address if address != "local" else f"bertflow-{tpu_vm.run_hash(ctx)}"
+    parent = f"projects/{PROJECT}/locations/{ZONE}"
+    create = fake_tpu.requests[fake_tpu.calls().index(("POST", f"{parent}/queuedResources"))]
+    assert create["query"]["queuedResourceId"] == rid
+    spec = create["body"]["tpu"]["nodeSpec"][0]
+    node = spec["node"]
+    assert (spec["parent"], spec["nodeId"]) == (parent, rid)
+    assert (node["acceleratorType"], node["runtimeVersion"]) == (accelerator_type, runtime)
+    assert node["serviceAccount"]["email"] == cfg.service_account
+    assert node["networkConfig"]["network"] == "ml-net"
+    labels = node["labels"]
+    assert labels["managed-by"] == "bertflow" and labels["bertflow-dag"] == "bert_finetune"
+    assert labels["bertflow-run"] == tpu_vm.run_hash(ctx)
+    # Expiry: queue patience + worker lifetime from now.
+    assert int(labels["bertflow-expires"]) >= int(before) + 60 + cfg.worker_timeout_minutes * 60
+    assert create["body"]["queueingPolicy"]["validUntilDuration"] == "60s"
+    script = node["metadata"]["startup-script"]
+    assert "agent-worker-number" in script  # only host 0 runs the agent
+    assert f"tasks.provision.tpu_agent --run-dir {ctx.run_uri}" in script
+    assert "us-docker.pkg.dev/bertflow-test/trainers/bertflow-trainer-tpu:" in script
+    # It waited through the queue's states and found the node.
+    assert [ln.split(": ")[-1] for ln in lines if ln.startswith(f"[tpu] {rid}: ")] == [
+        "WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
+    assert facts["node"] == f"{parent}/nodes/{rid}"
+    assert facts["runtime_version"] == runtime and facts["tpu_address"] == address
+    _no_secret(json.dumps(fake_tpu.requests), json.dumps(facts), "\n".join(lines))
+
+
+def test_a_retried_setup_waits_for_the_queued_resource_it_made(fake_tpu):
+    root = f"gs://{BUCKET}/root"
+    cfg, ctx = tpu_config(root), run_context(root)
+    fake_tpu.states = ["WAITING_FOR_RESOURCES"]
+    with pytest.raises(BertflowError):
+        tpu_vm.TpuVmBackend().setup(cfg.model_copy(update={"schedule_timeout_seconds": 0.2}),
+                                    ctx, log=lambda _: None)
+    fake_tpu.scripts[next(iter(fake_tpu.queued))] = ["PROVISIONING", "ACTIVE"]
+    tpu_vm.TpuVmBackend().setup(cfg, ctx, log=lambda _: None)
+    assert len(fake_tpu.calls("POST")) == 1  # queued once, its place in the queue kept
+
+
+def test_stock_out_times_out_naming_what_to_change(fake_tpu):
+    root = f"gs://{BUCKET}/root"
+    cfg = tpu_config(root).model_copy(update={"schedule_timeout_seconds": 0.3})
+    fake_tpu.states = ["WAITING_FOR_RESOURCES"]
+    started = time.monotonic()
+    with pytest.raises(BertflowError) as err:
+        tpu_vm.TpuVmBackend().setup(cfg, run_context(root), log=lambda _: None)
+    assert time.monotonic() - started < 5
+    message = str(err.value)
+    assert "stayed WAITING_FOR_RESOURCES" in message
+    for needle in ("v5litepod-8", ZONE, "tpu_zone", "accelerator_type", "reservation",
+                   "schedule_timeout_seconds"):
+        assert needle in message
+
+
+def test_quota_failure_reports_the_platform_message(fake_tpu):
+    root = f"gs://{BUCKET}/root"
+    fake_tpu.states = ["WAITING_FOR_RESOURCES", "FAILED"]
+    with pytest.raises(BertflowError) as err:
+        tpu_vm.TpuVmBackend().setup(tpu_config(root), run_context(root), log=lambda _: None)
+    message = str(err.value)
+    assert fake_tpu.failure in message
+    assert "quota" in message and "v5litepod-8" in message and ZONE in message
+
+
+# --- teardown and sweep -------------------------------------------------------------------------
+def test_release_deletes_the_node_then_the_queued_resource(fake_tpu, gs_root):
+    cfg, ctx = tpu_config(gs_root), run_context(gs_root)
+    backend = tpu_vm.TpuVmBackend()
+    backend.setup(cfg, ctx, log=lambda _: None)
+    released = backend.release(cfg, ctx, log=lambda _: None)
+
+    parent = f"projects/{PROJECT}/locations/{ZONE}"
+    rid = f"bertflow-{tpu_vm.run_hash(ctx)}"
+    deletes = fake_tpu.calls("DELETE")
+    assert deletes == [("DELETE", f"{parent}/nodes/{rid}"),
+                       ("DELETE", f"{parent}/queuedResources/{rid}")]
+    assert fake_tpu.requests[-1]["query"].get("force") == "true"
+    assert released["deleted"] == [f"{parent}/nodes/{rid}", f"{parent}/queuedResources/{rid}"]
+    assert not fake_tpu.queued and not fake_tpu.nodes
+    assert storage.exists(tpu_vm.agent_uri(ctx, "shutdown.json"))  # the agent's signal
+
+    again = backend.release(cfg, ctx, log=lambda _: None)  # already gone: no error
+    assert again["deleted"] == [] and len(again["already_gone"]) == 2
+
+
+def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
+    parent = f"projects/{PROJECT}/locations/{ZONE}"
+
+    def resource(rid: str, labels: dict) -> dict:
+        return {"tpu": {"nodeSpec": [{"parent": parent, "nodeId": rid, "node": {
+            "acceleratorType": "v5litepod-8", "labels": labels}}]}}
+
+    now = int(time.time())
+    fake_tpu.add_queued(f"{parent}/queuedResources/old", resource(
+        "old", {"managed-by": "bertflow", "bertflow-expires": str(now - 60)}), "ACTIVE")
+    fake_tpu.add_queued(f"{parent}/queuedResources/fresh", resource(
+        "fresh", {"managed-by": "bertflow", "bertflow-expires": str(now + 3600)}), "ACTIVE")
+    fake_tpu.add_queued(f"{parent}/queuedResources/theirs", resource(
+        "theirs", {"bertflow-expires": str(now - 60)}), "ACTIVE")
+    cfg = parse_config({"provisioner": "tpu_vm", "tpu_zone": ZONE, "tpu_project": PROJECT})
+
+    removed = backend_for(cfg).sweep(cfg, log=lambda _: None)
+    assert removed == [f"{parent}/queuedResources/old"]
+    assert fake_tpu.calls("DELETE") == [("DELETE", f"{parent}/nodes/old"),
+                                        ("DELETE", f"{parent}/queuedResources/old")]
+    assert sorted(fake_tpu.queued) == [f"{parent}/queuedResources/fresh",
+                                       f"{parent}/queuedResources/theirs"]
+
+
+# --- checks ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("overrides, field", [
+    ({"artifact_root": "/srv/artifacts"}, "artifact_root"),
+    ({"artifact_root": "s3://bucket/root"}, "artifact_root"),
+    ({"accelerator": "auto"}, "accelerator"),
+    ({"tpu_zone": ""}, "tpu_zone"),
+    ({"accelerator_type": ""}, "accelerator_type"),
+    ({"accelerator_type": "tpu-v5-lite-podslice"}, "accelerator_type"),
+    ({"tpu_address": "grpc://10.0.0.2:8470"}, "tpu_address"),
+    ({"accelerator_type": "v4-32", "tpu_address": "local"}, "tpu_address"),
+    ({"accelerator_type": "v4-32", "tpu_address": "pod-a",
+      "tpu_runtime_version": "tpu-vm-tf-2.20.0-pjrt"}, "tpu_runtime_version"),
+    ({"image_registry": ""}, "image_registry"),
+])
+def test_check_names_the_field_to_change(overrides, field):
+    cfg = tpu_config("gs://b/root", **overrides)
+    with pytest.raises(ConfigError) as err:
+        tpu_vm.TpuVmBackend().check(cfg, run_context(cfg.artifact_root))
+    assert err.value.field == field
+
+
+def test_check_accepts_a_single_host_and_a_named_multi_host_slice():
+    backend = tpu_vm.TpuVmBackend()
+    assert backend.check(tpu_config("gs://b/root"), run_context("gs://b/root")) == []
+    pod = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a")
+    assert backend.check(pod, run_context("gs://b/root")) == []
+
+
+def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artifact_root):
+    run_dir = f"{artifact_root}/runs/bert_finetune/manual_tpu"
+    done = cli("init-run", "--run-dir", run_dir, "--provisioner", "tpu_vm",
+               "--accelerator", "tpu", "--tpu_address", "local", "--tpu_zone", ZONE,
+               "--tpu_project", PROJECT, "--accelerator_type", "v5litepod-8",
+               "--image_registry", "us-docker.pkg.dev/bertflow-test/trainers",
+               "--gcp_conn_id", CONN_ID)
+    assert done.returncode == 0, done.stderr
+    done = cli("provision", "--dry-run", "--run-dir", run_dir)
+    assert done.returncode == 0, done.stderr
+    objects = json.loads(done.stdout)
+    kinds = [o.get("kind", o.get("runs_on")) for o in objects]
+    assert kinds.count("tpu.googleapis.com/QueuedResource") == 1
+    assert [o["request"]["step"] for o in objects if o.get("kind") == "bertflow/TpuStepRequest"
+            ] == ["train", "evaluate"]
+    queued = next(o for o in objects if o.get("kind") == "tpu.googleapis.com/QueuedResource")
+    node = queued["queuedResource"]["tpu"]["nodeSpec"][0]["node"]
+    assert node["runtimeVersion"] == "tpu-vm-tf-2.20.0-pjrt"
+    assert "tpu_agent" in node["metadata"]["startup-script"]
+    # tokenize and export run on the Airflow worker (before the VM exists / after release).
+    assert [o["command"][3] for o in objects if "runs_on" in o] == ["tokenize", "export"]
+    assert "warning: artifact_root" in done.stderr and "local path" in done.stderr
+    assert not (PROJECT_ROOT / run_dir / "provision").exists()
+
+    real = cli("provision", "--run-dir", run_dir)
+    assert real.returncode == 2
+    assert "config field 'artifact_root'" in real.stderr
+
+
+# --- the agent and the controller, end to end ----------------------------------------------------
+@pytest.fixture
+def agent(gs_root):
+    """The VM's agent as a real process, polling a run folder on the GCS emulator."""
+    ctx = run_context(gs_root)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tasks.provision.tpu_agent", "--run-dir", ctx.run_uri,
+         "--poll-seconds", "0.2", "--flush-seconds", "0.2", "--heartbeat-seconds", "0.5"],
+        cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    yield ctx, process
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+
+
+def _spec(step: str, code: str) -> WorkerSpec:
+    return WorkerSpec(command=["python", "-c", code], step=step, accelerated=True)
+
+
+def _controller(cfg, ctx, spec, log):
+    controller = backend_for(cfg).controller(cfg, ctx, spec, log=log, secrets=SECRETS)
+    controller.poll_seconds = 0.1
+    return controller
+
+
+def _eventually(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
+    ctx, process = agent
+    cfg = tpu_config(ctx.artifact_root)
+    log: list[str] = []
+
+    # Success: lines streamed with the prefix, in order; the step sees a keyless connection.
+    ok = _spec("train", "import os; print('step one'); print('step two'); "
+                        f"print('conn', os.environ['AIRFLOW_CONN_{CONN_ID.upper()}'])")
+    _controller(cfg, ctx, ok, log.append).run()
+    streamed = [ln for ln in log if ln.startswith("[tpu:0] ")]
+    assert streamed[:2] == ["[tpu:0] step one", "[tpu:0] step two"]
+    assert json.loads(streamed[2].split("conn ", 1)[1])["conn_type"] == "google_cloud_platform"
+
+    # Failure: the worker's exit code and last lines.
+    bad = _spec("evaluate", "import sys; print('loading'); print('bad label 7'); sys.exit(3)")
+    with pytest.raises(WorkerError) as err:
+        _controller(cfg, ctx, bad, log.append).run()
+    assert "tpu:0 exited with code 3: bad label 7" in str(err.value)
+    assert "loading" in str(err.value)
+
+    # A retried task while its step still runs on the VM follows it instead of running twice.
+    slow = _spec("evaluate", "import time; print('slow start', flush=True); time.sleep(1.5); "
+                           "print('slow end')")
+    first_log: list[str] = []
+    first = _controller(cfg, ctx, slow, first_log.append)
+    thread = threading.Thread(target=first.run)
+    thread.start()
+    assert _eventually(lambda: "[tpu:0] slow start" in first_log)
+    retry_log: list[str] = []
+    retry = _controller(cfg, ctx, slow, retry_log.append)
+    retry.run()
+    thread.join(timeout=20)
+    assert retry.request_id == first.request_id == "evaluate-002"
+    assert retry_log.count("[tpu:0] slow start") == 1 and "[tpu:0] slow end" in retry_log
+    assert not storage.exists(tpu_vm.agent_uri(ctx, "logs", "evaluate-003"))
+    # Once finished, the same step asked again runs again, under the next id.
+    again = _controller(cfg, ctx, _spec("evaluate", "print('again')"), log.append)
+    again.run()
+    assert again.request_id == "evaluate-003"
+
+    # stop() (Airflow's on_kill) cancels the running step on the VM.
+    hang = _spec("train", "import os, time; print('pid', os.getpid(), flush=True); "
+                          "time.sleep(120)")
+    hang_log: list[str] = []
+    controller = _controller(cfg, ctx, hang, hang_log.append)
+    failure: list[Exception] = []
+    thread = threading.Thread(target=lambda: _catch(controller.run, failure))
+    thread.start()
+    assert _eventually(lambda: any(ln.startswith("[tpu:0] pid ") for ln in hang_log))
+    pid = int(next(ln for ln in hang_log if ln.startswith("[tpu:0] pid ")).split()[-1])
+    controller.stop()
+    thread.join(timeout=10)
+    assert failure and isinstance(failure[0], WorkerError) and "stopped" in str(failure[0])
+    status_uri = tpu_vm.agent_uri(ctx, "status", f"{controller.request_id}.json")
+    assert _eventually(lambda: storage.exists(status_uri))
+    status = storage.read_json(status_uri)
+    assert status["cancelled"] is True and status["exit_code"] != 0
+    assert not _alive(pid)
+
+    # Release tells the agent to exit; nothing was created on the (fake) TPU API.
+    backend_for(cfg).release(cfg, ctx, log=lambda _: None)
+    assert process.wait(timeout=20) == 0
+
+    # No secret in anything written, sent or logged.
+    written = [storage.read_bytes(u).decode() for u in storage.list_uris(ctx.run_uri + "/")]
+    rendered = [json.dumps(backend_for(cfg).render(cfg, ctx, spec)) for spec in (ok, bad)]
+    _no_secret(*written, *rendered, "\n".join(log + first_log + retry_log + hang_log),
+               json.dumps(fake_tpu.requests), process.stdout.read())
+
+
+def test_controller_fails_when_no_agent_picks_the_step_up(gs_root):
+    cfg, ctx = tpu_config(gs_root), run_context(gs_root)
+    controller = _controller(cfg, ctx, _spec("train", "print(1)"), lambda _: None)
+    controller.pickup_seconds = 0.5
+    with pytest.raises(WorkerError, match="did not pick up train-001.*google-startup-scripts"):
+        controller.run()
+
+
+def _catch(fn, errors: list) -> None:
+    try:
+        fn()
+    except Exception as err:  # noqa: BLE001
+        errors.append(err)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
