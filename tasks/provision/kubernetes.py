@@ -1,0 +1,519 @@
+"""`provisioner: kubernetes`: each worker step runs as Indexed Jobs behind a headless Service
+(objects: tasks/provision/k8s_render.py) on any cluster (GKE, EKS, ...).
+
+Not Airflow's KubernetesJobOperator: it fetches logs only after the Job ends, renames the
+Job (which changes pod hostnames) and leaves the Job running when a deferred task is killed.
+The controller here uses the plain `kubernetes` client (through the cncf-kubernetes
+provider's hook for `k8s_conn_id`): it creates the step's objects, waits for scheduling,
+streams every pod's log live with a `[role:index]` prefix, fails fast with the failing pod's
+reason and last lines, and always deletes what it created, with a propagation policy (a Job
+deleted without one leaves its pods running).
+
+Imported only when this backend is chosen; the client itself is imported on first use.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Callable
+
+from tasks.config import RunConfig
+from tasks.errors import WorkerError
+from tasks.provision import k8s_render as render
+from tasks.provision.backends import Backend, Log, check_remote
+from tasks.provision.local import TAIL_LINES
+from tasks.provision.spec import WorkerSpec
+from tasks.runlayout import RunContext
+
+PROPAGATION = "Background"  # the Job's pods go with it (the default for Jobs orphans them)
+# Container states that will not fix themselves within a step's patience.
+FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                 "CreateContainerConfigError", "CreateContainerError")
+# Services and Secrets without Jobs are swept only after this long: a controller creates the
+# Service a moment before its Jobs.
+SWEEP_GRACE = timedelta(minutes=5)
+
+ClientFactory = Callable[[RunConfig], object]
+
+
+def default_client(cfg: RunConfig):
+    """An ApiClient: the Airflow connection `k8s_conn_id` (cncf-kubernetes provider's
+    KubernetesHook: in_cluster, kube_config_path or kube_config extras); without one the
+    pod's service account (in-cluster), else ~/.kube/config ($KUBECONFIG)."""
+    if cfg.k8s_conn_id:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        return KubernetesHook(kubernetes_conn_id=cfg.k8s_conn_id).api_client
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        # $KUBECONFIG read now: the client reads it once, when first imported.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+class _Api:
+    """The two API groups the backend uses, and deletes that tolerate what is gone."""
+
+    def __init__(self, api_client):
+        from kubernetes import client
+
+        self.client = client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+
+    def _ignore_missing(self, call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except self.client.ApiException as err:
+            if err.status != 404:
+                raise
+            return None
+
+    def delete_selected(self, namespace: str, label_selector: str,
+                        pods: bool = False) -> dict[str, int]:
+        """Delete every Job, Secret and Service (and, for release, pod) with these labels.
+        Jobs go with a propagation policy, so their pods go too."""
+        options = self.client.V1DeleteOptions(propagation_policy=PROPAGATION)
+        kinds = [("jobs", self.batch.list_namespaced_job, self.batch.delete_namespaced_job),
+                 ("secrets", self.core.list_namespaced_secret,
+                  self.core.delete_namespaced_secret),
+                 ("services", self.core.list_namespaced_service,
+                  self.core.delete_namespaced_service)]
+        if pods:
+            kinds.append(("pods", self.core.list_namespaced_pod,
+                          self.core.delete_namespaced_pod))
+        counts = {}
+        for kind, list_call, delete_call in kinds:
+            items = list_call(namespace, label_selector=label_selector).items
+            for item in items:
+                self._ignore_missing(delete_call, item.metadata.name, namespace,
+                                     propagation_policy=PROPAGATION, body=options)
+            counts[kind] = len(items)
+        return counts
+
+
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+    render_format = "yaml"
+
+    def __init__(self, client_factory: ClientFactory | None = None, *,
+                 poll_seconds: float = 2.0, grace_seconds: float = 60.0,
+                 base_port: int = render.BASE_PORT, _shares_host_disk: bool = False):
+        # client_factory: a seam for tests and embedders (cfg -> ApiClient).
+        # _shares_host_disk: test-only; the equivalence tests run the "pods" on this host,
+        # where a local run folder is visible. Never set it for a real cluster.
+        self._client_factory = client_factory or default_client
+        self.poll_seconds = poll_seconds
+        self.grace_seconds = grace_seconds
+        self.base_port = base_port
+        self._shares_host_disk = _shares_host_disk
+
+    def api(self, cfg: RunConfig) -> _Api:
+        return _Api(self._client_factory(cfg))
+
+    # --- Backend contract -----------------------------------------------------------------
+    def check(self, cfg: RunConfig, ctx: RunContext, dry_run: bool = False) -> list[str]:
+        render.check_accelerators(cfg)
+        return [] if self._shares_host_disk else check_remote(cfg, dry_run)
+
+    def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
+        # The connections' names only: the dry run never reads a credential.
+        keys = [f"AIRFLOW_CONN_{c.upper()}" for c in (cfg.gcp_conn_id, cfg.aws_conn_id) if c]
+        return render.render_objects(cfg, ctx, spec, secret_keys=keys,
+                                     base_port=self.base_port)
+
+    def controller(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *, log: Log,
+                   secrets: dict[str, str]) -> "JobController":
+        self.check(cfg, ctx)
+        return JobController(self, cfg, ctx, spec, log=log, secrets=secrets)
+
+    def release(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
+        """Delete everything of the run by its labels, whatever its controllers did."""
+        counts = self.api(cfg).delete_selected(cfg.k8s_namespace, render.run_selector(ctx),
+                                               pods=True)
+        if any(counts.values()):
+            log(f"[cluster] released {counts} in namespace {cfg.k8s_namespace}")
+        return {"namespace": cfg.k8s_namespace, "selector": render.run_selector(ctx),
+                "deleted": counts}
+
+    def sweep(self, cfg: RunConfig, log: Log = print) -> list[str]:
+        """Delete bertflow objects of steps that no longer run: steps whose Jobs all finished
+        (or outlived their deadline), and Services, Secrets and pods whose Jobs are gone (older
+        than SWEEP_GRACE). A step with an active Job is left alone."""
+        api = self.api(cfg)
+        ns = cfg.k8s_namespace
+        managed = render.selector({render.MANAGED_BY: render.MANAGER})
+        now = datetime.now(timezone.utc)
+        jobs = api.batch.list_namespaced_job(ns, label_selector=managed).items
+        steps: dict[tuple, list] = collections.defaultdict(list)
+        for job in jobs:
+            steps[_step_key(job)].append(job)
+        removed = []
+        options = api.client.V1DeleteOptions(propagation_policy=PROPAGATION)
+        live_steps, over_steps = set(), set()
+        for key, step_jobs in steps.items():
+            if any(not _job_over(job, now) for job in step_jobs):
+                live_steps.add(key)
+                continue
+            over_steps.add(key)
+            for job in step_jobs:
+                api._ignore_missing(api.batch.delete_namespaced_job, job.metadata.name, ns,
+                                    propagation_policy=PROPAGATION, body=options)
+                removed.append(f"job/{job.metadata.name}")
+        for kind, list_call, delete_call in (
+                ("secret", api.core.list_namespaced_secret, api.core.delete_namespaced_secret),
+                ("service", api.core.list_namespaced_service,
+                 api.core.delete_namespaced_service),
+                ("pod", api.core.list_namespaced_pod, api.core.delete_namespaced_pod)):
+            for item in list_call(ns, label_selector=managed).items:
+                created = item.metadata.creation_timestamp
+                key = _step_key(item)
+                if key in live_steps or (key not in over_steps and created
+                                         and now - created < SWEEP_GRACE):
+                    continue
+                api._ignore_missing(delete_call, item.metadata.name, ns,
+                                    propagation_policy=PROPAGATION, body=options)
+                removed.append(f"{kind}/{item.metadata.name}")
+        for name in removed:
+            log(f"[sweep] deleted {name} in namespace {ns}")
+        return removed
+
+
+def _step_key(obj) -> tuple:
+    labels = obj.metadata.labels or {}
+    return labels.get(render.RUN_HASH), labels.get(render.STEP)
+
+
+def _job_over(job, now: datetime) -> bool:
+    """Finished (Complete/Failed), or running past its activeDeadlineSeconds."""
+    for cond in job.status.conditions or () if job.status else ():
+        if cond.type in ("Complete", "Failed") and cond.status == "True":
+            return True
+    start = (job.status.start_time if job.status else None) or job.metadata.creation_timestamp
+    deadline = job.spec.active_deadline_seconds
+    return bool(start and deadline and now > start + timedelta(seconds=deadline))
+
+
+class _PodLog:
+    """Streams one pod's log into the controller's log with its `[role:index]` prefix."""
+
+    def __init__(self, controller: "JobController", pod_name: str, task: str):
+        self.pod_name = pod_name
+        self.task = task
+        self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
+        self._controller = controller
+        self._resp = None
+        self.thread = threading.Thread(target=self._pump, daemon=True,
+                                       name=f"log-{pod_name}")
+        self.thread.start()
+
+    def _pump(self) -> None:
+        c = self._controller
+        try:
+            # Infinite read timeout: a quiet worker (a long step) is not a dead stream. The
+            # connect timeout still catches an unreachable API server.
+            resp = c.api.core.read_namespaced_pod_log(
+                self.pod_name, c.cfg.k8s_namespace, container=render.CONTAINER, follow=True,
+                _preload_content=False, _request_timeout=(30, None))
+        except Exception as err:  # noqa: BLE001 (the pod may be gone already)
+            if not c.finished.is_set():
+                c.log(f"[cluster] no log for {self.task} (pod {self.pod_name}): "
+                      f"{str(err).splitlines()[0][:200]}")
+            return
+        self._resp = resp
+        buffer = b""
+        try:
+            for chunk in resp.stream(4096, decode_content=True):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    self._emit(line)
+            if buffer:
+                self._emit(buffer)
+        except Exception:  # noqa: BLE001 (the connection dropped when the pod was deleted)
+            pass
+        finally:
+            resp.release_conn()
+
+    def close(self) -> None:
+        """Unblock the reader (a deleted pod's stream may stay open for its grace period)."""
+        resp = self._resp
+        if resp is not None:
+            try:
+                resp.shutdown()
+            except Exception:  # noqa: BLE001 (already closed)
+                pass
+
+    def _emit(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", errors="replace").rstrip("\r")
+        self.tail.append(line)
+        self._controller.log(f"[{self.task}] {line}")
+
+
+class JobController:
+    """Runs one WorkerSpec as the step's Service, Secret and Jobs. `run()` blocks; `stop()`
+    may be called from any thread (Airflow's on_kill)."""
+
+    def __init__(self, backend: KubernetesBackend, cfg: RunConfig, ctx: RunContext,
+                 spec: WorkerSpec, *, log: Log, secrets: dict[str, str]):
+        self.backend = backend
+        self.cfg = cfg
+        self.ctx = ctx
+        self.spec = spec
+        self.log = log
+        self._secrets = dict(secrets or {})  # into the Secret only; never logged
+        self.api: _Api | None = None
+        self.selector = render.step_selector(ctx, spec.step)
+        self._stopped = threading.Event()
+        self.finished = threading.Event()
+        self._lock = threading.RLock()
+        self._logs: dict[str, _PodLog] = {}
+
+    # --- public ---------------------------------------------------------------------------
+    def run(self) -> None:
+        self.api = self.backend.api(self.cfg)
+        try:
+            with self._lock:
+                self._clear_leftovers()
+                if not self._stopped.is_set():
+                    self._create()
+            self._watch()
+        finally:
+            self.finished.set()
+            self._teardown()
+
+    def stop(self) -> None:
+        """Delete every object of the step (run() then raises)."""
+        self._stopped.set()
+        with self._lock:
+            if self.api is not None:
+                self._teardown()
+
+    # --- internals ------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        try:
+            self.api.delete_selected(self.cfg.k8s_namespace, self.selector)
+        except Exception as err:  # noqa: BLE001 (the release step deletes by label again)
+            self.log(f"[cluster] could not delete the {self.spec.step} objects ({err}); the "
+                     f"release step retries by label {self.selector}")
+        deadline = time.monotonic() + 2  # the last lines stopping pods still write
+        for stream in list(self._logs.values()):
+            stream.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            stream.close()
+
+    def _clear_leftovers(self) -> None:
+        """A retry: objects of a dead earlier attempt share our names; delete and wait."""
+        ns = self.cfg.k8s_namespace
+        if not any(self.api.delete_selected(ns, self.selector).values()):
+            return
+        self.log(f"[cluster] deleted leftovers of an earlier {self.spec.step} attempt")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if not (self.api.batch.list_namespaced_job(ns, label_selector=self.selector).items
+                    or self.api.core.list_namespaced_service(
+                        ns, label_selector=self.selector).items):
+                return
+            time.sleep(self.backend.poll_seconds)
+        raise WorkerError(f"objects of an earlier {self.spec.step} attempt ({self.selector}) "
+                          f"are still being deleted after 120 s; retry the task later")
+
+    def _create(self) -> None:
+        ns = self.cfg.k8s_namespace
+        objects = render.render_objects(self.cfg, self.ctx, self.spec,
+                                        secret_values=self._secrets,
+                                        base_port=self.backend.base_port)
+        service = self._create_one(self.api.core.create_namespaced_service, objects[0])
+        # Re-render with the Service's uid: the Secret and Jobs go when it goes.
+        objects = render.render_objects(self.cfg, self.ctx, self.spec,
+                                        secret_values=self._secrets,
+                                        owner_uid=service.metadata.uid,
+                                        base_port=self.backend.base_port)
+        for obj in objects[1:]:
+            self._create_one(self.api.core.create_namespaced_secret if obj["kind"] == "Secret"
+                             else self.api.batch.create_namespaced_job, obj)
+        jobs = [o["metadata"]["name"] for o in objects if o["kind"] == "Job"]
+        self.log(f"[cluster] created service {service.metadata.name} and job(s) "
+                 f"{', '.join(jobs)} in namespace {ns}")
+
+    def _create_one(self, call, obj: dict):
+        """Create `obj`; the API server's refusal (RBAC, quota, a name taken) as a
+        WorkerError that says which object and what to check."""
+        try:
+            return call(self.cfg.k8s_namespace, obj)
+        except self.api.client.ApiException as err:
+            try:
+                message = json.loads(err.body or "{}").get("message") or err.reason
+            except ValueError:
+                message = err.reason
+            raise WorkerError(
+                f"cannot create {obj['kind']} {obj['metadata']['name']} in namespace "
+                f"{self.cfg.k8s_namespace}: {err.status} {message} (check the identity of "
+                f"k8s_conn_id / the in-cluster service account: it needs create, list and "
+                f"delete on services, secrets, jobs and pods)") from None
+
+    def _pods(self) -> dict[tuple[str, int], object]:
+        found = {}
+        for pod in self.api.core.list_namespaced_pod(self.cfg.k8s_namespace,
+                                                     label_selector=self.selector).items:
+            meta = pod.metadata
+            index = (meta.annotations or {}).get(render.COMPLETION_INDEX) or \
+                (meta.labels or {}).get(render.COMPLETION_INDEX)
+            role = (meta.labels or {}).get(render.ROLE)
+            if role is None or index is None:
+                continue
+            found[(role, int(index))] = pod
+        return found
+
+    def _watch(self) -> None:
+        expected = self.spec.roles
+        main = self.spec.main_role
+        started = time.monotonic()
+        schedule_deadline = started + self.cfg.schedule_timeout_seconds
+        reported_unschedulable = set()
+        seen: set = set()
+        success_at = None
+        while True:
+            if self._stopped.is_set():
+                raise WorkerError(f"{self.spec.step} workers stopped before finishing")
+            pods = self._pods()
+            for key, pod in pods.items():
+                seen.add(key)
+                task = f"{key[0]}:{key[1]}"
+                phase = pod.status.phase if pod.status else None
+                if phase in ("Running", "Succeeded", "Failed") and \
+                        pod.metadata.name not in self._logs:
+                    self._logs[pod.metadata.name] = _PodLog(self, pod.metadata.name, task)
+                failure = _failure(pod)
+                if failure:
+                    self._fail(task, pod, failure)
+                unscheduled = _unschedulable(pod)
+                if unscheduled is not None and key not in reported_unschedulable:
+                    reported_unschedulable.add(key)
+                    self.log(f"[cluster] {task} (pod {pod.metadata.name}) is waiting for a "
+                             f"node: {unscheduled or 'not scheduled yet'} (up to "
+                             f"{self.cfg.schedule_timeout_seconds} s)")
+                if time.monotonic() > schedule_deadline and _waiting_for_node(pod):
+                    raise WorkerError(
+                        f"{task} (pod {pod.metadata.name}) was not scheduled within "
+                        f"{self.cfg.schedule_timeout_seconds} s: "
+                        f"{unscheduled or 'no node was assigned'}. Add capacity (e.g. a node "
+                        f"pool with the requested accelerator), lower the requests "
+                        f"(worker_cpu, worker_memory, devices_per_worker), or raise "
+                        f"schedule_timeout_seconds.")
+            missing = [k for k in expected if k not in pods]
+            gone = [k for k in missing if k in seen]
+            if gone:
+                role, index = gone[0]
+                raise WorkerError(f"{role}:{index} pod disappeared before the step finished "
+                                  f"(deleted outside bertflow, or its Job was removed)")
+            if missing and time.monotonic() > schedule_deadline:
+                self._job_failure()
+                role, index = missing[0]
+                raise WorkerError(f"no pod for {role}:{index} was created within "
+                                  f"{self.cfg.schedule_timeout_seconds} s; see `kubectl "
+                                  f"describe job -n {self.cfg.k8s_namespace} "
+                                  f"{render.job_name(self.ctx, self.spec.step, role)}` (quota? "
+                                  f"admission webhook?)")
+            main_pod = pods.get(main)
+            if main_pod is not None and main_pod.status.phase == "Succeeded":
+                success_at = success_at or time.monotonic()
+                # MWMS workers run the program to its end too: give them the grace period.
+                # ps tasks and PS-strategy workers are servers: never waited for.
+                peers = [pods.get(k) for k in expected if k[0] == main[0] and k != main]
+                if all(p is not None and p.status.phase == "Succeeded" for p in peers) or \
+                        time.monotonic() - success_at > self.backend.grace_seconds:
+                    self._drain(pods)
+                    return
+            self._job_failure()
+            self._stopped.wait(self.backend.poll_seconds)
+
+    def _drain(self, pods: dict) -> None:
+        """Let the finished pods' streams deliver their last lines before teardown."""
+        for pod in pods.values():
+            stream = self._logs.get(pod.metadata.name)
+            if stream is not None and pod.status.phase in ("Succeeded", "Failed"):
+                stream.thread.join(timeout=10)
+
+    def _job_failure(self) -> None:
+        """A Job that failed without a failed pod to explain it (its deadline passed)."""
+        for job in self.api.batch.list_namespaced_job(self.cfg.k8s_namespace,
+                                                      label_selector=self.selector).items:
+            for cond in (job.status.conditions if job.status else None) or ():
+                # A failed pod fails its Job too (backoffLimit 0): the pod says why, next poll.
+                if cond.type == "Failed" and cond.status == "True" and \
+                        cond.reason not in ("BackoffLimitExceeded", "PodFailurePolicy"):
+                    raise WorkerError(f"job {job.metadata.name} failed: {cond.reason}: "
+                                      f"{cond.message or ''} (activeDeadlineSeconds comes "
+                                      f"from worker_timeout_minutes)")
+
+    def _fail(self, task: str, pod, reason: str) -> None:
+        stream = self._logs.get(pod.metadata.name)
+        tail = []
+        if stream is not None:
+            stream.thread.join(timeout=5)  # the last lines (the error) first
+            tail = list(stream.tail)
+        last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
+        raise WorkerError(f"{task} (pod {pod.metadata.name}) failed: {reason}; last line: "
+                          f"{last}\n--- last output of {task} ---\n" + "\n".join(tail))
+
+
+# --- pod status -------------------------------------------------------------------------
+def _container_status(pod):
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return next((s for s in statuses if s.name == render.CONTAINER), None)
+
+
+def _condition(pod, kind: str):
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return next((c for c in conditions if c.type == kind), None)
+
+
+def _failure(pod) -> str | None:
+    """Why a pod has failed (or cannot start), in the platform's words; None if it has not."""
+    status = pod.status
+    container = _container_status(pod)
+    if container is not None and container.state and container.state.waiting:
+        waiting = container.state.waiting
+        if waiting.reason in FATAL_WAITING:
+            hint = ("check worker_image / image_registry and image_pull_secrets"
+                    if "Image" in waiting.reason else "check the pod's Secret and settings")
+            return f"{waiting.reason}: {waiting.message or ''} ({hint})"
+    if status is None or status.phase != "Failed":
+        return None
+    parts = []
+    if status.reason:  # e.g. Evicted, DeadlineExceeded
+        parts.append(f"{status.reason}: {status.message or ''}".rstrip(": "))
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption is not None and disruption.status == "True":
+        parts.append(f"preempted ({disruption.reason}: {disruption.message or ''})")
+    terminated = container.state.terminated if container and container.state else None
+    if terminated is not None:
+        text = f"{terminated.reason or 'exited'} (exit code {terminated.exit_code})"
+        if terminated.reason == "OOMKilled":
+            text += ": out of memory; raise worker_memory or lower per_replica_batch_size"
+        parts.append(text)
+    return "; ".join(parts) or "failed"
+
+
+def _unschedulable(pod) -> str | None:
+    """The scheduler's message for a pod it could not place ("" without one), else None."""
+    cond = _condition(pod, "PodScheduled")
+    if cond is not None and cond.status == "False" and cond.reason == "Unschedulable":
+        return cond.message or ""
+    return None
+
+
+def _waiting_for_node(pod) -> bool:
+    if pod.status is None or pod.status.phase != "Pending":
+        return False
+    cond = _condition(pod, "PodScheduled")
+    return cond is None or cond.status != "True"

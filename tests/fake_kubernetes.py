@@ -1,0 +1,590 @@
+"""A small fake kube-apiserver on loopback that the real `kubernetes` client talks to over
+real HTTP (no kube-apiserver binary can be installed here).
+
+It serves what bertflow's backend uses, namespaced: services, pods, secrets (v1) and jobs
+(batch/v1): create, get, list with a labelSelector, delete (each delete is recorded with its
+query and body) with owner-reference garbage collection, and pod logs (`follow` streams in
+HTTP chunks as lines arrive). As on a real cluster, a Job deleted without a propagation
+policy orphans its pods.
+
+Creating an Indexed Job creates its pods `<job>-<index>-<suffix>` (hostname `<job>-<index>`,
+the subdomain, the template's labels, `JOB_COMPLETION_INDEX` from the completion-index
+annotation). A pluggable kubelet then plays each pod in a thread: `ScriptedKubelet(script)`
+calls `script(pod)` with a `FakePod` whose methods drive phases (unschedulable, running with
+log lines, succeeded, OOMKilled, image pull errors, ...); `ProcessKubelet` runs the pod's
+container command as a local process (see its docstring).
+"""
+from __future__ import annotations
+
+import base64
+import copy
+import itertools
+import json
+import os
+import re
+import secrets as _random
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qs, urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+INDEX = "batch.kubernetes.io/job-completion-index"
+KINDS = {"services": "Service", "pods": "Pod", "secrets": "Secret", "jobs": "Job"}
+_PATH = re.compile(r"^/(?:api/v1|apis/batch/v1)/namespaces/([^/]+)/(services|pods|secrets|jobs)"
+                   r"(?:/([^/]+))?(?:/(log))?$")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _matches(labels: dict, selector: str) -> bool:
+    for term in filter(None, (selector or "").split(",")):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.replace("==", "=").split("=", 1)
+            if labels.get(key) != value:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        self.server.fake._handle(self, "GET")
+
+    def do_POST(self):
+        self.server.fake._handle(self, "POST")
+
+    def do_DELETE(self):
+        self.server.fake._handle(self, "DELETE")
+
+    def send_json(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+class FakePod:
+    """One pod as the kubelet sees it; scripts drive its status through these methods."""
+
+    def __init__(self, fake: "FakeKube", namespace: str, name: str):
+        self.fake = fake
+        self.namespace = namespace
+        self.name = name
+        self.deleted = threading.Event()
+        self._on_delete: list[Callable[[], None]] = []
+        obj = fake.get("pods", namespace, name)
+        labels = obj["metadata"]["labels"]
+        self.role = labels.get("bertflow.dev/role", "")
+        self.index = int(obj["metadata"]["annotations"][INDEX])
+        self.hostname = obj["spec"].get("hostname", name)
+        self.container = obj["spec"]["containers"][0]
+
+    # --- status -----------------------------------------------------------------------------
+    def _update(self, phase: str, *, conditions=None, state=None, ready=False, **extra):
+        def change(obj):
+            status = {"phase": phase, "conditions": conditions or [
+                {"type": "PodScheduled", "status": "True"}], **extra}
+            if state is not None:
+                status["containerStatuses"] = [{
+                    "name": self.container["name"], "image": self.container["image"],
+                    "imageID": "", "ready": ready, "restartCount": 0, "state": state}]
+            obj["status"] = status
+        self.fake._change_pod(self.namespace, self.name, change)
+
+    def unschedulable(self, message: str) -> None:
+        self._update("Pending", conditions=[{"type": "PodScheduled", "status": "False",
+                                             "reason": "Unschedulable", "message": message}])
+
+    def schedule(self) -> None:
+        self._update("Pending", state={"waiting": {"reason": "ContainerCreating"}})
+
+    def image_pull_error(self, reason: str = "ErrImagePull",
+                         message: str = "rpc error: pull access denied") -> None:
+        self._update("Pending", state={"waiting": {"reason": reason, "message": message}})
+
+    def run(self) -> None:
+        self._update("Running", state={"running": {"startedAt": _now()}}, ready=True)
+
+    def log(self, *lines: str) -> None:
+        with self.fake.cond:
+            self.fake.logs.setdefault(self.name, []).extend(lines)
+            self.fake.cond.notify_all()
+
+    def succeed(self) -> None:
+        self._update("Succeeded", state={"terminated": {"exitCode": 0, "reason": "Completed"}})
+
+    def fail(self, exit_code: int = 1, reason: str = "Error", **extra) -> None:
+        self._update("Failed", state={"terminated": {"exitCode": exit_code, "reason": reason}},
+                     **extra)
+
+    def evict(self, message: str = "The node was low on resource: memory.") -> None:
+        self._update("Failed", reason="Evicted", message=message,
+                     state={"terminated": {"exitCode": 137, "reason": "Error"}})
+
+    def preempt(self) -> None:
+        self._update("Failed", conditions=[
+            {"type": "PodScheduled", "status": "True"},
+            {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
+             "message": "Preempted in order to admit critical pod"}],
+            state={"terminated": {"exitCode": 137, "reason": "Error"}})
+
+    def wait_deleted(self, timeout: float = 30) -> bool:
+        return self.deleted.wait(timeout)
+
+    def on_delete(self, callback: Callable[[], None]) -> None:
+        self._on_delete.append(callback)
+        if self.deleted.is_set():
+            callback()
+
+    def _deleted(self) -> None:
+        self.deleted.set()
+        for callback in self._on_delete:
+            callback()
+
+    # --- what the container gets ------------------------------------------------------------
+    def environment(self) -> dict[str, str]:
+        """The container's env as a kubelet resolves it: envFrom Secrets, then env (with the
+        completion-index fieldRef). Raises KeyError for a missing Secret."""
+        obj = self.fake.get("pods", self.namespace, self.name)
+        env: dict[str, str] = {}
+        for source in self.container.get("envFrom", []):
+            secret = self.fake.get("secrets", self.namespace, source["secretRef"]["name"])
+            if secret is None:
+                raise KeyError(source["secretRef"]["name"])
+            env.update({k: base64.b64decode(v).decode()
+                        for k, v in secret.get("data", {}).items()})
+        for item in self.container.get("env", []):
+            if "value" in item:
+                env[item["name"]] = item["value"]
+            elif "fieldRef" in item.get("valueFrom", {}):
+                path = item["valueFrom"]["fieldRef"]["fieldPath"]
+                key = re.match(r"metadata\.annotations\['(.+)'\]", path).group(1)
+                env[item["name"]] = obj["metadata"]["annotations"][key]
+        return env
+
+
+class ScriptedKubelet:
+    """Plays every pod with `script(pod: FakePod)` in its own thread."""
+
+    def __init__(self, script: Callable[[FakePod], None]):
+        self.script = script
+
+    def __call__(self, pod: FakePod) -> None:
+        self.script(pod)
+
+    def shutdown(self) -> None:
+        pass
+
+
+def run_then_succeed(pod: FakePod) -> None:
+    """Default script: a pod that says hello and succeeds."""
+    pod.schedule()
+    pod.run()
+    pod.log(f"hello from {pod.role}:{pod.index}")
+    pod.succeed()
+
+
+class FakeKube:
+    """Start with `with FakeKube(kubelet) as kube:`; `kube.write_kubeconfig(path)` points the
+    client at it."""
+
+    def __init__(self, kubelet: Callable[[FakePod], None] | None = None):
+        self.kubelet = kubelet or ScriptedKubelet(run_then_succeed)
+        self.store: dict[tuple[str, str, str], dict] = {}
+        self.logs: dict[str, list[str]] = {}
+        self.deletes: list[dict] = []
+        self.created: list[dict] = []  # every object as created (deep copies)
+        self.pods: dict[str, FakePod] = {}
+        self.cond = threading.Condition()
+        self._rv = itertools.count(1)
+        self._closing = False
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.daemon_threads = True
+        self._server.fake = self
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
+                                        daemon=True)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> "FakeKube":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.cond:
+            self._closing = True
+            pods = list(self.pods.values())
+            self.cond.notify_all()
+        for pod in pods:
+            pod._deleted()
+        self.kubelet.shutdown() if hasattr(self.kubelet, "shutdown") else None
+        self._server.shutdown()
+        self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
+            "users": [{"name": "fake", "user": {"token": "fake-token"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake",
+                                                      "namespace": namespace}}]}))
+        return path
+
+    # --- test helpers -------------------------------------------------------------------------
+    def get(self, plural: str, namespace: str, name: str) -> dict | None:
+        with self.cond:
+            obj = self.store.get((plural, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def names(self, plural: str, namespace: str = "default", selector: str = "") -> list[str]:
+        with self.cond:
+            return sorted(n for (p, ns, n), o in self.store.items()
+                          if p == plural and ns == namespace
+                          and _matches(o["metadata"].get("labels") or {}, selector))
+
+    def created_names(self, plural: str, namespace: str = "default") -> list[str]:
+        """Names of every object of a kind ever created (deleted ones too)."""
+        kind = KINDS[plural]
+        with self.cond:
+            return [o["metadata"]["name"] for o in self.created
+                    if o.get("kind") == kind and o["metadata"]["namespace"] == namespace]
+
+    def backdate(self, plural: str, namespace: str, name: str, minutes: float) -> None:
+        """Make an object look older (for the sweep's grace period)."""
+        with self.cond:
+            meta = self.store[(plural, namespace, name)]["metadata"]
+            then = datetime.now(timezone.utc) - timedelta(minutes=minutes)
+            meta["creationTimestamp"] = then.strftime("%Y-%m-%dT%H:%M:%SZ")
+            if plural == "jobs":
+                self.store[(plural, namespace, name)]["status"]["startTime"] = \
+                    meta["creationTimestamp"]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10) -> bool:
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout)
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    def _handle(self, handler: _Handler, method: str) -> None:
+        url = urlparse(handler.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length) or b"null") if length else None
+        match = _PATH.match(url.path)
+        if not match:
+            return handler.send_json(404, _status(404, "NotFound", f"no route {url.path}"))
+        namespace, plural, name, log = match.groups()
+        try:
+            if log and method == "GET":
+                return self._stream_log(handler, namespace, name, query)
+            if method == "POST" and not name:
+                return handler.send_json(201, self._create(plural, namespace, body))
+            if method == "GET" and name:
+                obj = self.get(plural, namespace, name)
+                if obj is None:
+                    raise LookupError(f'{plural} "{name}" not found')
+                return handler.send_json(200, obj)
+            if method == "GET":
+                return handler.send_json(200, self._list(plural, namespace,
+                                                         query.get("labelSelector", "")))
+            if method == "DELETE" and name:
+                self._delete_request(plural, namespace, name, query, body)
+                return handler.send_json(200, {"kind": "Status", "apiVersion": "v1",
+                                               "metadata": {}, "status": "Success"})
+        except LookupError as err:
+            return handler.send_json(404, _status(404, "NotFound", str(err)))
+        except FileExistsError as err:
+            return handler.send_json(409, _status(409, "AlreadyExists", str(err)))
+        handler.send_json(405, _status(405, "MethodNotAllowed", method))
+
+    def _list(self, plural: str, namespace: str, selector: str) -> dict:
+        with self.cond:
+            items = [copy.deepcopy(o) for (p, ns, _), o in sorted(self.store.items())
+                     if p == plural and ns == namespace
+                     and _matches(o["metadata"].get("labels") or {}, selector)]
+        api = "batch/v1" if plural == "jobs" else "v1"
+        return {"kind": f"{KINDS[plural]}List", "apiVersion": api,
+                "metadata": {"resourceVersion": str(next(self._rv))}, "items": items}
+
+    def _create(self, plural: str, namespace: str, body: dict) -> dict:
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=_now(),
+                    resourceVersion=str(next(self._rv)))
+        if plural == "secrets" and "stringData" in obj:  # as the API server stores it
+            obj.setdefault("data", {}).update(
+                {k: base64.b64encode(v.encode()).decode()
+                 for k, v in obj.pop("stringData").items()})
+        with self.cond:
+            key = (plural, namespace, meta["name"])
+            if key in self.store:
+                raise FileExistsError(f'{plural} "{meta["name"]}" already exists')
+            if plural == "jobs":
+                obj["status"] = {"startTime": meta["creationTimestamp"], "active": 0}
+            self.store[key] = obj
+            self.created.append(copy.deepcopy(obj))
+            self.cond.notify_all()
+        if plural == "jobs":
+            self._start_job(namespace, obj)
+        return copy.deepcopy(obj)
+
+    def _start_job(self, namespace: str, job: dict) -> None:
+        """The Job controller for an Indexed Job: one pod per completion index."""
+        name = job["metadata"]["name"]
+        template = job["spec"]["template"]
+        for index in range(job["spec"]["completions"]):
+            pod_spec = copy.deepcopy(template["spec"])
+            pod_spec["hostname"] = f"{name}-{index}"
+            for container in pod_spec["containers"]:
+                container.setdefault("env", []).append({
+                    "name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                        "fieldPath": f"metadata.annotations['{INDEX}']"}}})
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"{name}-{index}-{_random.token_hex(3)[:5]}",
+                "labels": {**template["metadata"].get("labels", {}), "job-name": name,
+                           "batch.kubernetes.io/job-name": name, INDEX: str(index)},
+                "annotations": {INDEX: str(index)},
+                "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name,
+                                     "uid": job["metadata"]["uid"], "controller": True}]},
+                "spec": pod_spec, "status": {"phase": "Pending"}}
+            created = self._create("pods", namespace, pod)
+            handle = FakePod(self, namespace, created["metadata"]["name"])
+            with self.cond:
+                self.pods[handle.name] = handle
+            threading.Thread(target=self._play, args=(handle,), daemon=True).start()
+
+    def _play(self, pod: FakePod) -> None:
+        try:
+            self.kubelet(pod)
+        except Exception as err:  # noqa: BLE001 (a script bug shows in the pod's log)
+            if not pod.deleted.is_set():
+                pod.log(f"fake kubelet error: {err!r}")
+
+    def _change_pod(self, namespace: str, name: str, change: Callable[[dict], None]) -> None:
+        with self.cond:
+            obj = self.store.get(("pods", namespace, name))
+            if obj is None:
+                return
+            change(obj)
+            self._sync_job(namespace, obj)
+            self.cond.notify_all()
+
+    def _sync_job(self, namespace: str, pod: dict) -> None:
+        """Job status from its pods: Failed on the first failed pod (backoffLimit 0),
+        Complete when every index succeeded."""
+        owner = next((o for o in pod["metadata"].get("ownerReferences", [])
+                      if o["kind"] == "Job"), None)
+        job = self.store.get(("jobs", namespace, owner["name"])) if owner else None
+        if job is None:
+            return
+        pods = [o for (p, ns, _), o in self.store.items() if p == "pods" and ns == namespace
+                and any(r["uid"] == job["metadata"]["uid"]
+                        for r in o["metadata"].get("ownerReferences", []))]
+        phases = [p["status"].get("phase") for p in pods]
+        status = job["status"]
+        status.update(succeeded=phases.count("Succeeded"), failed=phases.count("Failed"),
+                      active=sum(ph in ("Pending", "Running") for ph in phases))
+        if status.get("conditions"):
+            return
+        if status["failed"]:
+            status["conditions"] = [{"type": "Failed", "status": "True",
+                                     "reason": "BackoffLimitExceeded",
+                                     "message": "Job has reached the specified backoff limit"}]
+        elif status["succeeded"] == job["spec"]["completions"]:
+            status["conditions"] = [{"type": "Complete", "status": "True"}]
+
+    def set_job_condition(self, namespace: str, name: str, kind: str, reason: str = "") -> None:
+        with self.cond:
+            self.store[("jobs", namespace, name)]["status"]["conditions"] = [
+                {"type": kind, "status": "True", "reason": reason or kind}]
+
+    def _delete_request(self, plural, namespace, name, query, body) -> None:
+        policy = (body or {}).get("propagationPolicy") or query.get("propagationPolicy")
+        with self.cond:
+            self.deletes.append({"plural": plural, "namespace": namespace, "name": name,
+                                 "query": dict(query), "body": body,
+                                 "propagationPolicy": policy})
+        # batch/v1 Jobs deleted through the API default to orphaning their pods.
+        self._delete(plural, namespace, name,
+                     policy or ("Orphan" if plural == "jobs" else "Background"))
+
+    def _delete(self, plural: str, namespace: str, name: str, policy: str) -> None:
+        with self.cond:
+            obj = self.store.pop((plural, namespace, name), None)
+            if obj is None:
+                raise LookupError(f'{plural} "{name}" not found')
+            uid = obj["metadata"]["uid"]
+            dependents = [k for k, o in self.store.items()
+                          if any(r["uid"] == uid for r in o["metadata"].get("ownerReferences",
+                                                                              []))]
+            if policy == "Orphan":
+                for key in dependents:
+                    refs = self.store[key]["metadata"]["ownerReferences"]
+                    self.store[key]["metadata"]["ownerReferences"] = [
+                        r for r in refs if r["uid"] != uid]
+                dependents = []
+            pod = self.pods.pop(name, None) if plural == "pods" else None
+            self.cond.notify_all()
+        if pod is not None:
+            pod._deleted()
+        for dep_plural, dep_ns, dep_name in dependents:  # the garbage collector
+            try:
+                self._delete(dep_plural, dep_ns, dep_name, "Background")
+            except LookupError:
+                pass
+
+    def _stream_log(self, handler: _Handler, namespace: str, name: str, query: dict) -> None:
+        pod = self.get("pods", namespace, name)
+        if pod is None:
+            return handler.send_json(404, _status(404, "NotFound", f'pods "{name}" not found'))
+        if pod["status"].get("phase") == "Pending":
+            return handler.send_json(400, _status(400, "BadRequest", f'container "worker" in '
+                                                  f'pod "{name}" is waiting to start'))
+        follow = query.get("follow", "").lower() == "true"  # the client sends "True"
+        handler.send_response(200)
+        handler.send_header("Content-Type", "text/plain")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        sent = 0
+        if "tailLines" in query:
+            sent = max(0, len(self.logs.get(name, [])) - int(query["tailLines"]))
+        try:
+            while True:
+                with self.cond:
+                    lines = self.logs.get(name, [])
+                    current = self.store.get(("pods", namespace, name))
+                    done = (not follow or self._closing or current is None
+                            or current["status"].get("phase") in ("Succeeded", "Failed"))
+                    new, sent = lines[sent:], len(lines)
+                    if not new and not done:
+                        self.cond.wait(0.5)
+                        continue
+                for line in new:
+                    data = (line + "\n").encode()
+                    handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                handler.wfile.flush()
+                if done:
+                    break
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+class ProcessKubelet:
+    """Runs each pod's container command as a real local process: `python` is this
+    interpreter, PYTHONPATH the project, env and envFrom Secret values as a kubelet resolves
+    them, the process's output is the pod log and its exit code the phase; deleting the pod
+    kills its process group.
+
+    Pod DNS names (`<job>-<index>.<service>`, from the pod's BERTFLOW_TF_CLUSTER) resolve to
+    127.0.0.1 only inside the process: it runs under `unshare --mount` with a private
+    /etc/hosts bind-mounted over the real one (test-only; needs root, see `available()`).
+    GRPC_DNS_RESOLVER=native makes TensorFlow's gRPC resolve through getaddrinfo (and so
+    /etc/hosts) rather than its own DNS client.
+    """
+
+    def __init__(self, workdir: Path):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def available() -> bool:
+        probe = subprocess.run(["unshare", "--mount", "sh", "-c",
+                                "mount --bind /etc/hostname /etc/hosts"],
+                               capture_output=True)
+        return probe.returncode == 0
+
+    def _hosts_file(self, pod: FakePod, env: dict[str, str]) -> Path:
+        names = {pod.hostname}
+        for addresses in json.loads(env.get("BERTFLOW_TF_CLUSTER") or "{}").values():
+            for address in addresses:
+                host = address.rsplit(":", 1)[0]
+                names |= {host, host.split(".")[0],
+                          f"{host}.{pod.namespace}.svc.cluster.local"}
+        path = self.workdir / f"{pod.name}.hosts"
+        path.write_text(Path("/etc/hosts").read_text() + "\n" +
+                        "".join(f"127.0.0.1 {n}\n" for n in sorted(names)))
+        return path
+
+    def __call__(self, pod: FakePod) -> None:
+        pod.schedule()
+        try:
+            env = pod.environment()
+        except KeyError as err:
+            pod.image_pull_error("CreateContainerConfigError", f"secret {err} not found")
+            return
+        argv = list(pod.container["command"]) + list(pod.container.get("args", []))
+        if argv[0] == "python":
+            argv[0] = sys.executable
+        tmp = self.workdir / f"{pod.name}.tmp"
+        tmp.mkdir(exist_ok=True)
+        full_env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **env,
+                    "PYTHONPATH": str(ROOT), "GRPC_DNS_RESOLVER": "native",
+                    "HOSTNAME": pod.hostname, "TMPDIR": str(tmp)}
+        hosts = self._hosts_file(pod, env)
+        proc = subprocess.Popen(
+            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+             str(hosts), *argv], env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+            start_new_session=True)
+        with self._lock:
+            self._procs.append(proc)
+        pod.on_delete(lambda: _kill_group(proc))
+        pod.run()
+        for line in proc.stdout:
+            pod.log(line.rstrip("\n"))
+        code = proc.wait()
+        if pod.deleted.is_set():
+            return
+        if code == 0:
+            pod.succeed()
+        else:
+            pod.fail(exit_code=code if code > 0 else 128 - code)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            procs = list(self._procs)
+        for proc in procs:
+            _kill_group(proc)
+
+    def live_processes(self) -> list[subprocess.Popen]:
+        with self._lock:
+            return [p for p in self._procs if p.poll() is None]
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
