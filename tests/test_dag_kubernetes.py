@@ -1,0 +1,100 @@
+"""bert_finetune with `provisioner: kubernetes`, through the whole task graph.
+
+The control plane is the fake kube-apiserver of tests/fake_kubernetes.py (no cluster can run
+here), reached by the real Kubernetes client through a kubeconfig; its process kubelet runs
+every pod the backend creates as a real local process with the pod's command and environment
+(credentials from the per-step Secret). The run folder, data and models live on the GCS
+emulator, as a remote run needs. Everything else is real: dag.test(), the controllers, the
+pods' TensorFlow workers.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from fake_kubernetes import FakeKube, ProcessKubelet
+from storage_servers import BUCKET, gcs_emulator  # noqa: F401
+from tasks import storage
+from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
+from tasks.demo import DAG_ID, run_folder
+from test_dag_cloud import RUN_DAG, TASKS, TINY
+
+GCS_CONN_ID = "bertflow_gcs_k8s"
+GCS_TOKEN = "bertflow-k8s-token-93c1e07d5a"  # stands for the connection's credential
+
+pytestmark = pytest.mark.skipif(not ProcessKubelet.available(),
+                                reason="needs `unshare --mount` (root) for the pods' hosts")
+
+
+@pytest.fixture(scope="module")
+def k8s_run(airflow_db, gcs_emulator, tmp_path_factory):  # noqa: F811
+    tmp = tmp_path_factory.mktemp("k8s-dag")
+    conn = {"conn_type": "google_cloud_platform", "password": GCS_TOKEN,
+            "extra": {"endpoint_url": gcs_emulator, "project": "bertflow-test"}}
+    os.environ[f"AIRFLOW_CONN_{GCS_CONN_ID.upper()}"] = json.dumps(conn)
+    storage.configure(storage.Connections(GCS_CONN_ID))
+    prefix = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    storage.write_text(f"{prefix}/data/train.tsv", (DEMO_DIR / "train.tsv").read_text())
+    storage.write_text(f"{prefix}/data/eval.tsv", (DEMO_DIR / "eval.tsv").read_text())
+    conf = {**TINY, "provisioner": "kubernetes", "k8s_namespace": "default",
+            "train_uri": f"{prefix}/data/train.tsv", "eval_uri": f"{prefix}/data/eval.tsv",
+            "artifact_root": f"{prefix}/artifacts", "gcp_conn_id": GCS_CONN_ID}
+    with FakeKube(ProcessKubelet(tmp / "pods")) as kube:
+        env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp / "kubeconfig"))}
+        done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)],
+                              cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                              timeout=1800)
+        output = done.stdout + done.stderr
+        marker = [ln for ln in output.splitlines() if ln.startswith("BERTFLOW_RUN ")]
+        assert marker, f"dag.test did not finish:\n{output[-5000:]}"
+        dag_run = SimpleNamespace(**json.loads(marker[-1].split(" ", 1)[1]))
+        yield SimpleNamespace(kube=kube, log=output, conf=conf, dag_run=dag_run,
+                              run_uri=run_folder(dag_run, conf["artifact_root"]))
+    os.environ.pop(f"AIRFLOW_CONN_{GCS_CONN_ID.upper()}", None)
+    storage.configure(storage.Connections())
+
+
+def test_every_task_succeeds_with_pods_doing_the_work(k8s_run):
+    from airflow.models import TaskInstance
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        states = dict(session.query(TaskInstance.task_id, TaskInstance.state)
+                      .filter_by(dag_id=DAG_ID, run_id=k8s_run.dag_run.run_id))
+    assert states == dict.fromkeys(TASKS, "success"), k8s_run.log[-5000:]
+    jobs = k8s_run.kube.created_names("jobs")
+    for step in ("tokenize", "train", "evaluate", "export"):
+        assert any(f"-{step}-" in name for name in jobs), (step, jobs)
+    # The pods' own output reached the controllers' task logs, prefixed.
+    assert "[worker:0]" in k8s_run.log
+    exported = storage.read_json(join_uri(k8s_run.run_uri, "export", "manifest.json"))
+    assert storage.is_complete(exported["version_uri"])
+
+
+def test_nothing_is_left_on_the_cluster_and_release_says_so(k8s_run):
+    kube = k8s_run.kube
+    for plural in ("jobs", "pods", "services", "secrets"):
+        assert kube.names(plural) == [], plural
+    # Every delete carried a propagation policy, so no Job left its pods behind.
+    job_deletes = [d for d in kube.deletes if d.get("plural") == "jobs"]
+    assert job_deletes and all(d.get("propagationPolicy") in ("Background", "Foreground")
+                               for d in job_deletes), job_deletes[:3]
+    released = storage.read_json(join_uri(k8s_run.run_uri, "release", "manifest.json"))
+    assert released["backend"] == "kubernetes"
+
+
+def test_the_credential_reaches_pods_only_through_their_secret(k8s_run):
+    assert GCS_TOKEN not in k8s_run.log
+    secrets = [o for o in k8s_run.kube.created if o.get("kind") == "Secret"]
+    assert secrets, "the connection's credential should travel in a per-step Secret"
+    for obj in k8s_run.kube.created:
+        if obj.get("kind") != "Secret":
+            assert GCS_TOKEN not in json.dumps(obj), obj["metadata"]["name"]
+    provision = storage.read_text(join_uri(k8s_run.run_uri, "provision", "manifest.json"))
+    assert GCS_TOKEN not in provision
