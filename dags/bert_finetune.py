@@ -18,6 +18,7 @@ react to a new champion).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -27,7 +28,8 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 if _PROJECT_ROOT not in sys.path:
     sys.path.insert(0, _PROJECT_ROOT)
 
-from airflow.sdk import Asset, AssetAlias, BaseOperator, Param, dag, task  # noqa: E402
+from airflow.sdk import (Asset, AssetAlias, BaseOperator, BaseOperatorLink,  # noqa: E402
+                         Param, dag, task)
 
 from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
 
@@ -42,6 +44,43 @@ def _load(run_uri: str):
     return load_run(run_uri)
 
 
+# .../runs/{dag_id}/{run_key}, optionally followed by /{step}/manifest.json
+_RUN_FOLDER = re.compile(r"/runs/([A-Za-z0-9_][A-Za-z0-9._-]*)/([A-Za-z0-9_][A-Za-z0-9._-]*)"
+                         r"(?:/[A-Za-z_]+/manifest\.json)?/?$")
+
+
+def run_page_path(uri: str) -> str:
+    """`bertflow/runs/{dag_id}/{run_key}` (the run page under the api-server's base URL) for a
+    run folder or step manifest URI; "" if the URI is not under a `runs/{dag_id}/{run_key}`."""
+    match = _RUN_FOLDER.search(uri or "")
+    return f"bertflow/runs/{match[1]}/{match[2]}" if match else ""
+
+
+class RunPageLink(BaseOperatorLink):
+    """"bertflow run": the task's run page in the bertflow plugin. Airflow 3 calls get_link in
+    the worker when the task ends and keeps the result as an XCom, which the UI reads. The run
+    folder comes from the task's return value (its step manifest URI) or, for a task that
+    failed before returning one, from its rendered `run_uri`."""
+
+    name = "bertflow run"
+
+    def get_link(self, operator, *, ti_key) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        path = run_page_path(str(XCom.get_value(ti_key=ti_key, key="return_value") or ""))
+        if not path and isinstance(getattr(operator, "run_uri", None), str):
+            path = run_page_path(operator.run_uri)
+        if not path:
+            return ""
+        try:
+            from airflow.configuration import conf
+
+            base = conf.get("api", "base_url", fallback="/") or "/"
+        except ImportError:  # a worker with the task SDK only
+            base = "/"
+        return base.rstrip("/") + "/" + path
+
+
 class WorkerStepOperator(BaseOperator):
     """Controller for a step that runs in worker processes.
 
@@ -53,6 +92,7 @@ class WorkerStepOperator(BaseOperator):
 
     template_fields = ("run_uri",)
     ui_color = "#fde9c9"
+    operator_extra_links = (RunPageLink(),)
 
     def __init__(self, *, step: str, run_uri: str, distributed: bool = False, **kwargs):
         super().__init__(**kwargs)

@@ -1,14 +1,26 @@
-"""Airflow plugin: a "bertflow" page listing run folders and exported models.
-
-It reads the artifact store (through `tasks.storage`, so local, gs:// and s3:// roots work)
-and never talks to training processes. Mounted by the api-server at /bertflow/ and linked from
+"""Airflow plugin: the "bertflow" page, mounted by the api-server at /bertflow/ and linked from
 the UI's navigation bar.
+
+- `/bertflow/`: models (complete versions per model name, the champion marked, metrics, model
+  cards) and the experiments table (one row per run folder, grouped by experiment; `?sort=`
+  a column, `&order=asc|desc`).
+- `/bertflow/runs/{dag_id}/{run_key}`: one run: key config, training curves (loss, accuracy,
+  learning rate against step, from train/history.json) and the confusion matrix as inline SVG,
+  per-class metrics and the command that opens the run's TensorBoard logs.
+- `/bertflow/models/{model}/{version}/card`: a version's model card.
+
+Server-rendered HTML, no JavaScript. It reads the artifact store through `tasks.storage`
+(`tasks.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
+processes. A name taken from a request path must match a strict pattern and be listed under
+the artifact root before it becomes part of a URI: anything else is 400 or 404.
 """
 from __future__ import annotations
 
 import html
+import math
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
@@ -20,7 +32,7 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
     sys.path.insert(0, _PROJECT_ROOT)
 
-from tasks import storage  # noqa: E402
+from tasks import run_summary, storage  # noqa: E402
 from tasks.config import default_artifact_root, join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
 
@@ -31,50 +43,343 @@ from tasks.errors import StorageError  # noqa: E402
 app = FastAPI(title="bertflow artifacts", dependencies=[
     Depends(requires_access_dag("GET", DagAccessEntity.RUN, param_dag_id="bert_finetune"))])
 
+esc = html.escape
 
-def _relative(root: str, uris: list[str], name: str) -> list[list[str]]:
-    """Path parts under `root` of every file called `name` (e.g. the run manifests)."""
-    prefix = root.rstrip("/") + "/"
-    return sorted((u[len(prefix):].split("/")[:-1] for u in uris if u.endswith("/" + name)),
-                  reverse=True)
+_STYLE = """<style>
+body{font-family:system-ui,sans-serif;margin:16px;color:#222}
+table{border-collapse:collapse;margin:6px 0 18px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right;font-size:13px;white-space:nowrap}
+th{background:#f3f3f3} td.l,th.l{text-align:left}
+tr.group th{background:#e4ecf7;text-align:left}
+.champion{color:#b8860b;font-weight:bold} code{background:#f6f6f6;padding:1px 3px}
+.charts svg{margin:0 12px 12px 0;border:1px solid #ddd;background:#fff}
+a.sort{color:inherit}
+</style>"""
 
 
 def artifact_index(root: str) -> dict[str, list[dict]]:
     """Runs (folders with a context.json) and complete model versions under `root`."""
-    runs = [{"dag_id": p[0], "run_key": p[1], "uri": join_uri(root, "runs", *p)}
-            for p in _relative(join_uri(root, "runs"),
-                               storage.list_uris(join_uri(root, "runs")), "context.json")
-            if len(p) == 2]
-    models_root = join_uri(root, "models")
-    models = [{"model": p[0], "version": p[1], "uri": join_uri(models_root, *p)}
-              for p in _relative(models_root, storage.list_uris(models_root), "_COMPLETE.json")
-              if len(p) == 2]
+    runs = [{"dag_id": d, "run_key": k, "uri": join_uri(root, "runs", d, k)}
+            for d, k in reversed(run_summary.list_runs(root))]
+    models = [{"model": m, "version": v, "uri": join_uri(root, "models", m, v)}
+              for m, v in reversed(run_summary.list_versions(root))]
     return {"runs": runs, "models": models}
 
 
+def _checked(*names: str) -> None:
+    """400 unless every name is one path segment of the shape run folders and versions use."""
+    if not all(run_summary.valid_name(n) for n in names):
+        raise HTTPException(400, "bad name")
+
+
+def _fmt(value, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 1e-2 or abs(value) >= 1e4 \
+            else f"{value:.{digits}f}".rstrip("0").rstrip(".")
+    return esc(str(value))
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "–"
+    seconds = float(seconds)
+    return f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _link(*parts: str) -> str:
+    return "/".join(quote(p, safe="") for p in parts)
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+            f"{_STYLE}</head><body>{body}</body></html>")
+
+
+# --- the index page ------------------------------------------------------------------------
+
+# (key, heading, value of a run summary row)
+COLUMNS = [
+    ("date", "date (logical date or run id)", lambda r: r["date"]),
+    ("learning_rate", "learning rate", lambda r: r["learning_rate"]),
+    ("epochs", "epochs", lambda r: r["epochs"]),
+    ("batch", "batch (global / per replica)",
+     lambda r: r["global_batch_size"] or r["per_replica_batch_size"]),
+    ("max_seq_length", "max_seq_length", lambda r: r["max_seq_length"]),
+    ("strategy", "strategy", lambda r: r["strategy"]),
+    ("provisioner", "provisioner", lambda r: r["provisioner"]),
+    ("accuracy", "accuracy", lambda r: r["accuracy"]),
+    ("macro_f1", "macro-F1", lambda r: r["macro_f1"]),
+    ("train_seconds", "train time", lambda r: r["train_seconds"]),
+    ("examples_per_second", "examples/s", lambda r: r["examples_per_second"]),
+    ("version", "model version", lambda r: r["version"]),
+]
+SORT_KEYS = {key: get for key, _, get in COLUMNS}
+
+
+def _sorted(rows: list[dict], key: str, descending: bool) -> list[dict]:
+    get = SORT_KEYS[key]
+    present = [r for r in rows if get(r) is not None]
+    missing = [r for r in rows if get(r) is None]  # always last
+    try:
+        present.sort(key=get, reverse=descending)
+    except TypeError:  # mixed types in one column
+        present.sort(key=lambda r: str(get(r)), reverse=descending)
+    return present + missing
+
+
+def _models_html(models: list[dict]) -> str:
+    if not models:
+        return "<p>No complete model versions yet.</p>"
+    out = []
+    for m in models:
+        champ = m["champion"]
+        note = (f"champion: <span class='champion'>&#9733; {esc(str(champ.get('version')))}"
+                f"</span> ({esc(str(champ.get('metric')))} {_fmt(champ.get('value'))}, "
+                f"promoted {esc(str(champ.get('promoted_at', '')))})" if champ
+                else "no champion yet")
+        rows = "".join(
+            f"<tr class='{'champion' if v['champion'] else ''}'>"
+            f"<td class='l'>{'&#9733; ' if v['champion'] else ''}{esc(v['version'])}</td>"
+            f"<td>{_fmt(v['accuracy'])}</td><td>{_fmt(v['macro_f1'])}</td>"
+            f"<td class='l'><a href='models/{_link(m['model'], v['version'])}/card'>"
+            f"model card</a></td><td class='l'><code>{esc(v['uri'])}</code></td></tr>"
+            for v in m["versions"])
+        out.append(f"<h4>{esc(m['model'])}</h4><p>{note}</p><table class='models' "
+                   f"data-model='{esc(m['model'])}'><tr><th class='l'>version</th>"
+                   f"<th>accuracy</th><th>macro-F1</th><th class='l'>card</th>"
+                   f"<th class='l'>location</th></tr>{rows}</table>")
+    return "".join(out)
+
+
+def _experiments_html(groups: dict[str, list[dict]], champions: set, sort: str,
+                      descending: bool) -> str:
+    if not groups:
+        return "<p>No runs yet.</p>"
+    head = "".join(
+        f"<th class='{'l' if key in ('date', 'strategy', 'provisioner', 'version') else ''}'>"
+        f"<a class='sort' href='?sort={key}&amp;order="
+        f"{'asc' if key == sort and descending else 'desc'}'>{esc(title)}"
+        f"{(' &#9660;' if descending else ' &#9650;') if key == sort else ''}</a></th>"
+        for key, title, _ in COLUMNS)
+    body = []
+    for experiment, rows in groups.items():
+        body.append(f"<tr class='group' data-experiment='{esc(experiment)}'>"
+                    f"<th colspan='{len(COLUMNS)}'>experiment {esc(experiment)} "
+                    f"({len(rows)} run{'s' if len(rows) != 1 else ''})</th></tr>")
+        for r in _sorted(rows, sort, descending):
+            champion = (r["model_name"], r["version"]) in champions
+            version = "–"
+            if r["version"]:
+                version = (f"{'&#9733; ' if champion else ''}"
+                           f"<a href='models/{_link(r['model_name'], r['version'])}/card'>"
+                           f"{esc(r['version'])}</a>")
+            body.append(
+                f"<tr class='run' data-experiment='{esc(experiment)}' "
+                f"data-run='{esc(r['run_key'])}'>"
+                f"<td class='l'><a href='runs/{_link(r['dag_id'], r['run_key'])}'>"
+                f"{esc(str(r['date']))}</a></td>"
+                f"<td>{_fmt(r['learning_rate'])}</td><td>{_fmt(r['epochs'])}</td>"
+                f"<td>{_fmt(r['global_batch_size'])} / {_fmt(r['per_replica_batch_size'])}</td>"
+                f"<td>{_fmt(r['max_seq_length'])}</td><td class='l'>{_fmt(r['strategy'])}</td>"
+                f"<td class='l'>{_fmt(r['provisioner'])}</td>"
+                f"<td class='accuracy'>{_fmt(r['accuracy'])}</td>"
+                f"<td class='macro_f1'>{_fmt(r['macro_f1'])}</td>"
+                f"<td>{_duration(r['train_seconds'])}</td>"
+                f"<td>{_fmt(r['examples_per_second'])}</td>"
+                f"<td class='l{' champion' if champion else ''}'>{version}</td></tr>")
+    return f"<table class='experiments'><tr>{head}</tr>{''.join(body)}</table>"
+
+
 @app.get("/", response_class=HTMLResponse)
-def index() -> str:
+def index(sort: str = "date", order: str = "desc") -> str:
+    if sort not in SORT_KEYS or order not in ("asc", "desc"):
+        raise HTTPException(400, f"sort must be one of {sorted(SORT_KEYS)}, order asc|desc")
     root = default_artifact_root()
-    found = artifact_index(root)
+    models = run_summary.models(root)
+    champions = {(m["model"], m["champion"]["version"]) for m in models if m["champion"]}
+    groups = run_summary.experiments(root)
+    return _page("bertflow", (
+        f"<h2>bertflow artifacts in <code>{esc(root)}</code></h2>"
+        f"<h3>Models</h3>{_models_html(models)}"
+        f"<h3>Experiments</h3>{_experiments_html(groups, champions, sort, order == 'desc')}"))
+
+
+# --- the run page ------------------------------------------------------------------------
+
+def line_chart(points: list[tuple[float, float]], title: str, series: str, color: str,
+               width: int = 420, height: int = 240) -> str:
+    """A hand-written SVG line chart: axes, 5 ticks on each, one polyline."""
+    left, right, top, bottom = 64, 16, 28, 40
+    if not points:
+        return ""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1 = min(xs), max(xs)
+    y0, y1 = min(ys), max(ys)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        pad = abs(y0) * 0.1 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
+    pw, ph = width - left - right, height - top - bottom
+
+    def sx(x):
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y):
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
+    ticks = []
+    for i in range(5):
+        yv = y0 + (y1 - y0) * i / 4
+        xv = x0 + (x1 - x0) * i / 4
+        ticks.append(f"<line x1='{left - 4}' y1='{sy(yv):.1f}' x2='{left + pw}' "
+                     f"y2='{sy(yv):.1f}' stroke='#eee'/>"
+                     f"<text x='{left - 6}' y='{sy(yv) + 4:.1f}' text-anchor='end' "
+                     f"font-size='10'>{_fmt(yv, 3)}</text>"
+                     f"<text x='{sx(xv):.1f}' y='{top + ph + 14}' text-anchor='middle' "
+                     f"font-size='10'>{xv:.0f}</text>")
+    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+    lx, ly = points[-1]
+    return (f"<svg class='chart' data-series='{esc(series)}' width='{width}' "
+            f"height='{height}' viewBox='0 0 {width} {height}' "
+            f"xmlns='http://www.w3.org/2000/svg' role='img' aria-label='{esc(title)}'>"
+            f"<text x='{width / 2}' y='16' text-anchor='middle' font-size='13' "
+            f"font-weight='bold'>{esc(title)}</text>{''.join(ticks)}"
+            f"<line class='axis' x1='{left}' y1='{top}' x2='{left}' y2='{top + ph}' "
+            f"stroke='#333'/>"
+            f"<line class='axis' x1='{left}' y1='{top + ph}' x2='{left + pw}' "
+            f"y2='{top + ph}' stroke='#333'/>"
+            f"<text x='{left + pw / 2}' y='{height - 6}' text-anchor='middle' "
+            f"font-size='11'>step</text>"
+            f"<polyline class='{esc(series)}' points='{line}' fill='none' stroke='{color}' "
+            f"stroke-width='2'/>"
+            f"<circle cx='{sx(lx):.1f}' cy='{sy(ly):.1f}' r='3' fill='{color}'>"
+            f"<title>step {lx:.0f}: {_fmt(ly)}</title></circle></svg>")
+
+
+def confusion_svg(matrix: list[list[int]], labels: list[str]) -> str:
+    """A heat-map grid (rows: true label, columns: predicted), shaded by the share of each
+    true label's examples, with the counts in the cells and the labels on both axes."""
+    n = len(labels)
+    if not n or len(matrix) != n or any(
+            not isinstance(row, list) or len(row) != n or
+            not all(isinstance(c, int) and c >= 0 for c in row) for row in matrix):
+        return ""  # not a matrix the evaluate step writes: draw nothing rather than fail
+    cell = max(22, min(64, 520 // n))
+    shown = [lb if len(lb) <= 18 else lb[:17] + "…" for lb in labels]
+    left = min(170, 16 + 7 * max(len(s) for s in shown)) + 24
+    top = min(150, 16 + 6 * max(len(s) for s in shown)) + 24
+    width, height = left + cell * n + 16, top + cell * n + 16
+    parts = [f"<text x='{left + cell * n / 2}' y='14' text-anchor='middle' font-size='12' "
+             f"font-weight='bold'>predicted</text>",
+             f"<text x='12' y='{top + cell * n / 2}' text-anchor='middle' font-size='12' "
+             f"font-weight='bold' transform='rotate(-90 12 {top + cell * n / 2})'>"
+             f"true label</text>"]
+    for i, (label, short) in enumerate(zip(labels, shown)):
+        cy = top + cell * i + cell / 2
+        cx = left + cell * i + cell / 2
+        parts.append(f"<text class='row-label' x='{left - 6}' y='{cy + 4:.1f}' "
+                     f"text-anchor='end' font-size='11'><title>{esc(label)}</title>"
+                     f"{esc(short)}</text>")
+        parts.append(f"<text class='col-label' x='{cx:.1f}' y='{top - 6}' font-size='11' "
+                     f"transform='rotate(-45 {cx:.1f} {top - 6})'><title>{esc(label)}</title>"
+                     f"{esc(short)}</text>")
+    for i, row in enumerate(matrix):
+        total = sum(row) or 1
+        for j, count in enumerate(row):
+            share = count / total
+            shade = tuple(round(255 - share * (255 - c)) for c in (31, 95, 168))
+            x, y = left + cell * j, top + cell * i
+            parts.append(
+                f"<rect class='cell' x='{x}' y='{y}' width='{cell}' height='{cell}' "
+                f"fill='rgb{shade}' stroke='#fff'><title>true {esc(labels[i])}, predicted "
+                f"{esc(labels[j])}: {count} ({share:.0%})</title></rect>"
+                f"<text x='{x + cell / 2}' y='{y + cell / 2 + 4}' text-anchor='middle' "
+                f"font-size='11' fill='{'#fff' if share > 0.55 else '#222'}'>{count}</text>")
+    return (f"<svg class='confusion' width='{width}' height='{height}' "
+            f"viewBox='0 0 {width} {height}' xmlns='http://www.w3.org/2000/svg' role='img' "
+            f"aria-label='confusion matrix'>{''.join(parts)}</svg>")
+
+
+def _charts_html(history: list[dict]) -> str:
+    if not history:
+        return "<p>No training history yet (<code>train/history.json</code>).</p>"
+    charts = []
+    for key, title, color in (("loss", "training loss", "#c0392b"),
+                              ("accuracy", "training accuracy", "#1f5fa8"),
+                              ("learning_rate", "learning rate", "#2e8b57")):
+        points = [(float(r["step"]), float(r[key])) for r in history
+                  if isinstance(r, dict) and isinstance(r.get("step"), int)
+                  and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        charts.append(line_chart(points, title, key, color))
+    return f"<div class='charts'>{''.join(charts)}</div>"
+
+
+def _metrics_html(metrics: dict | None) -> str:
+    if not metrics:
+        return "<p>Not evaluated yet (<code>evaluate/metrics.json</code>).</p>"
+    labels = [str(x) for x in metrics.get("labels") or []]
+    per_class = metrics.get("per_class") or {}
     rows = "".join(
-        f"<li>{html.escape(m['model'])} / {html.escape(m['version'])} "
-        f"<a href='models/{html.escape(m['model'])}/{html.escape(m['version'])}/card'>"
-        f"model card</a> "
-        f"<code>{html.escape(m['uri'])}</code></li>" for m in found["models"])
-    runs = "".join(f"<li>{html.escape(r['dag_id'])} / {html.escape(r['run_key'])} "
-                   f"<code>{html.escape(r['uri'])}</code></li>" for r in found["runs"])
-    return (f"<h2>bertflow artifacts in <code>{html.escape(root)}</code></h2>"
-            f"<h3>Models</h3><ul>{rows or '<li>none yet</li>'}</ul>"
-            f"<h3>Runs</h3><ul>{runs or '<li>none yet</li>'}</ul>")
+        f"<tr><td class='l'>{esc(label)}</td><td>{_fmt(m.get('precision'))}</td>"
+        f"<td>{_fmt(m.get('recall'))}</td><td>{_fmt(m.get('f1'))}</td>"
+        f"<td>{_fmt(m.get('support'))}</td></tr>"
+        for label, m in per_class.items() if isinstance(m, dict))
+    return (f"<p>accuracy <b>{_fmt(metrics.get('accuracy'))}</b>, macro-F1 "
+            f"<b>{_fmt(metrics.get('macro_f1'))}</b> on {_fmt(metrics.get('num_examples'))} "
+            f"examples</p>{confusion_svg(metrics.get('confusion_matrix') or [], labels)}"
+            f"<table><tr><th class='l'>label</th><th>precision</th><th>recall</th>"
+            f"<th>f1</th><th>support</th></tr>{rows}</table>")
+
+
+@app.get("/runs/{dag_id}/{run_key}", response_class=HTMLResponse)
+def run_page(dag_id: str, run_key: str) -> str:
+    _checked(dag_id, run_key)
+    root = default_artifact_root()
+    if (dag_id, run_key) not in run_summary.list_runs(root):
+        raise HTTPException(404, "no such run folder")
+    run = run_summary.run_detail(root, dag_id, run_key)
+    train = run["train"]
+    tb_dir = train.get("tensorboard_dir") or join_uri(run["uri"], "train", "tensorboard")
+    config = [("experiment", run["experiment"]), ("logical date", run["logical_date"] or "–"),
+              ("run id", run["run_id"] or "–"), ("learning rate", run["learning_rate"]),
+              ("epochs", run["epochs"]), ("per-replica batch", run["per_replica_batch_size"]),
+              ("global batch", run["global_batch_size"]),
+              ("max_seq_length", run["max_seq_length"]), ("strategy", run["strategy"]),
+              ("provisioner", run["provisioner"]), ("steps", run["steps"]),
+              ("train time", _duration(run["train_seconds"])),
+              ("examples/s", run["examples_per_second"]),
+              ("steps done", ", ".join(run["steps_done"]) or "–")]
+    config_rows = "".join(f"<tr><th class='l'>{esc(k)}</th><td class='l'>"
+                          f"{v if k == 'train time' else _fmt(v)}</td></tr>" for k, v in config)
+    model = "<p>Not exported yet.</p>"
+    if run["version"]:
+        reason = run["promote_reason"]
+        model = (f"<p>Exported as <a href='../../models/"
+                 f"{_link(run['model_name'], run['version'])}/card'>{esc(run['model_name'])} "
+                 f"{esc(run['version'])}</a>{'; promoted' if run['promoted'] else ''}"
+                 f"{(' (' + esc(str(reason)) + ')') if reason else ''}</p>")
+    return _page(f"bertflow run {dag_id} / {run_key}", (
+        f"<p><a href='../../'>&larr; all runs and models</a></p>"
+        f"<h2>Run {esc(dag_id)} / {esc(run_key)}</h2><p><code>{esc(run['uri'])}</code></p>"
+        f"<table class='config'>{config_rows}</table>"
+        f"<h3>Training</h3>{_charts_html(run['history'])}"
+        f"<p>TensorBoard logs: <code>{esc(tb_dir)}</code><br>view them with "
+        f"<code class='tensorboard'>tensorboard --logdir {esc(tb_dir)}</code></p>"
+        f"<h3>Evaluation</h3>{_metrics_html(run['metrics'])}"
+        f"<h3>Model</h3>{model}"))
 
 
 @app.get("/models/{model}/{version}/card", response_class=PlainTextResponse)
 def model_card(model: str, version: str) -> str:
-    if "/" in model + version or ".." in model + version:
-        raise HTTPException(400, "bad model or version name")
-    uri = join_uri(default_artifact_root(), "models", model, version, "model_card.md")
+    _checked(model, version)
+    root = default_artifact_root()
+    if (model, version) not in run_summary.list_versions(root):
+        raise HTTPException(404, "no such complete model version")
     try:
-        return storage.read_text(uri)
+        return storage.read_text(join_uri(root, "models", model, version, "model_card.md"))
     except StorageError as err:
         raise HTTPException(404, str(err)) from None
 

@@ -60,7 +60,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         if start_step:
             print(f"train: resuming from step {start_step} ({manager.latest_checkpoint})",
                   flush=True)
-        progress = Progress(plan, out / "tensorboard")
+        progress = Progress(plan, out / "tensorboard", History(
+            join_uri(step_uri, "history.json"), plan, start_step) if chief else None)
 
         def dataset_fn(input_context, seed_offset=0, skip_batches=0):
             return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
@@ -106,6 +107,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "resumed_from_step": start_step,
         "examples_per_second": progress.examples_per_second,
         "final_loss": progress.epoch_loss,
+        "train_seconds": progress.train_seconds,
     })
 
 
@@ -150,9 +152,11 @@ class Progress(tf_keras.callbacks.Callback):
     """Logs loss and examples/s to stdout and TensorBoard every `every` steps. Throughput is
     measured from the end of the first step, so graph tracing is not counted."""
 
-    def __init__(self, plan: model_lib.TrainPlan, tb_dir: Path):
+    def __init__(self, plan: model_lib.TrainPlan, tb_dir: Path, history: History | None = None):
         super().__init__()
         self.plan = plan
+        self.history = history
+        self.started = time.perf_counter()
         self.every = max(1, min(100, plan.total_steps // 10))
         self.writer = tf.summary.create_file_writer(str(tb_dir / "train"))
         self.first: tuple[int, float] | None = None
@@ -165,6 +169,8 @@ class Progress(tf_keras.callbacks.Callback):
         if self.first is None:
             self.first = (step, now)
         self.last = (step, now)
+        if self.history is not None:
+            self.history.step_done(step, metrics, now - self.started)
         if step % self.every and step < self.plan.total_steps:
             return
         speed = self.examples_per_second or 0.0
@@ -182,6 +188,11 @@ class Progress(tf_keras.callbacks.Callback):
         steps = self.last[0] - self.first[0]
         return round(steps * self.plan.global_batch_size / (self.last[1] - self.first[1]), 2)
 
+    @property
+    def train_seconds(self) -> float | None:
+        """From the start of training (this attempt) to its last step."""
+        return None if self.last is None else round(self.last[1] - self.started, 2)
+
     def on_train_batch_end(self, batch, logs=None):
         optimizer = self.model.optimizer
         self.step_done(int(optimizer.iterations.numpy()), {
@@ -190,6 +201,38 @@ class Progress(tf_keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_loss = float(logs["loss"])
+
+
+class History:
+    """`train/history.json`, a small training history the bertflow page draws without
+    TensorFlow: `{"total_steps", "steps_per_epoch", "every", "records": [{"step", "epoch",
+    "loss", "accuracy", "learning_rate", "elapsed_seconds"}]}`. About `POINTS` records per
+    run (every `every` steps, the first and the last step), buffered and written whole (it is
+    small, and gs:// / s3:// objects cannot be appended to) at each epoch end and at the last
+    step. A resumed run keeps the records up to the step it resumes from."""
+
+    POINTS = 200
+
+    def __init__(self, uri: str, plan: model_lib.TrainPlan, start_step: int = 0):
+        self.uri, self.plan = uri, plan
+        self.every = max(1, plan.total_steps // self.POINTS)
+        self.records: list[dict] = []
+        if start_step and storage.exists(uri):
+            self.records = [r for r in storage.read_json(uri).get("records", [])
+                            if r["step"] <= start_step]
+        self.written_epoch = start_step // plan.steps_per_epoch
+
+    def step_done(self, step: int, metrics: dict[str, float], elapsed: float) -> None:
+        last = step >= self.plan.total_steps
+        if step % self.every == 0 or last or not self.records:
+            self.records.append({"step": step, "epoch": round(step / self.plan.steps_per_epoch, 3),
+                                 **{k: float(v) for k, v in metrics.items()},
+                                 "elapsed_seconds": round(elapsed, 3)})
+        if last or step // self.plan.steps_per_epoch > self.written_epoch:
+            self.written_epoch = step // self.plan.steps_per_epoch
+            storage.write_json(self.uri, {
+                "total_steps": self.plan.total_steps, "steps_per_epoch": self.plan.steps_per_epoch,
+                "every": self.every, "records": self.records})
 
 
 # tf.summary.scalar lives in the tensorboard package, which is not a dependency; this is the

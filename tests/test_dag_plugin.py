@@ -2,10 +2,9 @@
 test's SQLite metadata DB): it answers only logged-in users, and lists artifacts."""
 from __future__ import annotations
 
-import pytest
 from airflow import plugins_manager
-from fastapi.testclient import TestClient
 
+from plugin_helpers import api_server  # noqa: F401  (fixture)
 from tasks import storage
 
 
@@ -14,19 +13,6 @@ def test_plugin_registers_its_app_and_nav_view():
     assert any(a["url_prefix"] == "/bertflow" for a in apps)
     views, _ = plugins_manager._get_ui_plugins()
     assert any(v["href"] == "/bertflow/" for v in views)
-
-
-@pytest.fixture(scope="module")
-def api_server(airflow_db):
-    """Airflow's api-server app (core API, auth manager, plugins) as `airflow api-server`
-    builds it, plus a JWT for the admin user the simple auth manager knows."""
-    from airflow.api_fastapi.app import create_app, get_auth_manager
-    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
-
-    client = TestClient(create_app(apps="core"))
-    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin",
-                                                                  role="admin"))
-    return client, token
 
 
 def test_anonymous_and_forged_requests_are_refused(api_server):
@@ -49,8 +35,9 @@ def test_logged_in_user_sees_runs_and_models(api_server, artifact_root):
     try:
         page = client.get("/bertflow/")
         assert page.status_code == 200, page.text
-        assert "bert_finetune / 2024-01-01" in page.text
-        assert "bert-classifier / v1" in page.text and "v2" not in page.text  # incomplete
+        assert "href='runs/bert_finetune/2024-01-01'" in page.text
+        assert "href='models/bert-classifier/v1/card'" in page.text
+        assert "v2" not in page.text  # incomplete
         card = client.get("/bertflow/models/bert-classifier/v1/card")
         assert card.text == "# bert-classifier v1\n"
         assert client.get("/bertflow/models/bert-classifier/v9/card").status_code == 404

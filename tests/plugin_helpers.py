@@ -1,0 +1,116 @@
+"""Shared by the plugin tests: Airflow's real api-server app with a JWT, and a synthetic
+artifact tree (two experiments, three runs, a champion, histories, metrics) written through
+tasks.storage exactly where the steps write them. Import the fixtures into a test module to
+use them (conftest.py belongs to the orchestration tests)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tasks import storage
+from tasks.config import join_uri
+
+DAG_ID = "bert_finetune"
+MODEL = "bert-classifier"
+# One label needs escaping: the page must never emit stored text as markup.
+LABELS = ["billing", "<b>ug", "feature"]
+
+# run_key -> (experiment, logical date, run id, config, train manifest, accuracy, macro-F1,
+#             exported version)
+RUNS = {
+    "baseline__2024-01-01T00_00_00_00_00": (
+        "baseline", "2024-01-01T00:00:00+00:00", "scheduled__2024-01-01T00:00:00+00:00",
+        {"learning_rate": 5e-5, "epochs": 3, "per_replica_batch_size": 32,
+         "max_seq_length": 128, "strategy": "auto", "provisioner": "local"},
+        {"strategy": "one_device", "global_batch_size": 32, "examples_per_second": 51.25,
+         "train_seconds": 125.0, "steps": 36},
+        0.8123, 0.7011, "v20240101T000500-aaaaaaaa"),
+    "baseline__2024-01-02T00_00_00_00_00": (
+        "baseline", "2024-01-02T00:00:00+00:00", "scheduled__2024-01-02T00:00:00+00:00",
+        {"learning_rate": 3e-5, "epochs": 4, "per_replica_batch_size": 32,
+         "max_seq_length": 128, "strategy": "auto", "provisioner": "local"},
+        {"strategy": "one_device", "global_batch_size": 32, "examples_per_second": 49.5,
+         "train_seconds": 160.0, "steps": 48},
+        0.8456, 0.7789, "v20240102T000500-bbbbbbbb"),
+    "manual__2024-02-01T10_00_00_00_00": (
+        "long-seq", "", "manual__2024-02-01T10:00:00+00:00",
+        {"learning_rate": 2e-5, "epochs": 2, "per_replica_batch_size": 16,
+         "max_seq_length": 256, "strategy": "multi_worker_mirrored",
+         "provisioner": "kubernetes"},
+        {"strategy": "multi_worker_mirrored", "global_batch_size": 64,
+         "examples_per_second": 210.75, "train_seconds": 900.0, "steps": 20},
+        0.9012, 0.8876, "v20240201T101500-cccccccc"),
+}
+CHAMPION_RUN = "manual__2024-02-01T10_00_00_00_00"
+
+
+def history(total_steps: int) -> dict:
+    records = [{"step": s, "epoch": round(s / 12, 3), "loss": 1.1 * math.exp(-s / 10) + 0.05,
+                "accuracy": min(0.98, 0.33 + s / 40), "elapsed_seconds": s * 2.5,
+                "learning_rate": 5e-5 * min(1.0, s / 4) * (1 - s / (total_steps + 1))}
+               for s in range(1, total_steps + 1)]
+    return {"total_steps": total_steps, "steps_per_epoch": 12, "every": 1, "records": records}
+
+
+def build_artifacts(root: str) -> None:
+    """Run folders and published model versions as the pipeline's steps leave them."""
+    models = join_uri(root, "models", MODEL)
+    for run_key, (experiment, logical, run_id, config, train, acc, f1, version) in RUNS.items():
+        run = join_uri(root, "runs", DAG_ID, run_key)
+        storage.write_json(join_uri(run, "context.json"), {
+            "artifact_root": root, "dag_id": DAG_ID, "run_key": run_key, "run_id": run_id,
+            "experiment": experiment, "logical_date": logical, "run_dir": ""})
+        storage.write_json(join_uri(run, "config.json"), {"experiment": experiment, **config})
+        storage.write_json(join_uri(run, "train", "manifest.json"), {
+            **train, "tensorboard_dir": join_uri(run, "train", "tensorboard")})
+        storage.write_json(join_uri(run, "train", "history.json"), history(train["steps"]))
+        matrix = [[40, 3, 2], [4, 30, 1], [1, 2, 17]]
+        metrics = {"accuracy": acc, "macro_f1": f1, "labels": LABELS, "num_examples": 100,
+                   "confusion_matrix": matrix,
+                   "per_class": {lb: {"precision": 0.8, "recall": 0.8, "f1": 0.8,
+                                      "support": sum(matrix[i])}
+                                 for i, lb in enumerate(LABELS)}}
+        storage.write_json(join_uri(run, "evaluate", "metrics.json"), metrics)
+        storage.write_json(join_uri(run, "evaluate", "manifest.json"), {
+            "metrics_uri": join_uri(run, "evaluate", "metrics.json"), "num_examples": 100,
+            "metrics": {"accuracy": acc, "macro_f1": f1}})
+        storage.write_json(join_uri(run, "export", "manifest.json"), {
+            "version_uri": join_uri(models, version), "version": version, "model_name": MODEL,
+            "experiment": experiment, "logical_date": logical or None})
+        promoted = run_key == CHAMPION_RUN
+        storage.write_json(join_uri(run, "promote", "manifest.json"), {
+            "promoted": promoted, "reason": "accuracy 0.9012; beats champion" if promoted
+            else "accuracy below the champion"})
+        storage.write_json(join_uri(models, version, "metrics.json"), metrics)
+        storage.write_text(join_uri(models, version, "model_card.md"), f"# {MODEL} {version}\n")
+        storage.write_json(join_uri(models, version, storage.COMPLETE), {"files": []})
+    champion = RUNS[CHAMPION_RUN][-1]
+    storage.write_json(join_uri(models, "CHAMPION.json"), {
+        "version": champion, "version_uri": join_uri(models, champion), "metric": "accuracy",
+        "value": 0.9012, "previous": None, "promoted_at": "2024-02-01T10:20:00+00:00"})
+    # Half-published (no _COMPLETE.json): never listed.
+    storage.write_text(join_uri(models, "v20240301T000000-dddddddd", "model_card.md"), "part")
+
+
+@pytest.fixture(scope="module")
+def api_server(airflow_db):
+    """Airflow's api-server app (core API, auth manager, plugins) as `airflow api-server`
+    builds it, plus a JWT for the admin user the simple auth manager knows."""
+    from airflow.api_fastapi.app import create_app, get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+    from fastapi.testclient import TestClient
+
+    client = TestClient(create_app(apps="core"))
+    token = get_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin",
+                                                                  role="admin"))
+    return client, token
+
+
+@pytest.fixture
+def logged_in(api_server):
+    """The test client carrying the UI's login cookie."""
+    client, token = api_server
+    client.cookies.set("_token", token)
+    yield client
+    client.cookies.clear()

@@ -1,0 +1,236 @@
+"""The bertflow page's content, served by Airflow's real api-server app (in process, with a
+JWT) over a synthetic artifact tree (tests/plugin_helpers.py), and the "bertflow run" extra
+link of the DAG's worker steps."""
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from plugin_helpers import (CHAMPION_RUN, DAG_ID, LABELS, MODEL, RUNS,  # noqa: F401
+                            api_server, build_artifacts, logged_in)
+from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
+
+RUN_KEY = "baseline__2024-01-01T00_00_00_00_00"
+
+
+@pytest.fixture
+def tree(artifact_root):
+    build_artifacts(artifact_root)
+    return artifact_root
+
+
+def _rows(page: str) -> list[str]:
+    """The experiments table's rows, group headings included, in page order."""
+    table = page.split("<table class='experiments'>", 1)[1].split("</table>", 1)[0]
+    return re.findall(r"<tr class='(?:group|run)'.*?</tr>", table, flags=re.S)
+
+
+def test_index_groups_runs_by_experiment_with_their_figures(logged_in, tree):
+    page = logged_in.get("/bertflow/")
+    assert page.status_code == 200, page.text
+    rows = _rows(page.text)
+    # Groups sorted by name, newest run first in a group.
+    assert [r.split("data-experiment='", 1)[1].split("'", 1)[0] for r in rows] == \
+        ["baseline"] * 3 + ["long-seq"] * 2
+    assert "experiment baseline (2 runs)" in rows[0] and "experiment long-seq (1 run)" in rows[3]
+    newest, oldest, manual = rows[1], rows[2], rows[4]
+    assert "2024-01-02T00:00:00+00:00" in newest and "2024-01-01T00:00:00+00:00" in oldest
+    assert f"href='runs/{DAG_ID}/{RUN_KEY}'" in oldest
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", oldest)
+    # date, lr, epochs, batch, max_seq_length, strategy, provisioner, accuracy, macro-F1,
+    # train time, examples/s, version
+    assert cells[1:11] == ["5e-05", "3", "32 / 32", "128", "one_device", "local", "0.8123",
+                           "0.7011", "2.1 min", "51.25"]
+    manual_cells = re.findall(r"<td[^>]*>(.*?)</td>", manual)
+    assert "manual__2024-02-01T10:00:00+00:00" in manual_cells[0]  # no logical date: run id
+    assert manual_cells[3:11] == ["64 / 16", "256", "multi_worker_mirrored", "kubernetes",
+                                  "0.9012", "0.8876", "15.0 min", "210.75"]
+    # The champion's version is starred, the others are not.
+    assert "&#9733;" in manual_cells[11] and "&#9733;" not in cells[11]
+
+
+def test_index_lists_model_versions_with_the_champion_marked(logged_in, tree):
+    page = logged_in.get("/bertflow/").text
+    models = page.split("<h3>Models</h3>", 1)[1].split("<h3>Experiments</h3>", 1)[0]
+    champion = RUNS[CHAMPION_RUN][-1]
+    versions = re.findall(r"<tr class='(champion)?'><td class='l'>(?:&#9733; )?(v[^<]+)</td>"
+                          r"<td>([^<]+)</td>", models)
+    assert versions == [("champion", champion, "0.9012"),
+                        ("", "v20240102T000500-bbbbbbbb", "0.8456"),
+                        ("", "v20240101T000500-aaaaaaaa", "0.8123")]  # not the partial one
+    assert f"champion: <span class='champion'>&#9733; {champion}</span>" in models
+    assert f"href='models/{MODEL}/{champion}/card'" in models
+    card = logged_in.get(f"/bertflow/models/{MODEL}/{champion}/card")
+    assert card.status_code == 200 and card.text == f"# {MODEL} {champion}\n"
+
+
+def test_experiments_table_sorts_within_groups(logged_in, tree):
+    page = logged_in.get("/bertflow/?sort=accuracy&order=asc").text
+    accuracies = [re.search(r"<td class='accuracy'>([^<]+)", r)[1]
+                  for r in _rows(page) if "class='run'" in r]
+    assert accuracies == ["0.8123", "0.8456", "0.9012"]
+    assert "&#9650;" in page  # the sorted column is marked
+    assert logged_in.get("/bertflow/?sort=__class__").status_code == 400
+
+
+def test_run_page_draws_curves_and_confusion_matrix_as_svg(logged_in, tree):
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}")
+    assert page.status_code == 200, page.text
+    text = page.text
+    charts = re.findall(r"<svg class='chart' data-series='(\w+)'.*?</svg>", text, flags=re.S)
+    assert charts == ["loss", "accuracy", "learning_rate"]
+    for series in charts:
+        points = re.search(rf"<polyline class='{series}' points='([^']+)'", text)[1].split()
+        assert len(points) == RUNS[RUN_KEY][4]["steps"]  # one vertex per history record
+        xs = [float(p.split(",")[0]) for p in points]
+        assert xs == sorted(xs) and xs[-1] - xs[0] > 300  # spans the plot width
+    loss_ys = [float(p.split(",")[1]) for p in
+               re.search(r"<polyline class='loss' points='([^']+)'", text)[1].split()]
+    assert loss_ys[-1] > loss_ys[0]  # loss falls: lower on screen = larger y
+    matrix = re.search(r"<svg class='confusion'.*?</svg>", text, flags=re.S)[0]
+    assert matrix.count("<rect class='cell'") == 9
+    for label in LABELS:
+        assert f"<title>{label.replace('<', '&lt;').replace('>', '&gt;')}</title>" in matrix
+    assert "<b>ug" not in text  # stored text is escaped, never markup
+    assert ">40</text>" in matrix and ">17</text>" in matrix
+    tb_dir = f"{tree}/runs/{DAG_ID}/{RUN_KEY}/train/tensorboard"
+    assert f"<code class='tensorboard'>tensorboard --logdir {tb_dir}</code>" in text
+    assert "href='../../models/bert-classifier/v20240101T000500-aaaaaaaa/card'" in text
+
+
+def test_run_page_of_a_run_still_training(logged_in, artifact_root):
+    """A run folder without history or metrics yet still renders, saying what is missing."""
+    from tasks import storage
+
+    storage.write_json(f"{artifact_root}/runs/{DAG_ID}/fresh/context.json",
+                       {"dag_id": DAG_ID, "run_key": "fresh", "run_id": "fresh"})
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/fresh")
+    assert page.status_code == 200, page.text
+    assert "No training history yet" in page.text and "Not evaluated yet" in page.text
+
+
+def test_pages_read_gs_and_s3_artifact_roots(logged_in, root, monkeypatch):
+    """The same tree in a bucket (GCS emulator / moto S3 on loopback), read through
+    tasks.storage: the index, a run page and a model card."""
+    build_artifacts(root)
+    monkeypatch.setenv("BERTFLOW_ARTIFACT_ROOT", root)
+    index = logged_in.get("/bertflow/")
+    assert index.status_code == 200, index.text
+    assert len([r for r in _rows(index.text) if "class='run'" in r]) == 3
+    assert f"<code>{root}</code>" in index.text
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text
+    assert "<polyline class='learning_rate'" in page and "<svg class='confusion'" in page
+    assert f"tensorboard --logdir {root}/runs/{DAG_ID}/{RUN_KEY}/train/tensorboard" in page
+    champion = RUNS[CHAMPION_RUN][-1]
+    assert logged_in.get(f"/bertflow/models/{MODEL}/{champion}/card").text.startswith("# ")
+
+
+def test_damaged_files_do_not_break_the_pages(logged_in, tree):
+    """Stored files are data, not trusted: a truncated history, a matrix of the wrong shape,
+    a NaN loss or a JSON list where an object belongs are skipped, not a 500."""
+    from tasks import storage
+
+    run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    storage.write_text(f"{run}/train/history.json", '{"records": [{"step": 1, "loss": NaN}, '
+                       '{"step": 2, "loss": 0.5, "accuracy": "x"}, 7]}')
+    storage.write_json(f"{run}/evaluate/metrics.json", {"labels": LABELS,
+                                                         "confusion_matrix": [[1, 2], [3]]})
+    storage.write_json(f"{run}/config.json", [1, 2, 3])
+    storage.write_text(f"{tree}/models/{MODEL}/CHAMPION.json", "{not json")
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}")
+    assert page.status_code == 200, page.text
+    assert "<svg class='confusion'" not in page.text
+    assert logged_in.get("/bertflow/").status_code == 200
+
+
+def test_anonymous_requests_are_refused(api_server, tree):
+    client, _ = api_server
+    for path in ("/bertflow/", f"/bertflow/runs/{DAG_ID}/{RUN_KEY}",
+                 f"/bertflow/models/{MODEL}/{RUNS[RUN_KEY][-1]}/card"):
+        assert client.get(path).status_code == 401, path
+        assert client.get(path, headers={"Authorization": "Bearer x.y.z"}).status_code == 403
+
+
+@pytest.mark.parametrize("path", [
+    "/bertflow/runs/../runs", "/bertflow/runs/%2e%2e/%2e%2e",
+    f"/bertflow/runs/{DAG_ID}/..", f"/bertflow/runs/{DAG_ID}/%2e%2e",
+    f"/bertflow/runs/{DAG_ID}/..%2F..%2Fmodels", f"/bertflow/runs/{DAG_ID}%2F{RUN_KEY}/train",
+    f"/bertflow/runs/{DAG_ID}/..%5C..%5Cmodels", f"/bertflow/runs/{DAG_ID}/%5C{RUN_KEY}",
+    f"/bertflow/runs/{DAG_ID}/{RUN_KEY}%00", f"/bertflow/runs/{DAG_ID}/.{RUN_KEY}",
+    f"/bertflow/runs/%2Fetc/passwd", "/bertflow/runs/x/%252e%252e",
+    f"/bertflow/runs/{DAG_ID}/{RUN_KEY}%2Ftrain", f"/bertflow/runs/{DAG_ID}/nope",
+    f"/bertflow/runs/other_dag/{RUN_KEY}",
+    f"/bertflow/models/..%2F..%2Fruns/{MODEL}/card", f"/bertflow/models/%2e%2e/v1/card",
+    f"/bertflow/models/{MODEL}/..%5Cv1/card", f"/bertflow/models/{MODEL}/v20240301T000000-"
+    "dddddddd/card",  # not completely published
+    f"/bertflow/models/{MODEL}/CHAMPION.json/card",
+])
+def test_traversal_and_unlisted_names_are_refused(logged_in, tree, path):
+    resp = logged_in.get(path)
+    assert resp.status_code in (400, 404), (path, resp.status_code, resp.text[:200])
+
+
+# --- the extra link on the DAG's worker steps -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def dag_module():
+    """dags/bert_finetune.py, imported as the dag-processor and the worker import it."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "dags" / "bert_finetune.py"
+    spec = importlib.util.spec_from_file_location("bert_finetune_for_links", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def dag(dag_module):
+    return dag_module.bert_finetune()
+
+
+def test_train_evaluate_export_link_to_their_run_page(dag, monkeypatch, tree):
+    """get_link as the task runner calls it when a task ends (ti_key: the task instance),
+    with XCom.get_value faked (no task runner here) to return what each task returned: its
+    manifest URI."""
+    from airflow.sdk.execution_time.xcom import XCom
+
+    run_uri = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    returned = {}
+    monkeypatch.setattr(XCom, "get_value", classmethod(
+        lambda cls, *, ti_key, key: returned.get((ti_key.task_id, key))))
+    for step in ("train", "evaluate", "export"):
+        op = dag.get_task(step)
+        [link] = [x for x in op.operator_extra_links if x.name == "bertflow run"]
+        ti_key = SimpleNamespace(dag_id=DAG_ID, task_id=step, run_id="r", map_index=-1,
+                                 try_number=1)
+        returned[(step, "return_value")] = f"{run_uri}/{step}/manifest.json"
+        assert link.get_link(op, ti_key=ti_key) == f"/bertflow/runs/{DAG_ID}/{RUN_KEY}", step
+    # A task that failed before returning a manifest: its rendered run folder instead.
+    op = dag.get_task("train")
+    op.run_uri = f"gs://bucket/art/runs/{DAG_ID}/{CHAMPION_RUN}"
+    ti_key = SimpleNamespace(dag_id=DAG_ID, task_id="train", run_id="failed", map_index=-1)
+    returned.clear()
+    assert link.get_link(op, ti_key=ti_key) == f"/bertflow/runs/{DAG_ID}/{CHAMPION_RUN}"
+    # Not a run folder (a hand-made --run-dir): no link rather than a wrong one.
+    op.run_uri = "/tmp/somewhere/else"
+    assert link.get_link(op, ti_key=ti_key) == ""
+
+
+def test_link_resolves_to_a_page_that_exists(dag_module, logged_in, tree):
+    path = dag_module.run_page_path(f"{tree}/runs/{DAG_ID}/{RUN_KEY}/evaluate/manifest.json")
+    assert logged_in.get("/" + path).status_code == 200
+
+
+def test_serialized_dag_carries_the_link_for_the_ui(dag):
+    """The api-server never runs get_link: it reads the link names from the serialized DAG and
+    the link from the XCom the worker stored under the link's key."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    tasks = DagSerialization.to_dict(dag)["dag"]["tasks"]
+    links = {t["__var"]["task_id"]: t["__var"].get("_operator_extra_links") for t in tasks}
+    for step in ("train", "evaluate", "export"):
+        assert links[step] == {"bertflow run": "_link_RunPageLink"}, links[step]
