@@ -6,6 +6,11 @@ from tasks import __version__
 
 # accelerator kind -> the lock its image installs (see docker/Dockerfile.trainer-KIND)
 KINDS = ("cpu", "gpu", "tpu")
+# Paths from the project root. `make locks` rewrites the locks (docker/locks/resolve.py);
+# tests/test_images.py checks that each still resolves on PyPI. CPU and GPU: TensorFlow 2.21
+# (GPU with the CUDA wheels of tensorflow[and-cuda]); TPU: tensorflow-tpu 2.20, the newest.
+LOCKS = {kind: f"docker/locks/trainer-{kind}.txt" for kind in KINDS}
+DOCKERFILES = {kind: f"docker/Dockerfile.trainer-{kind}" for kind in KINDS}
 
 
 def default_image(kind: str, registry: str = "") -> str:

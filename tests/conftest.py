@@ -45,5 +45,20 @@ def airflow_db() -> Path:
     return _AIRFLOW_HOME
 
 
+def pytest_collection_finish(session):
+    """Start the network-bound lock resolution early when this session runs it (see
+    tests/lock_checks.py); a registry error is left for the test to report."""
+    import lock_checks
+
+    if any(item.name.startswith(lock_checks.TEST_NAME) for item in session.items):
+        try:
+            lock_checks.start()
+        except lock_checks.resolve.RegistryError:
+            pass
+
+
 def pytest_sessionfinish(session, exitstatus):
+    import lock_checks
+
+    lock_checks.stop()
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)

