@@ -43,7 +43,7 @@ def test_local_dry_run_lists_every_worker_step(artifact_root):
     assert done.returncode == 0, done.stderr
     processes = json.loads(done.stdout)
     steps = [p["command"][3] for p in processes]
-    assert steps == ["tokenize", "train", "train", "evaluate", "evaluate", "export"]
+    assert steps == ["data", "tokenize", "train", "train", "evaluate", "evaluate", "export"]
     assert [p["process"] for p in processes if p["command"][3] == "train"] == [
         "worker:0", "worker:1"]
     # A dry run writes nothing: no provision manifest appears.

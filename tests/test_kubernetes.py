@@ -621,9 +621,9 @@ def test_cli_dry_run_prints_yaml_and_a_real_provision_refuses_a_local_folder(tmp
     done = cli("provision", "--dry-run", "--run-dir", str(run_dir))
     assert done.returncode == 0, done.stderr
     objects = list(yaml.safe_load_all(done.stdout))
-    assert kinds(objects).count("Service") == 4  # tokenize, train, evaluate, export
+    assert kinds(objects).count("Service") == 5  # data, tokenize, train, evaluate, export
     jobs = [o for o in objects if o["kind"] == "Job"]
-    assert len(jobs) == 4 and all(o["metadata"]["namespace"] == "default" for o in objects)
+    assert len(jobs) == 5 and all(o["metadata"]["namespace"] == "default" for o in objects)
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
     assert "warning: artifact_root" in done.stderr and "local path" in done.stderr

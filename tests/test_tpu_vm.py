@@ -235,8 +235,10 @@ def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artif
     node = queued["queuedResource"]["tpu"]["nodeSpec"][0]["node"]
     assert node["runtimeVersion"] == "tpu-vm-tf-2.20.0-pjrt"
     assert "tpu_agent" in node["metadata"]["startup-script"]
-    # tokenize and export run on the Airflow worker (before the VM exists / after release).
-    assert [o["command"][3] for o in objects if "runs_on" in o] == ["tokenize", "export"]
+    # data, tokenize and export run on the Airflow worker (before the VM exists / after
+    # release).
+    assert [o["command"][3] for o in objects if "runs_on" in o] == ["data", "tokenize",
+                                                                    "export"]
     assert "warning: artifact_root" in done.stderr and "local path" in done.stderr
     assert not (PROJECT_ROOT / run_dir / "provision").exists()
 

@@ -326,9 +326,9 @@ def test_dry_run_cli_prints_jobs_and_a_real_run_refuses_a_local_folder(tmp_path)
     done = cli("provision", "--dry-run", "--run-dir", run_dir)
     assert done.returncode == 0, done.stderr
     jobs = json.loads(done.stdout)
-    assert [j["labels"]["bertflow-step"] for j in jobs] == ["tokenize", "train", "evaluate",
-                                                            "export"]
-    assert [len(pools(j)) for j in jobs] == [1, 2, 2, 1]
+    assert [j["labels"]["bertflow-step"] for j in jobs] == ["data", "tokenize", "train",
+                                                            "evaluate", "export"]
+    assert [len(pools(j)) for j in jobs] == [1, 1, 2, 2, 1]
     assert "warning: artifact_root" in done.stderr and "local path" in done.stderr
     text = to_text(backend_for(RunConfig(provisioner="vertex_ai")), jobs)
     assert json.loads(text) == jobs

@@ -19,8 +19,8 @@ __all__ = ["Backend", "LocalCluster", "WorkerSpec", "backend_for", "distributed_
            "single_process_spec", "step_spec", "WORKER_STEPS"]
 
 DISTRIBUTED_STEPS = ("train", "evaluate")
-# Steps that import TensorFlow and so run as workers, in pipeline order.
-WORKER_STEPS = ("tokenize", "train", "evaluate", "export")
+# Steps that run as workers (they read the data or import TensorFlow), in pipeline order.
+WORKER_STEPS = ("data", "tokenize", "train", "evaluate", "export")
 
 
 def step_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
