@@ -1,5 +1,5 @@
-# The README's two commands: `make demo` and `make test`. Both create .venv and install the
-# pinned lock on first use (a re-run only checks a stamp).
+# The README's commands: `make demo`, `make test`, `make airflow`. They create .venv and
+# install the pinned lock on first use (a re-run only checks a stamp).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +9,7 @@ export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 
 KERNELS := tasks/cpu_kernels/build/.built
 
-.PHONY: install demo test test-deps lock clean
+.PHONY: install demo airflow test test-deps lock clean
 
 install: $(STAMP) $(KERNELS)
 
@@ -31,10 +31,20 @@ $(KERNELS): $(STAMP) $(wildcard tasks/cpu_kernels/*.cc tasks/cpu_kernels/*.h)
 demo: install
 	$(BIN)/python -m tasks.demo
 
-# Debian's chromium for the browser checks of the Airflow UI (tests/test_airflow_standalone.py).
+# The Airflow UI (api-server, scheduler, dag-processor, triggerer: `airflow standalone`) on the
+# demo's metadata DB and this checkout's dags/ and plugins/; prints the URL and the login.
+# Ctrl-C stops it and every process it started. `make airflow PORT=8081` for another port.
+PORT = 8080
+airflow: install
+	$(BIN)/python -m tasks.demo --ui --port $(PORT)
+
+# Debian's chromium for the browser checks of the Airflow UI (tests/test_airflow_standalone.py)
+# and PostgreSQL for the real metadata DB under the scheduler (tests/test_scheduler_postgres.py).
 test-deps:
 	@test -x /usr/bin/chromium || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
 test: install test-deps
@@ -49,3 +59,21 @@ lock:
 
 clean:
 	rm -rf .artifacts .airflow
+
+# --- Trainer images (docker/Dockerfile.trainer-{cpu,gpu,tpu}), each from its own lock ----------
+VERSION  := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' tasks/__init__.py)
+TRAINERS := cpu gpu tpu
+
+.PHONY: locks images
+
+# Re-resolve docker/locks/trainer-{cpu,gpu,tpu}.txt from their .in files on PyPI (~2 min;
+# downloads ~4 GB of wheels to read their metadata, installs nothing).
+locks:
+	$(PYTHON) docker/locks/resolve.py lock
+
+# Build bertflow-trainer-{cpu,gpu,tpu}:$(VERSION) (needs docker); REGISTRY=host/path to prefix.
+images:
+	@for kind in $(TRAINERS); do \
+	  docker build -f docker/Dockerfile.trainer-$$kind --build-arg BERTFLOW_VERSION=$(VERSION) \
+	    -t $(if $(REGISTRY),$(REGISTRY)/)bertflow-trainer-$$kind:$(VERSION) . || exit 1; \
+	done

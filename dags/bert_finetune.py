@@ -1,10 +1,11 @@
 """bert_finetune: validate -> data -> tokenize -> [provision] train -> evaluate [release]
 -> export -> promote.
 
-Thin wiring only: every step is `tasks.<step>.run(cfg, ctx)`. Steps that import TensorFlow
-(tokenize, train, evaluate, export) run as `python -m tasks <step>` worker processes started
-and watched by a controller task; the Airflow task process never imports TensorFlow, and this
-file imports nothing heavy at parse time. Tasks pass run-folder / manifest URIs through XCom.
+Thin wiring only: every step is `tasks.<step>.run(cfg, ctx)`. Steps that read the data or
+import TensorFlow (data, tokenize, train, evaluate, export) run as `python -m tasks <step>`
+worker processes started and watched by a controller task; the Airflow task process never
+imports TensorFlow nor holds the data, and this file imports nothing heavy at parse time.
+Tasks pass run-folder / manifest URIs through XCom.
 
 Schedule: manual by default; set BERTFLOW_SCHEDULE (a cron expression or preset such as
 "@weekly") for scheduled retraining and backfills (Airflow backfills only periodic DAGs); runs
@@ -187,12 +188,6 @@ def bert_finetune():
         return init_run(cfg, ctx)
 
     @task
-    def prepare_data(run_uri: str) -> str:
-        from tasks import data
-
-        return data.run(*_load(run_uri))
-
-    @task
     def provision(run_uri: str) -> str:
         from tasks import provision as provision_step
 
@@ -222,7 +217,9 @@ def bert_finetune():
         return result
 
     run_uri = validate()
-    data_manifest = prepare_data(run_uri)
+    # The data step streams the inputs in a worker process (`python -m tasks data`), under
+    # the same controller as tokenize: this task process never holds the data.
+    data_manifest = WorkerStepOperator(task_id="prepare_data", step="data", run_uri=run_uri)
     tokenized = WorkerStepOperator(task_id="tokenize", step="tokenize", run_uri=run_uri)
     provisioned = provision(run_uri)
     trained = WorkerStepOperator(task_id="train", step="train", run_uri=run_uri,

@@ -112,6 +112,8 @@ class ObjectStore(ABC):
     @abstractmethod
     def _get(self, bucket: str, key: str) -> bytes: ...
     @abstractmethod
+    def _iter_blocks(self, bucket: str, key: str, block_size: int): ...
+    @abstractmethod
     def _put(self, bucket: str, key: str, data: bytes) -> None: ...
     @abstractmethod
     def _put_file(self, bucket: str, key: str, path: Path, md5: str) -> None:
@@ -145,10 +147,22 @@ class ObjectStore(ABC):
         with self._errors(uri):
             return self._retry(lambda: self._get(bucket, key))
 
+    def iter_bytes(self, uri: str, block_size: int):
+        """Streaming read: ranged GETs of `block_size` bytes (each retried by the client)."""
+        bucket, key = split(uri)
+        with self._errors(uri):
+            yield from self._iter_blocks(bucket, key, block_size)
+
     def write_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = split(uri)
         with self._errors(uri):
             self._retry(lambda: self._put(bucket, key, data))
+
+    def upload_file(self, path: Path, uri: str) -> None:
+        bucket, key = split(uri)
+        with self._errors(uri):
+            self._upload(bucket, key, Path(path))
+        Path(path).unlink()
 
     def exists(self, uri: str) -> bool:
         bucket, key = split(uri)
@@ -334,6 +348,13 @@ class GCSStore(ObjectStore):
     def _get(self, bucket, key):
         return self._blob(bucket, key).download_as_bytes(checksum="md5")
 
+    def _iter_blocks(self, bucket, key, block_size):
+        # google-cloud-storage's BlobReader: ranged downloads pinned to the object's
+        # generation, each retried by the client (google.api_core DEFAULT_RETRY).
+        with self._blob(bucket, key).open("rb", chunk_size=block_size) as reader:
+            while block := reader.read(block_size):
+                yield block
+
     def _put(self, bucket, key, data):
         self._blob(bucket, key).upload_from_string(data, checksum="crc32c")
 
@@ -447,6 +468,16 @@ class S3Store(ObjectStore):
 
     def _get(self, bucket, key):
         return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+    def _iter_blocks(self, bucket, key, block_size):
+        # Ranged GETs pinned to the object's ETag (a change mid-read fails instead of mixing
+        # two versions); botocore's standard retry mode retries each request.
+        head = self.client.head_object(Bucket=bucket, Key=key)
+        size, etag = head["ContentLength"], head["ETag"]
+        for start in range(0, size, block_size):
+            end = min(size, start + block_size) - 1
+            yield self._retry(lambda s=start, e=end: self.client.get_object(
+                Bucket=bucket, Key=key, Range=f"bytes={s}-{e}", IfMatch=etag)["Body"].read())
 
     def _put(self, bucket, key, data):
         self.client.put_object(Bucket=bucket, Key=key, Body=data,

@@ -1,13 +1,31 @@
-"""Data step: read, validate and split the labelled text, write the prepared JSON Lines.
+"""Data step: read, validate and split the labelled text, write the prepared rows as shards.
 
 Inputs are CSV, TSV (tab-separated; a field may be quoted like CSV, e.g. to hold a line
-break, as BANKING77's TSV does) or JSON Lines, from any URI `tasks.storage` reads. `train_uri` / `eval_uri` name one file, a prefix ending in `/`
+break, as BANKING77's TSV does) or JSON Lines, from any URI `tasks.storage` reads.
+`train_uri` / `eval_uri` name one file, a prefix ending in `/`
 (every data file under it) or a glob (`*`, `?` within one path segment); several files are
 read in sorted order and concatenated. Every problem is raised as a `DataError` naming the
-file and the line as an editor shows it (the header is line 1) before any expensive work
-starts.
+file and the line as an editor shows it (the header is line 1) before any output is written.
 
-Outputs, under the run's `data/` folder: `train.jsonl` and `eval.jsonl`, one
+Bounded memory. Files are streamed in blocks (`tasks.chunked_reader`, BLOCK_SIZE bytes; local
+reads, ranged GETs on gs:// and s3://) and rows are validated as they pass; no list of rows
+is ever built. Two passes over the inputs:
+1. validate every row, count the rows of each label (the label vocabulary, the checks across
+   rows, the split's per-class quotas), hash each file;
+2. read again, assign each row to its split and append it to the split's current shard
+   (SHARD_ROWS rows each, written to a local temporary file and moved/uploaded when full).
+The state kept is one counter per distinct label (at most MAX_LABELS), so memory depends on
+the block size, not on the number of rows.
+
+Split (no eval_uri): within each class of n >= 2 rows exactly k = min(n - 1, max(1,
+round(n * eval_fraction))) rows are held out, so each class lands within half a row of its
+exact fraction (and keeps a training row). Which rows: selection sampling (Knuth's Algorithm S)
+driven by a keyed hash of the row: row i of its class goes to eval when
+hash(seed, label, text, pair) / 2**64 < (k - taken) / (n - i). The draw depends only on the
+row's content and the seed, the quota only on counts, so the split is deterministic, needs no
+list of rows, and identical rows draw the same number.
+
+Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards, one
 `{"text", "text_pair", "label": int}` per line (label indexes the manifest's `labels`), and
 `manifest.json` as described in CONTRACTS.md.
 """
@@ -15,20 +33,39 @@ from __future__ import annotations
 
 import csv
 import hashlib
-import io
 import json
-import random
+import os
+import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator, Optional
 
+import msgspec
+
 from tasks import runlayout, storage
+from tasks.chunked_reader import BLOCK_SIZE, TextStream
 from tasks.config import RunConfig, join_uri
 from tasks.errors import DataError
 from tasks.runlayout import RunContext
 
 _FORMATS_BY_EXTENSION = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
                          ".json": "jsonl", ".ndjson": "jsonl"}
+SHARD_ROWS = 1_000_000  # prepared rows per shard file (~50-100 MB of JSON Lines)
+MAX_LABELS = 100_000  # distinct labels: bounds the per-label counters
+PREFLIGHT_BLOCK = 64 << 10  # check_inputs reads about this much of each file
+_WRITE_BATCH = 4096  # rows encoded per msgspec call
+
+
+class PreparedRow(msgspec.Struct):
+    """One line of a prepared shard."""
+
+    text: str
+    text_pair: Optional[str]
+    label: int
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
@@ -42,7 +79,8 @@ class Example:
 
 @dataclass(frozen=True)
 class Source:
-    """The validated rows of one input setting (a file, prefix or glob)."""
+    """The validated rows of one input setting (a file, prefix or glob); small data only
+    (tests, tools): the step itself streams."""
 
     uri: str  # as configured
     files: list[tuple[str, str]]  # (uri, sha256) of every file read, in reading order
@@ -50,29 +88,48 @@ class Source:
 
     @property
     def sha256(self) -> str:
-        """Content identity: the file's sha256, or for several files the sha256 of their
-        sha256s in order (independent of where the files are stored)."""
-        if len(self.files) == 1:
-            return self.files[0][1]
-        return hashlib.sha256("\n".join(sha for _, sha in self.files).encode()).hexdigest()
+        return _combined_sha256(self.files)
 
 
-@dataclass(frozen=True)
+def _combined_sha256(files: list[tuple[str, str]]) -> str:
+    """Content identity: the file's sha256, or for several files the sha256 of their
+    sha256s in order (independent of where the files are stored)."""
+    if len(files) == 1:
+        return files[0][1]
+    return hashlib.sha256("\n".join(sha for _, sha in files).encode()).hexdigest()
+
+
+@dataclass
 class _Table:
-    """A parsed input file: its column names and (line, record) pairs, read lazily."""
+    """A parsed input file, read lazily: its column names, (line, record) pairs (a record
+    is a list for CSV/TSV, a dict for JSON Lines) and the key of each wanted column."""
 
-    sha256: str
+    stream: TextStream
     columns: list[str]
-    records: Iterator[tuple[int, dict]]
+    records: Iterator[tuple[int, object]]
+    keys: dict[str, object]
+
+
+@dataclass
+class _Scan:
+    """What pass 1 learns about one input setting."""
+
+    uri: str
+    files: list[tuple[str, str]] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    rows: int = 0
+    first_spaced: Optional[tuple[str, int, str]] = None  # (uri, line, label)
 
 
 # --- public API --------------------------------------------------------------------------
 def check_inputs(cfg: RunConfig) -> None:
     """Cheap pre-flight for the validate step: each input exists, is not empty, is decodable
-    up to its first record, and has the configured columns. Raises DataError."""
+    up to its first record, and has the configured columns (reads the first block of each
+    file only). Raises DataError."""
     for pattern in _input_uris(cfg):
         for uri in input_files(cfg, pattern):
-            table = _open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg))
+            table = _open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg),
+                                PREFLIGHT_BLOCK)
             if next(table.records, None) is None:
                 _raise_no_rows(uri)
 
@@ -97,99 +154,215 @@ def input_files(cfg: RunConfig, uri: str) -> list[str]:
     return sorted(files)
 
 
+def iter_rows(cfg: RunConfig, uri: str,
+              block_size: Optional[int] = None) -> tuple[_Table, Iterator[tuple]]:
+    """The validated rows `(line, text, text_pair, label)` of one file, streamed in blocks of
+    `block_size` (default BLOCK_SIZE) bytes; the table's `stream.sha256` is known once the
+    iterator is exhausted."""
+    table = _open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg),
+                        block_size or BLOCK_SIZE)
+    return table, _validated(cfg, uri, table)
+
+
 def load_source(cfg: RunConfig, uri: str) -> Source:
-    """Read and validate every row of the file(s) `uri` names (labels still as strings)."""
+    """Every validated row of the file(s) `uri` names, as a list (small data only)."""
     files, examples = [], []
     for file_uri in input_files(cfg, uri):
-        sha256, rows = _load_file(cfg, file_uri)
-        files.append((file_uri, sha256))
-        examples += rows
+        table, rows = iter_rows(cfg, file_uri)
+        examples += [Example(file_uri, *row) for row in rows]
+        files.append((file_uri, table.stream.sha256))
     return Source(uri, files, examples)
-
-
-def _load_file(cfg: RunConfig, uri: str) -> tuple[str, list[Example]]:
-    table = _open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg))
-    allowed = set(cfg.labels) if cfg.labels is not None else None
-    examples = []
-    for line, record in table.records:
-        text = _required_cell(uri, line, record, cfg.text_column, "text")
-        pair = (_required_cell(uri, line, record, cfg.text_pair_column, "text")
-                if cfg.text_pair_column else None)
-        label = _required_cell(uri, line, record, cfg.label_column, "label")
-        if allowed is not None and label not in allowed:
-            raise DataError(uri, f"label '{label}' is not one of the allowed labels "
-                                 f"{cfg.labels}", line=line,
-                            hint="fix the row, or add the label to the 'labels' setting")
-        examples.append(Example(uri, line, text, pair, label))
-    if not examples:
-        _raise_no_rows(uri)
-    return table.sha256, examples
 
 
 def label_vocabulary(cfg: RunConfig, train: list[Example], train_uri: str) -> list[str]:
     """cfg.labels in its order if given, else the sorted distinct training labels."""
-    counts = Counter(ex.label for ex in train)
-    if len(counts) < 2:
-        raise DataError(train_uri, f"only one class ({next(iter(counts))!r}) in column "
-                                   f"'{cfg.label_column}'; a classifier needs at least 2",
-                        hint="check label_column, or add examples of the other classes")
-    _reject_free_text_labels(cfg, train, counts)
-    return list(cfg.labels) if cfg.labels is not None else sorted(counts)
+    scan = _Scan(train_uri, counts=Counter(ex.label for ex in train), rows=len(train))
+    spaced = next((ex for ex in train if " " in ex.label), None)
+    scan.first_spaced = (spaced.uri, spaced.line, spaced.label) if spaced else None
+    return _vocabulary(cfg, scan)
+
+
+def eval_quotas(counts: dict[str, int], eval_fraction: float) -> dict[str, int]:
+    """Rows each class holds out: round(n * eval_fraction), at least 1 and at most n - 1
+    (a class with a single row stays in train only)."""
+    return {label: (min(n - 1, max(1, int(n * eval_fraction + 0.5))) if n >= 2 else 0)
+            for label, n in counts.items()}
+
+
+class Splitter:
+    """The streaming, seeded, stratified split: `to_eval(...)` for each row in file order.
+
+    Selection sampling per class with each row's draw a keyed hash of its content: exactly
+    `quotas[label]` of the `counts[label]` rows go to eval, whichever order the classes
+    interleave in, and the same rows for the same data and seed.
+    """
+
+    def __init__(self, counts: dict[str, int], eval_fraction: float, seed: int):
+        self.quotas = eval_quotas(counts, eval_fraction)
+        self.left = dict(counts)  # rows of the class not seen yet
+        self.need = dict(self.quotas)  # eval rows still to take
+        self._key = hashlib.sha256(f"bertflow-split-{seed}".encode()).digest()[:32]
+
+    def to_eval(self, text: str, pair: Optional[str], label: str) -> bool:
+        need, left = self.need[label], self.left[label]
+        self.left[label] = left - 1
+        if need <= 0:
+            return False
+        draw = int.from_bytes(hashlib.blake2b(
+            f"{label}\0{text}\0{'' if pair is None else pair}".encode(), digest_size=8,
+            key=self._key).digest(), "little")
+        if draw * left < need << 64:  # draw / 2**64 < need / left, in integers
+            self.need[label] = need - 1
+            return True
+        return False
 
 
 def stratified_split(examples: list[Example], eval_fraction: float,
                      seed: int) -> tuple[list[Example], list[Example]]:
-    """Seeded, per-class hold-out of about `eval_fraction` of each class.
-
-    A class with n >= 2 rows gives round(n * eval_fraction) rows to eval, at least 1 and at
-    most n - 1, so every class keeps a training row and appears in eval when it can. A class
-    with a single row stays in train only (and is then absent from eval). Both splits keep the
-    input order. The result depends only on the rows and the seed.
-    """
-    by_label: dict[str, list[int]] = {}
-    for i, ex in enumerate(examples):
-        by_label.setdefault(ex.label, []).append(i)
-    rng = random.Random(seed)
-    held_out: set[int] = set()
-    for label in sorted(by_label):
-        indices = by_label[label]
-        n = len(indices)
-        if n < 2:
-            continue
-        k = min(n - 1, max(1, int(n * eval_fraction + 0.5)))
-        held_out.update(rng.sample(indices, k))
-    train = [ex for i, ex in enumerate(examples) if i not in held_out]
-    evals = [ex for i, ex in enumerate(examples) if i in held_out]
+    """The step's split rule over a list (small data, tests): see `Splitter`. Both splits
+    keep the input order; the result depends only on the rows and the seed."""
+    splitter = Splitter(Counter(ex.label for ex in examples), eval_fraction, seed)
+    train, evals = [], []
+    for ex in examples:
+        (evals if splitter.to_eval(ex.text, ex.text_pair, ex.label) else train).append(ex)
     return train, evals
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
-    """Validate and split the inputs, write the prepared splits; return the manifest URI."""
-    train_source = load_source(cfg, cfg.train_uri)
-    train = train_source.examples
-    labels = label_vocabulary(cfg, train, cfg.train_uri)
-    eval_source = load_source(cfg, cfg.eval_uri) if cfg.eval_uri else None
-    if eval_source:
-        evals = eval_source.examples
-        _reject_unseen_labels(evals, {ex.label for ex in train})
-    else:
-        train, evals = stratified_split(train, cfg.eval_fraction, cfg.seed)
-        if not evals:
+    """Validate and split the inputs, write the prepared shards; return the manifest URI."""
+    train_scan = _scan(cfg, cfg.train_uri)
+    labels = _vocabulary(cfg, train_scan)
+    eval_scan = _scan(cfg, cfg.eval_uri, seen=train_scan.counts) if cfg.eval_uri else None
+    splitter = None
+    if eval_scan is None:
+        splitter = Splitter(train_scan.counts, cfg.eval_fraction, cfg.seed)
+        if not sum(splitter.quotas.values()):
             raise DataError(cfg.train_uri, "too few rows to hold out an evaluation split",
                             hint="add rows, or give an eval_uri")
+
     step = ctx.step_uri("data")
+    storage.delete_prefix(step)  # a retry rewrites the folder: no shard of an earlier try
     index = {label: i for i, label in enumerate(labels)}
-    splits = {name: _write_split(join_uri(step, f"{name}.jsonl"), rows, labels, index)
-              for name, rows in (("train", train), ("eval", evals))}
+    writers = {name: _SplitWriter(step, name, labels) for name in ("train", "eval")}
+    _write_rows(cfg, train_scan, index, writers["train"],
+                writers["eval"] if splitter else None, splitter)
+    if eval_scan is not None:
+        _write_rows(cfg, eval_scan, index, writers["eval"])
+    splits = {name: writer.close() for name, writer in writers.items()}
     manifest = {
         "labels": labels,
         "has_pair": cfg.text_pair_column is not None,
-        "eval_source": "file" if eval_source else "split",
+        "eval_source": "file" if eval_scan else "split",
         "splits": splits,
-        "sources": {"train": _describe(train_source),
-                    "eval": _describe(eval_source) if eval_source else None},
+        "sources": {"train": _describe(train_scan),
+                    "eval": _describe(eval_scan) if eval_scan else None},
     }
+    if splitter is not None:
+        manifest["split_rule"] = {
+            "eval_fraction": cfg.eval_fraction, "seed": cfg.seed,
+            "rule": "per class exactly min(n-1, max(1, round(n*eval_fraction))) rows, "
+                    "chosen by selection sampling on a seeded hash of each row"}
     return runlayout.write_manifest(step, manifest)
+
+
+# --- the two passes ------------------------------------------------------------------------
+def _scan(cfg: RunConfig, uri: str, seen: Optional[Counter] = None) -> _Scan:
+    """Pass 1: validate every row of `uri`'s files, count labels, hash the files. `seen`:
+    the training labels, which every evaluation row's label must be one of."""
+    scan = _Scan(uri)
+    counts = scan.counts
+    for file_uri in input_files(cfg, uri):
+        table, rows = iter_rows(cfg, file_uri)
+        for line, _, _, label in rows:
+            if label not in counts:
+                if seen is not None and label not in seen:
+                    raise DataError(file_uri, f"label '{label}' never appears in the training "
+                                              "data", line=line,
+                                    hint="the model cannot learn it; add training examples "
+                                         "or drop these rows")
+                if len(counts) >= MAX_LABELS:
+                    raise DataError(file_uri, f"more than {MAX_LABELS} distinct values in "
+                                              f"label column '{cfg.label_column}'", line=line,
+                                    hint=f"are label_column ('{cfg.label_column}') and "
+                                         f"text_column ('{cfg.text_column}') swapped?")
+                if scan.first_spaced is None and " " in label:
+                    scan.first_spaced = (file_uri, line, label)
+            counts[label] += 1
+        scan.rows = sum(counts.values())
+        scan.files.append((file_uri, table.stream.sha256))
+    return scan
+
+
+def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: "_SplitWriter",
+                held_out: Optional["_SplitWriter"] = None,
+                splitter: Optional[Splitter] = None) -> None:
+    """Pass 2: read the files of `scan` again and append each row to its split."""
+    for file_uri, sha256 in scan.files:
+        table, rows = iter_rows(cfg, file_uri)
+        for _, text, pair, label in rows:
+            if splitter is not None and splitter.to_eval(text, pair, label):
+                held_out.add(text, pair, index[label])
+            else:
+                out.add(text, pair, index[label])
+        if table.stream.sha256 != sha256:
+            raise DataError(file_uri, "the file changed while it was being read",
+                            hint="run the step again once the file is complete")
+
+
+class _SplitWriter:
+    """Appends prepared rows to `{step}/{name}-{i:05d}.jsonl` shards of SHARD_ROWS rows,
+    each written to a local temporary file and moved or uploaded into place when full."""
+
+    def __init__(self, step: str, name: str, labels: list[str]):
+        self.step, self.name, self.labels = step, name, labels
+        self.shards: list[str] = []
+        self.rows = self.bytes = 0
+        self.counts = [0] * len(labels)
+        self._batch: list[PreparedRow] = []
+        self._in_shard = 0
+        self._file = None
+        self._path: Optional[Path] = None
+        local = storage.is_local(step)
+        self._tmp_dir = str(storage.local_path(step)) if local else None
+
+    def add(self, text: str, pair: Optional[str], label: int) -> None:
+        self._batch.append(PreparedRow(text, pair, label))
+        self.counts[label] += 1
+        if len(self._batch) >= _WRITE_BATCH or self._in_shard + len(self._batch) >= SHARD_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        if self._file is None:
+            if self._tmp_dir:
+                os.makedirs(self._tmp_dir, exist_ok=True)
+            fd, path = tempfile.mkstemp(prefix=f".{self.name}-", suffix=".tmp",
+                                        dir=self._tmp_dir)
+            self._file, self._path = os.fdopen(fd, "wb"), Path(path)
+        data = _ENCODER.encode_lines(self._batch)
+        self._file.write(data)
+        self.bytes += len(data)
+        self.rows += len(self._batch)
+        self._in_shard += len(self._batch)
+        self._batch.clear()
+        if self._in_shard >= SHARD_ROWS:
+            self._close_shard()
+
+    def _close_shard(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        uri = join_uri(self.step, f"{self.name}-{len(self.shards):05d}.jsonl")
+        storage.upload_file(self._path, uri)
+        self.shards.append(uri)
+        self._file, self._path, self._in_shard = None, None, 0
+
+    def close(self) -> dict:
+        self._flush()
+        self._close_shard()
+        return {"shards": self.shards, "num_examples": self.rows, "num_bytes": self.bytes,
+                "label_counts": dict(zip(self.labels, self.counts))}
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -219,51 +392,81 @@ def _file_format(cfg: RunConfig, uri: str) -> str:
                     hint="use .csv, .tsv or .jsonl, or set file_format")
 
 
-def _read_text(uri: str) -> tuple[str, str]:
-    """The decoded file and the sha256 of its bytes."""
+def _open_table(uri: str, fmt: str, wanted: list[str], block_size: int) -> _Table:
     if not storage.exists(uri):
         raise DataError(uri, "file not found", hint="check train_uri / eval_uri")
-    data = storage.read_bytes(uri)
-    if not data.strip():
-        raise DataError(uri, "file is empty")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line_start = data.rfind(b"\n", 0, err.start) + 1
-        raise DataError(uri, f"not valid UTF-8: byte 0x{data[err.start]:02x} at byte offset "
-                             f"{err.start} (column {err.start - line_start + 1} of the line)",
-                        line=data.count(b"\n", 0, err.start) + 1,
-                        hint="re-save the file as UTF-8") from None
-    return text, hashlib.sha256(data).hexdigest()
-
-
-def _open_table(uri: str, fmt: str, wanted: list[str]) -> _Table:
-    text, sha256 = _read_text(uri)
-    columns, records = (_open_jsonl(uri, text) if fmt == "jsonl"
-                        else _open_delimited(uri, text, fmt))
+    stream = TextStream(uri, storage.iter_bytes(uri, block_size))
+    if fmt == "jsonl":
+        columns, records = _open_jsonl(uri, stream)
+        keys = {c: c for c in wanted}
+    else:
+        columns, records = _open_delimited(uri, stream, fmt)
+        keys = {c: columns.index(c) for c in wanted if c in columns}
     missing = [c for c in wanted if c not in columns]
     if missing:
         raise DataError(uri, f"no column '{missing[0]}'; columns found: "
                              f"{', '.join(columns) or '(none)'}",
                         line=1, hint=_column_hint(missing[0], columns))
-    return _Table(sha256, columns, records)
+    return _Table(stream, columns, records, keys)
 
 
-def _open_delimited(uri: str, text: str, fmt: str) -> tuple[list[str], Iterator]:
+def _validated(cfg: RunConfig, uri: str, table: _Table) -> Iterator[tuple]:
+    """(line, text, text_pair, label) of each row, every cell checked as it passes."""
+    allowed = set(cfg.labels) if cfg.labels is not None else None
+    text_key = table.keys[cfg.text_column]
+    label_key = table.keys[cfg.label_column]
+    pair_key = table.keys[cfg.text_pair_column] if cfg.text_pair_column else None
+    any_rows = False
+    for line, record in table.records:
+        try:  # fast path; any problem is re-checked below for its exact error
+            text = _clean(record[text_key])
+            pair = None if pair_key is None else _clean(record[pair_key])
+            label = _clean(record[label_key])
+        except KeyError:
+            text = pair = label = ""
+        if not text or not label or (pair_key is not None and not pair):
+            if isinstance(record, list) and not any(cell.strip() for cell in record):
+                continue  # a blank line (e.g. only tabs)
+            mapping = record if isinstance(record, dict) else dict(zip(table.columns, record))
+            text = _required_cell(uri, line, mapping, cfg.text_column, "text")
+            pair = (_required_cell(uri, line, mapping, cfg.text_pair_column, "text")
+                    if cfg.text_pair_column else None)
+            label = _required_cell(uri, line, mapping, cfg.label_column, "label")
+        if allowed is not None and label not in allowed:
+            raise DataError(uri, f"label '{label}' is not one of the allowed labels "
+                                 f"{cfg.labels}", line=line,
+                            hint="fix the row, or add the label to the 'labels' setting")
+        any_rows = True
+        yield line, text, pair, label
+    if not any_rows:
+        _raise_no_rows(uri)
+
+
+def _clean(value) -> str:
+    # Strip: SST-2 and other sources end texts with a space before the tab.
+    if type(value) is str:
+        return value.strip()
+    return "" if value is None else str(value).strip()
+
+
+def _open_delimited(uri: str, stream: TextStream, fmt: str) -> tuple[list[str], Iterator]:
     if fmt == "tsv":
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
+        reader = csv.reader(stream.lines(), delimiter="\t")
     else:
-        reader = csv.reader(io.StringIO(text, newline=""))
+        reader = csv.reader(stream.lines())
     try:
         header = [name.strip() for name in next(reader)]
     except csv.Error as err:
         raise DataError(uri, f"unreadable header: {err}", line=1) from None
+    except StopIteration:
+        header = []
     return header, _delimited_records(uri, reader, header, fmt)
 
 
 def _delimited_records(uri: str, reader, header: list[str],
-                       fmt: str) -> Iterator[tuple[int, dict]]:
+                       fmt: str) -> Iterator[tuple[int, list]]:
     previous_end = reader.line_num
+    width = len(header)
     while True:
         try:
             row = next(reader)
@@ -273,19 +476,19 @@ def _delimited_records(uri: str, reader, header: list[str],
             raise DataError(uri, f"malformed {fmt.upper()} row: {err}",
                             line=previous_end + 1) from None
         line, previous_end = previous_end + 1, reader.line_num  # a quoted row may span lines
-        if not any(cell.strip() for cell in row):
-            continue  # blank line
-        if len(row) != len(header):
+        if len(row) != width:
+            if not any(cell.strip() for cell in row):
+                continue  # blank line
             sep = "tab-separated" if fmt == "tsv" else "comma-separated"
-            raise DataError(uri, f"expected {len(header)} {sep} fields like the header, "
+            raise DataError(uri, f"expected {width} {sep} fields like the header, "
                                  f"found {len(row)}", line=line,
                             hint="a text may contain a stray tab" if fmt == "tsv"
                             else "quote texts that contain commas")
-        yield line, dict(zip(header, row))
+        yield line, row
 
 
-def _open_jsonl(uri: str, text: str) -> tuple[list[str], Iterator]:
-    records = _jsonl_records(uri, text)
+def _open_jsonl(uri: str, stream: TextStream) -> tuple[list[str], Iterator]:
+    records = _jsonl_records(uri, stream)
     first = next(records, None)
     if first is None:
         _raise_no_rows(uri)
@@ -297,28 +500,32 @@ def _open_jsonl(uri: str, text: str) -> tuple[list[str], Iterator]:
     return list(first[1]), chained()
 
 
-def _jsonl_records(uri: str, text: str) -> Iterator[tuple[int, dict]]:
-    for line, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise DataError(uri, f"malformed JSON: {err.msg} at column {err.colno}",
-                            line=line, hint="each line must be one JSON object") from None
-        if not isinstance(record, dict):
-            raise DataError(uri, f"expected a JSON object, found {type(record).__name__}",
-                            line=line)
-        yield line, record
+def _jsonl_records(uri: str, stream: TextStream) -> Iterator[tuple[int, dict]]:
+    line = 0
+    for block in stream.text_blocks():
+        pieces = block.split("\n")
+        if block.endswith("\n"):
+            pieces.pop()  # the empty piece after the block's last newline is no line
+        for raw in pieces:
+            line += 1
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except json.JSONDecodeError as err:
+                raise DataError(uri, f"malformed JSON: {err.msg} at column {err.colno}",
+                                line=line, hint="each line must be one JSON object") from None
+            if not isinstance(record, dict):
+                raise DataError(uri, f"expected a JSON object, found "
+                                     f"{type(record).__name__}", line=line)
+            yield line, record
 
 
 def _required_cell(uri: str, line: int, record: dict, column: str, what: str) -> str:
     if column not in record:  # JSON Lines records may differ from the first one
         raise DataError(uri, f"no field '{column}'; fields found: {', '.join(record)}",
                         line=line)
-    value = record[column]
-    # Strip: SST-2 and other sources end texts with a space before the tab.
-    value = "" if value is None else str(value).strip()
+    value = _clean(record[column])
     if not value:
         raise DataError(uri, f"empty {what} in column '{column}'", line=line,
                         hint="remove the row or fill it in")
@@ -337,43 +544,46 @@ def _raise_no_rows(uri: str) -> None:
 
 
 # --- validation across rows ----------------------------------------------------------------
-def _reject_free_text_labels(cfg: RunConfig, rows: list[Example], counts: Counter) -> None:
+def _vocabulary(cfg: RunConfig, scan: _Scan) -> list[str]:
+    """cfg.labels in its order if given, else the sorted distinct training labels; rejects a
+    single class and a label column that holds free text."""
+    counts = scan.counts
+    if len(counts) < 2:
+        raise DataError(scan.uri, f"only one class ({next(iter(counts))!r}) in column "
+                                  f"'{cfg.label_column}'; a classifier needs at least 2",
+                        hint="check label_column, or add examples of the other classes")
+    _reject_free_text_labels(cfg, scan)
+    return list(cfg.labels) if cfg.labels is not None else sorted(counts)
+
+
+def _reject_free_text_labels(cfg: RunConfig, scan: _Scan) -> None:
     """Labels that are mostly distinct multi-word strings are texts: columns swapped?
 
     Real label sets repeat (even 77 intents over 9k rows) and are rarely sentences, so both
     signs together mean the label column holds the texts.
     """
-    distinct = len(counts)
-    with_spaces = sum(1 for label in counts if " " in label)
-    if distinct >= 5 and distinct > 0.5 * len(rows) and with_spaces > 0.5 * distinct:
-        example = next(ex for ex in rows if " " in ex.label)
+    distinct = len(scan.counts)
+    with_spaces = sum(1 for label in scan.counts if " " in label)
+    if distinct >= 5 and distinct > 0.5 * scan.rows and with_spaces > 0.5 * distinct:
+        uri, line, label = scan.first_spaced
         raise DataError(
-            example.uri, f"label column '{cfg.label_column}' looks like free text: {distinct} "
-                 f"distinct values in {len(rows)} rows, most with spaces (e.g. "
-                 f"{example.label[:60]!r})", line=example.line,
+            uri, f"label column '{cfg.label_column}' looks like free text: {distinct} "
+                 f"distinct values in {scan.rows} rows, most with spaces (e.g. "
+                 f"{label[:60]!r})", line=line,
             hint=f"are label_column ('{cfg.label_column}') and text_column "
                  f"('{cfg.text_column}') swapped?")
 
 
-def _reject_unseen_labels(rows: list[Example], seen: set[str]) -> None:
-    for ex in rows:
-        if ex.label not in seen:
-            raise DataError(ex.uri, f"label '{ex.label}' never appears in the training data",
-                            line=ex.line, hint="the model cannot learn it; add training "
-                                               "examples or drop these rows")
+def _describe(scan: _Scan) -> dict:
+    return {"uri": scan.uri, "sha256": _combined_sha256(scan.files),
+            "files": [{"uri": uri, "sha256": sha256} for uri, sha256 in scan.files]}
 
 
-# --- writing -------------------------------------------------------------------------------
-def _write_split(uri: str, rows: list[Example], labels: list[str],
-                 index: dict[str, int]) -> dict:
-    lines = [json.dumps({"text": ex.text, "text_pair": ex.text_pair,
-                         "label": index[ex.label]}, ensure_ascii=False) for ex in rows]
-    storage.write_text(uri, "\n".join(lines) + "\n")
-    counts = Counter(ex.label for ex in rows)
-    return {"uri": uri, "num_examples": len(rows),
-            "label_counts": {label: counts.get(label, 0) for label in labels}}
+def read_prepared_rows(shards: list[str], block_size: int = 4 << 20) -> Iterator[list]:
+    """The prepared rows of a split's shards, as lists of PreparedRow, one block at a time."""
+    from tasks.chunked_reader import line_blocks
 
-
-def _describe(source: Source) -> dict:
-    return {"uri": source.uri, "sha256": source.sha256,
-            "files": [{"uri": uri, "sha256": sha256} for uri, sha256 in source.files]}
+    decoder = msgspec.json.Decoder(PreparedRow)
+    for uri in shards:
+        for block in line_blocks(storage.iter_bytes(uri, block_size)):
+            yield decoder.decode_lines(block)

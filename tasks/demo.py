@@ -1,19 +1,30 @@
 """`make demo`: run the bert_finetune DAG end to end on the demo data set, then load the
 exported model in a fresh process (TensorFlow + tensorflow-text only, not this project) and
-print two of its predictions.
+print two of its predictions. The console gets one line per task (task, state, seconds) and
+the summary; Airflow's and the tasks' full log goes to a file whose path is printed first.
 
-Airflow runs from the project's .airflow/ folder (SQLite metadata DB, created on first use)
-with dags/ and plugins/ from this checkout. A demo-sized config (short sequences, 2 epochs on
-~300 rows) finishes in a few minutes on 2 CPUs.
+`make airflow` (`--ui`): the Airflow UI, scheduler and dag-processor (`airflow standalone`)
+on the same metadata DB, until Ctrl-C.
+
+Airflow runs from $AIRFLOW_HOME (the Makefile sets the project's .airflow/ folder: SQLite
+metadata DB, created on first use) with dags/ and plugins/ from this checkout. A demo-sized
+config (short sequences, 2 epochs on ~300 rows) finishes in a few minutes on 2 CPUs.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
+from datetime import datetime
 from pathlib import Path
+from typing import TextIO
 
 from tasks.config import PROJECT_ROOT, join_uri
 
@@ -33,6 +44,11 @@ out = serve(**inputs)
 print(json.dumps([{"label": l.decode(), "probabilities": [round(float(x), 4) for x in p]}
                   for l, p in zip(out["label"].numpy(), out["probabilities"].numpy())]))
 """
+
+
+def default_airflow_home() -> Path:
+    """$AIRFLOW_HOME if set (the Makefile sets the project's .airflow/), else .airflow/."""
+    return Path(os.environ.get("AIRFLOW_HOME") or PROJECT_ROOT / ".airflow").resolve()
 
 
 def airflow_env(airflow_home: Path) -> dict[str, str]:
@@ -65,6 +81,137 @@ def run_dag(conf: dict):
     return bag.dags[DAG_ID].test(run_conf=conf)
 
 
+# --- quiet run: progress lines on the console, the full log in a file -----------------------
+
+FINISHED = ("success", "failed", "skipped", "upstream_failed", "up_for_retry",
+            "up_for_reschedule", "removed")
+
+
+def progress_line(task_id: str, state: str, seconds: float | None, try_number: int = 1) -> str:
+    """`  train          success       42.3 s` (one per finished task attempt)."""
+    took = f"{seconds:8.1f} s" if seconds is not None else "       - s"
+    attempt = f"  (try {try_number})" if try_number > 1 else ""
+    return f"  {task_id:<14} {state:<15}{took}{attempt}"
+
+
+class TaskProgress(threading.Thread):
+    """Prints a progress line whenever a task attempt of the newest run of `dag_id` (one
+    created after `after_run_id`) finishes, reading the metadata DB once a second: works
+    whatever runs the tasks (dag.test in this process, an executor, a scheduler)."""
+
+    def __init__(self, dag_id: str, after_run_id: int, out: TextIO, interval: float = 1.0):
+        super().__init__(name="bertflow-progress", daemon=True)
+        self.dag_id, self.after_run_id, self.out, self.interval = \
+            dag_id, after_run_id, out, interval
+        self.reported: set[tuple[str, int]] = set()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def newest_run_id(dag_id: str) -> int:
+        from sqlalchemy import func, select
+
+        from airflow.models.dagrun import DagRun
+        from airflow.utils.session import create_session
+
+        with create_session() as session:
+            return session.scalar(select(func.max(DagRun.id)).where(
+                DagRun.dag_id == dag_id)) or 0
+
+    def poll(self) -> None:
+        from sqlalchemy import select
+
+        from airflow.models.dagrun import DagRun
+        from airflow.models.taskinstance import TaskInstance as TI
+        from airflow.utils.session import create_session
+
+        with self._lock, create_session() as session:
+            run_id = session.scalar(
+                select(DagRun.run_id).where(DagRun.dag_id == self.dag_id,
+                                            DagRun.id > self.after_run_id)
+                .order_by(DagRun.id.desc()).limit(1))
+            if run_id is None:
+                return
+            rows = session.execute(
+                select(TI.task_id, TI.state, TI.try_number, TI.start_date, TI.end_date,
+                       TI.duration)
+                .where(TI.dag_id == self.dag_id, TI.run_id == run_id)).all()
+            done = []
+            for task_id, state, try_number, start, end, duration in rows:
+                state = getattr(state, "value", state)
+                key = (task_id, try_number or 1)
+                if state in FINISHED and key not in self.reported:
+                    self.reported.add(key)
+                    if duration is None and start and end:
+                        duration = (end - start).total_seconds()
+                    done.append((end.timestamp() if end else float("inf"), task_id, state,
+                                 duration, try_number or 1))
+            for _, task_id, state, duration, try_number in sorted(done):
+                print(progress_line(task_id, state, duration, try_number), file=self.out,
+                      flush=True)
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                self.poll()
+            except Exception:  # noqa: BLE001  a busy SQLite DB: try again next second
+                pass
+
+    def finish(self) -> None:
+        """Stop polling and report what finished since the last poll."""
+        self._done.set()
+        self.join(timeout=30)
+        self.poll()
+
+
+@contextlib.contextmanager
+def output_to(log_path: Path):
+    """Send everything written to stdout/stderr (Python's streams and file descriptors 1
+    and 2, so worker processes and C++ logging too) to `log_path`; yields the console."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    console = os.fdopen(os.dup(sys.__stdout__.fileno()), "w", buffering=1)
+    saved_fds = os.dup(1), os.dup(2)
+    saved_streams = sys.stdout, sys.stderr
+    log = open(log_path, "a", buffering=1, encoding="utf-8", errors="replace")
+    try:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        yield console
+    finally:
+        for stream in (sys.stdout, sys.stderr, *saved_streams):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        sys.stdout, sys.stderr = saved_streams
+        os.dup2(saved_fds[0], 1)
+        os.dup2(saved_fds[1], 2)
+        os.close(saved_fds[0])
+        os.close(saved_fds[1])
+        log.close()
+        console.flush()
+
+
+def run_dag_quietly(conf: dict, log_path: Path, out: TextIO | None = None, **test_kwargs):
+    """run_dag() with Airflow's output in `log_path` and one progress line per task on
+    `out` (the console by default). `test_kwargs` go to dag.test (e.g.
+    mark_success_pattern)."""
+    with output_to(log_path) as console:
+        out = out or console
+        from airflow.dag_processing.dagbag import DagBag
+
+        bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags"))
+        if bag.import_errors:
+            raise RuntimeError(f"DAG import errors: {bag.import_errors}")
+        progress = TaskProgress(DAG_ID, TaskProgress.newest_run_id(DAG_ID), out)
+        progress.start()
+        try:
+            return bag.dags[DAG_ID].test(run_conf=conf, **test_kwargs)
+        finally:
+            progress.finish()
+
+
 def run_folder(dag_run, artifact_root: str) -> str:
     from tasks.runlayout import RunContext, run_key_for
 
@@ -77,8 +224,12 @@ def sample_rows(run_uri: str, count: int = 2) -> list[dict]:
     from tasks import storage
 
     manifest = storage.read_json(join_uri(run_uri, "data", "manifest.json"))
-    lines = storage.read_text(manifest["splits"]["eval"]["uri"]).splitlines()[:count]
-    rows = [json.loads(line) for line in lines]
+    first_shard = manifest["splits"]["eval"]["shards"][0]
+    from tasks.chunked_reader import line_blocks
+
+    # The first block of whole lines: a streaming read, never the whole shard.
+    block = next(line_blocks(storage.iter_bytes(first_shard, 1 << 16)))
+    rows = [json.loads(line) for line in block.decode("utf-8").splitlines()[:count]]
     return [{"text": r["text"], **({"text_pair": r["text_pair"]} if r.get("text_pair") else {})}
             for r in rows]
 
@@ -87,9 +238,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks.demo", description=__doc__)
     parser.add_argument("--num-workers", type=int, default=1,
                         help="worker processes; 2 trains with MultiWorkerMirroredStrategy")
+    parser.add_argument("--ui", action="store_true",
+                        help="start the Airflow UI (airflow standalone) instead; Ctrl-C stops")
+    parser.add_argument("--port", type=int, default=8080, help="with --ui: the UI's port")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print Airflow's full log instead of one line per task")
     args = parser.parse_args(argv)
 
-    airflow_home = PROJECT_ROOT / ".airflow"
+    airflow_home = default_airflow_home()
+    if args.ui:
+        return serve_ui(airflow_home, args.port)
     os.environ.update(airflow_env(airflow_home))  # before Airflow is first imported
     if not (airflow_home / "airflow.db").exists():
         print(f"Creating the Airflow metadata DB in {airflow_home} ...", flush=True)
@@ -101,11 +259,20 @@ def main(argv: list[str] | None = None) -> int:
 
     conf = {**DEMO_CONF, "num_workers": args.num_workers}
     cfg = parse_config(conf)
-    dag_run = run_dag(conf)
+    if args.verbose:
+        dag_run = run_dag(conf)
+        where = "the task logs above"
+    else:
+        log_path = airflow_home / "logs" / f"demo-{datetime.now():%Y%m%d-%H%M%S}.log"
+        print(f"Running {DAG_ID} on the demo data; Airflow's full log: {log_path}", flush=True)
+        started = time.monotonic()
+        dag_run = run_dag_quietly(conf, log_path)
+        print(f"  {'(DAG run)':<14} {dag_run.state:<15}{time.monotonic() - started:8.1f} s")
+        where = log_path
     run_uri = run_folder(dag_run, cfg.artifact_root)
     print(f"\nDAG run {dag_run.run_id}: {dag_run.state}; run folder {run_uri}")
     if dag_run.state != "success":
-        print("The run failed; see the task logs above.", file=sys.stderr)
+        print(f"The run failed; see {where}.", file=sys.stderr)
         return 1
 
     exported = storage.read_json(join_uri(run_uri, "export", "manifest.json"))
@@ -123,6 +290,155 @@ def main(argv: list[str] | None = None) -> int:
     for row, pred in zip(rows, predictions):
         print(f"  {row} -> {pred['label']} {pred['probabilities']}")
     return 0
+
+
+# --- `make airflow`: the UI on the embedded default ---------------------------------------
+
+def _pids_with(marker: bytes) -> list[int]:
+    """Processes whose environment holds `marker` (NAME=value): everything started for one
+    UI session, including task workers in their own process groups."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _stop_standalone(proc: subprocess.Popen, marker: bytes) -> list[int]:
+    """Ask standalone to shut down (SIGINT, as Ctrl-C would), then TERM/KILL whatever is
+    left of the session. Returns pids that survived (should be none)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        for pid in _pids_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while _pids_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not _pids_with(marker):
+            break
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+    return _pids_with(marker)
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
+    """`airflow standalone` (api-server, scheduler, dag-processor, triggerer) on the demo's
+    metadata DB and this checkout's dags and plugins; prints the URL and the login; stops
+    every process it started on Ctrl-C (or SIGTERM)."""
+    if _port_in_use(port):
+        print(f"Port {port} is in use; choose another: make airflow PORT=8081", file=sys.stderr)
+        return 2
+    airflow_home.mkdir(parents=True, exist_ok=True)
+    venv_bin = str(Path(sys.executable).parent)
+    session = uuid.uuid4().hex
+    base = f"http://localhost:{port}"
+    env = {**os.environ, **airflow_env(airflow_home),
+           "AIRFLOW__API__PORT": str(port),
+           # Task supervisors call the execution API; the default is :8080 whatever the port.
+           "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+           "PATH": venv_bin + os.pathsep + os.environ.get("PATH", ""),
+           "TF_USE_LEGACY_KERAS": "1",
+           "BERTFLOW_UI_SESSION": session}
+    env.pop("PYTHONPATH", None)
+    # The task and triggerer log servers have fixed ports too; move them if those are taken
+    # (another Airflow on this machine), or the UI cannot show task logs.
+    for key, default in (("AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT", 8793),
+                         ("AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT", 8794)):
+        if key not in env and _port_in_use(default):
+            env[key] = str(_free_port())
+    marker = f"BERTFLOW_UI_SESSION={session}".encode()
+    log_path = airflow_home / "logs" / "standalone.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    passwords = airflow_home / "simple_auth_manager_passwords.json.generated"
+
+    # Ctrl-C reaches make and this process (the terminal's process group); standalone runs in
+    # its own session and is stopped by _stop_standalone. SIGTERM (e.g. from make) does too.
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    print(f"Starting Airflow (api-server, scheduler, dag-processor, triggerer) in {airflow_home}"
+          f"\n  log: {log_path}", flush=True)
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen([os.path.join(venv_bin, "airflow"), "standalone"], env=env,
+                                cwd=str(airflow_home), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    rc = 1
+    try:
+        rc = _announce_and_wait(proc, base, passwords, log_path, ready_timeout)
+    except KeyboardInterrupt:
+        rc = 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("\nStopping Airflow ...", flush=True)
+        left = _stop_standalone(proc, marker)
+        if left:
+            print(f"processes still running: {left}", file=sys.stderr)
+        else:
+            print("Stopped; no Airflow process left.", flush=True)
+    return 1 if left else rc
+
+
+def _announce_and_wait(proc: subprocess.Popen, base: str, passwords: Path, log_path: Path,
+                       ready_timeout: float) -> int:
+    """Wait until the api-server and scheduler answer, print the URL and login, then wait
+    for Ctrl-C (KeyboardInterrupt). Returns 1 if standalone dies or never gets ready."""
+    import httpx
+
+    deadline = time.monotonic() + ready_timeout
+    while True:
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace").splitlines()[-30:]
+            print(f"airflow standalone exited with {proc.returncode}:\n" + "\n".join(tail),
+                  file=sys.stderr)
+            return 1
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            health = httpx.get(f"{base}/api/v2/monitor/health", timeout=5).json()
+            if health.get("scheduler", {}).get("status") == "healthy" and passwords.exists():
+                break
+        if time.monotonic() > deadline:
+            print(f"Airflow not ready after {ready_timeout:.0f}s; see {log_path}",
+                  file=sys.stderr)
+            return 1
+        time.sleep(1)
+    users = json.loads(passwords.read_text())
+    print(f"\nAirflow is up: {base}", flush=True)
+    for user, password in users.items():
+        print(f"  log in as {user!r} with password {password!r}")
+    print(f"  (simple auth manager; passwords in {passwords})\n"
+          "Ctrl-C stops Airflow and every process it started.", flush=True)
+    proc.wait()
+    print(f"airflow standalone exited with {proc.returncode}; see {log_path}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from tasks.config import join_uri
 from tasks.errors import StorageError
@@ -68,7 +68,9 @@ def local_path(uri: str) -> Path:
 
 class Storage(Protocol):
     def read_bytes(self, uri: str) -> bytes: ...
+    def iter_bytes(self, uri: str, block_size: int) -> Iterator[bytes]: ...
     def write_bytes(self, uri: str, data: bytes) -> None: ...
+    def upload_file(self, path: Path, uri: str) -> None: ...
     def exists(self, uri: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
     def delete_prefix(self, prefix: str) -> None: ...
@@ -99,12 +101,31 @@ class LocalStorage:
         except IsADirectoryError:
             raise StorageError(f"{uri}: is a folder, expected a file") from None
 
+    def iter_bytes(self, uri: str, block_size: int) -> Iterator[bytes]:
+        try:
+            fh = open(local_path(uri), "rb")
+        except FileNotFoundError:
+            raise StorageError(f"{uri}: no such file") from None
+        except IsADirectoryError:
+            raise StorageError(f"{uri}: is a folder, expected a file") from None
+        with fh:
+            while block := fh.read(block_size):
+                yield block
+
     def write_bytes(self, uri: str, data: bytes) -> None:
         path = local_path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+
+    def upload_file(self, path: Path, uri: str) -> None:
+        """Move a local file to `uri` (renamed into place: readers never see half of it)."""
+        dest = local_path(uri)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+        shutil.move(str(path), tmp)  # a rename on the same file system
+        os.replace(tmp, dest)
 
     def exists(self, uri: str) -> bool:
         return local_path(uri).exists()
@@ -206,6 +227,18 @@ def open_storage(uri: str) -> Storage:
 # --- convenience helpers over any URI -------------------------------------------------------
 def read_bytes(uri: str) -> bytes:
     return open_storage(uri).read_bytes(uri)
+
+
+def iter_bytes(uri: str, block_size: int = 8 << 20) -> Iterator[bytes]:
+    """The object's bytes in blocks of at most `block_size`: a streaming read (local file
+    reads, ranged GETs on gs:// and s3://), never the whole object in memory."""
+    return open_storage(uri).iter_bytes(uri, block_size)
+
+
+def upload_file(path: Path, uri: str) -> None:
+    """Move the local file `path` to `uri` (a local move, or an upload that is then
+    deleted locally); the object appears whole or not at all."""
+    open_storage(uri).upload_file(Path(path), uri)
 
 
 def read_text(uri: str) -> str:

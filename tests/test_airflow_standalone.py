@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tasks import storage
-from tasks.config import join_uri
+from tasks.config import SECTIONS, join_uri
 from tasks.demo import predict_in_fresh_process, sample_rows
 
 from ui_helpers import CHROMIUM, Browser, Standalone
@@ -173,6 +173,9 @@ def test_trigger_form_shows_params_with_titles(trigger_form):
     for title in PARAM_TITLES:
         assert title in text, f"trigger form lacks the Param title {title!r}"
     assert "Stop after this many steps; 0 means run all epochs." in text  # a description
+    # The form is in sections, first-time fields first (tasks.config.SECTIONS).
+    positions = [text.find(section) for section in SECTIONS]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
     shot: Path = trigger_form["screenshot"]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000, shot.stat().st_size  # a blank page is ~5 kB

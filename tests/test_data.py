@@ -36,6 +36,12 @@ GOOD = [("good film", "pos"), ("bad film", "neg"), ("great acting", "pos"),
         ("dull plot", "neg")]
 
 
+def _split_rows(manifest, name):
+    """The prepared rows of a split, read from all its shards in order."""
+    return [json.loads(line) for shard in manifest["splits"][name]["shards"]
+            for line in storage.read_text(shard).splitlines()]
+
+
 def _error(tmp_path, train, eval_uri=None, **overrides) -> DataError:
     cfg = _cfg(tmp_path, train, eval_uri, **overrides)
     with pytest.raises(DataError) as info:
@@ -164,8 +170,7 @@ def test_run_with_eval_file_writes_manifest_and_jsonl(tmp_path):
     assert manifest["splits"]["train"]["label_counts"] == {"neg": 2, "pos": 2}
     assert manifest["sources"]["eval"]["uri"] == evals
     assert len(manifest["sources"]["train"]["sha256"]) == 64
-    rows = [json.loads(line) for line in
-            storage.read_text(manifest["splits"]["train"]["uri"]).splitlines()]
+    rows = _split_rows(manifest, "train")
     assert rows[0] == {"text": "good film", "text_pair": None, "label": 1}  # space stripped
 
 
@@ -187,7 +192,7 @@ def test_csv_and_jsonl_with_pairs_and_custom_columns(tmp_path):
                label_column="gold")
     manifest = storage.read_json(data.run(cfg, _ctx(tmp_path)))
     assert manifest["has_pair"] is True
-    first = json.loads(storage.read_text(manifest["splits"]["train"]["uri"]).splitlines()[0])
+    first = _split_rows(manifest, "train")[0]
     assert first == {"text": "A man, smiling", "text_pair": "He is happy", "label": 1}
 
 
@@ -255,8 +260,7 @@ def test_prefix_and_glob_concatenate_sorted_files(root, tmp_path):  # noqa: F811
         assert manifest["sources"]["train"]["uri"] == train
         assert manifest["sources"]["eval"]["files"] == [{
             "uri": f"{root}/eval.tsv", "sha256": manifest["sources"]["eval"]["sha256"]}]
-        texts = [json.loads(line)["text"] for line in
-                 storage.read_text(manifest["splits"]["train"]["uri"]).splitlines()]
+        texts = [row["text"] for row in _split_rows(manifest, "train")]
         assert texts == [t for t, _ in PART_A + PART_B]  # sorted file order, row order kept
 
 
@@ -299,3 +303,105 @@ def test_explicit_format_reads_files_without_extension(tmp_path):
     manifest = _run_on(tmp_path, str(tmp_path / "out") + "/", file_format="tsv")
     assert len(manifest["sources"]["train"]["files"]) == 2
     assert sum(s["num_examples"] for s in manifest["splits"].values()) == 6
+
+
+# --- streaming: chunk boundaries, bounded memory, the split at scale ---------------------
+def _stream_rows(monkeypatch, path, block_size, **overrides):
+    """load_source with files read in blocks of `block_size` bytes."""
+    monkeypatch.setattr(data, "BLOCK_SIZE", block_size)
+    return data.load_source(parse_config(overrides), str(path)).examples
+
+
+def test_quoted_field_spanning_blocks_crlf_and_bom(tmp_path, monkeypatch):
+    content = ("\ufefftext,label\r\n"
+               '"a text quoted across\r\ntwo lines, with a comma",pos\r\n'
+               "plain row,neg\r\n"
+               '"another ""quoted"" one",pos\r\n'
+               ",neg\r\n").encode("utf-8")
+    path = _write(tmp_path, "t.csv", content[:-len(",neg\r\n")])
+    want = [("a text quoted across\r\ntwo lines, with a comma", "pos", 2),
+            ("plain row", "neg", 4), ('another "quoted" one', "pos", 5)]
+    for block_size in range(1, len(content) + 1):  # every cut position, BOM and CR/LF too
+        rows = _stream_rows(monkeypatch, path, block_size)
+        assert [(r.text, r.label, r.line) for r in rows] == want, block_size
+    bad = _write(tmp_path, "bad.csv", content)  # the empty text on line 6
+    for block_size in (1, 7, 13, 64):
+        monkeypatch.setattr(data, "BLOCK_SIZE", block_size)
+        err = _error(tmp_path, bad)
+        assert (err.line, "empty text" in str(err)) == (6, True), block_size
+
+
+def test_multibyte_utf8_cut_at_block_boundary(tmp_path, monkeypatch):
+    texts = ["crème brûlée", "日本語のテキスト", "emoji 🙂 here", "ünïcödé"]
+    path = _write(tmp_path, "t.tsv", _tsv([(t, "pos" if i % 2 else "neg")
+                                           for i, t in enumerate(texts)]))
+    for block_size in range(1, 40):  # cuts inside 2-, 3- and 4-byte characters
+        assert [r.text for r in _stream_rows(monkeypatch, path, block_size)] == texts
+
+
+def test_bad_byte_past_the_first_block_names_its_line(tmp_path, monkeypatch):
+    rows = [(f"row number {i}", "pos" if i % 2 else "neg") for i in range(40)]
+    content = _tsv(rows).encode() + b"caf\xe9 au lait\tpos\n" + _tsv(rows[:3]).encode()
+    path = _write(tmp_path, "t.tsv", content)
+    offset = content.index(b"\xe9")
+    for block_size in (16, 64, 100, offset, offset + 1, 1 << 20):
+        monkeypatch.setattr(data, "BLOCK_SIZE", block_size)
+        err = _error(tmp_path, path)
+        assert err.line == 42 and f"byte offset {offset}" in str(err), block_size
+        assert "column 4" in str(err)
+
+
+def test_jsonl_streamed_in_small_blocks_keeps_line_numbers(tmp_path, monkeypatch):
+    lines = [json.dumps({"text": f"text {i} é", "label": i % 2}) for i in range(30)]
+    lines.insert(20, "")
+    lines.insert(25, '{"text": "broken", "label": ')
+    path = _write(tmp_path, "t.jsonl", "\r\n".join(lines))
+    for block_size in (5, 33, 1 << 20):
+        monkeypatch.setattr(data, "BLOCK_SIZE", block_size)
+        err = _error(tmp_path, path)
+        assert err.line == 26 and "malformed JSON" in str(err)
+
+
+def _classes_tsv(tmp_path, sizes, name="big.tsv"):
+    rows = [(f"text {label} {i} {i * 7919 % 1000}", label)
+            for label, n in sizes.items() for i in range(n)]
+    rows.sort(key=lambda r: hashlib.md5(r[0].encode()).digest())  # classes interleaved
+    return _write(tmp_path, name, _tsv(rows))
+
+
+def test_split_is_exact_per_class_and_independent_of_blocks_and_shards(tmp_path, monkeypatch):
+    sizes = {"a": 5000, "b": 1234, "c": 77, "d": 3, "e": 2, "f": 1}
+    train = _classes_tsv(tmp_path, sizes)
+    results = []
+    for block_size, shard_rows in ((1 << 20, 1_000_000), (777, 1000)):
+        monkeypatch.setattr(data, "BLOCK_SIZE", block_size)
+        monkeypatch.setattr(data, "SHARD_ROWS", shard_rows)
+        manifest = _run_on(tmp_path, train, eval_fraction=0.15, seed=7)
+        evals = manifest["splits"]["eval"]
+        # Stated tolerance: each class holds out round(n * f) rows exactly (within half a
+        # row of its fraction), at least 1 and at most n - 1.
+        assert evals["label_counts"] == {"a": 750, "b": 185, "c": 12, "d": 1, "e": 1, "f": 0}
+        assert all(len(split["shards"]) == -(-split["num_examples"] // shard_rows)
+                   for split in manifest["splits"].values())
+        results.append({name: _split_rows(manifest, name) for name in ("train", "eval")})
+    assert results[0] == results[1]  # same rows, same order, whatever the blocks and shards
+    other_seed = _run_on(tmp_path, train, eval_fraction=0.15, seed=8)
+    assert _split_rows(other_seed, "eval") != results[0]["eval"]
+
+
+def test_data_step_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
+    """Peak traced memory of the whole step (both passes, the split, the shard writes) is
+    set by the block and batch sizes: 8x the rows, about the same peak."""
+    import tracemalloc
+
+    monkeypatch.setattr(data, "BLOCK_SIZE", 16 << 10)
+    monkeypatch.setattr(data, "_WRITE_BATCH", 512)
+    monkeypatch.setattr(data, "SHARD_ROWS", 5000)
+    peaks = []
+    for n in (5_000, 40_000):
+        train = _classes_tsv(tmp_path, {"x": n // 2, "y": n // 2}, name=f"{n}.tsv")
+        tracemalloc.start()
+        _run_on(tmp_path, train)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < 1.2 * peaks[0] and peaks[1] < 1 << 20, peaks

@@ -56,6 +56,25 @@ def test_missing_object_names_the_uri(root):
         storage.read_bytes(f"{root}/missing.json")
 
 
+def test_streaming_reads_in_blocks_and_file_upload(root, tmp_path):
+    data = bytes(range(256)) * 1000 + b"tail"  # 256,004 bytes: the last block is short
+    storage.write_bytes(f"{root}/big.bin", data)
+    for block_size in (1 << 16, 100_000, 1 << 20):
+        blocks = list(storage.iter_bytes(f"{root}/big.bin", block_size))
+        assert b"".join(blocks) == data
+        assert len(blocks) == -(-len(data) // block_size)  # ranged reads, not one GET
+        assert all(len(b) <= block_size for b in blocks)
+    storage.write_bytes(f"{root}/empty.bin", b"")
+    assert list(storage.iter_bytes(f"{root}/empty.bin", 1024)) == []
+    with pytest.raises(StorageError, match=r"nope\.bin: no such (object|file)"):
+        list(storage.iter_bytes(f"{root}/nope.bin", 1024))
+    local = tmp_path / "shard.jsonl"
+    local.write_bytes(b'{"a": 1}\n')
+    storage.upload_file(local, f"{root}/up/shard.jsonl")
+    assert storage.read_bytes(f"{root}/up/shard.jsonl") == b'{"a": 1}\n'
+    assert not local.exists()  # moved, not copied
+
+
 def test_folder_round_trip_keeps_bytes(root, tmp_path):
     files = make_tree(tmp_path / "src")
     storage.upload_dir(tmp_path / "src", f"{root}/folder")

@@ -125,6 +125,23 @@ def test_tokenizer_models_are_cached_on_disk(vocab_file, tmp_path, monkeypatch):
     assert tokenize.model_cache_dir() is None
 
 
+def test_encoder_falls_back_to_the_public_api_when_the_private_builders_move(
+        vocab_file, monkeypatch):
+    """tensorflow_text's model builders are private (pinned version); without them the
+    encoder uses the public FastBertTokenizer(vocab=...) and gives the same ids."""
+    texts = tf.constant(["Crème brûlée, please!", "ok", "", "a " * 40, "unaffable xyzzy"])
+    pairs = tf.constant(["one", "two words", "x", "b " * 30, "!"])
+    private = tokenize.BertTextEncoder(vocab_file, True, 16)
+    want = [private(texts), private(texts, pairs)]
+    monkeypatch.setattr(tokenize, "model_builders", lambda: None)
+    monkeypatch.setattr(tokenize, "_models", {})
+    monkeypatch.setenv(tokenize.MODEL_CACHE_ENV, "")  # no disk cache to read them from
+    assert tokenize.tokenizer_models(["[PAD]", "[CLS]", "[SEP]"], True) is None
+    public = tokenize.BertTextEncoder(vocab_file, True, 16)
+    for got, expected in zip([public(texts), public(texts, pairs)], want):
+        assert [g.to_list() for g in got] == [w.to_list() for w in expected]
+
+
 # --- record serialization ----------------------------------------------------------------
 def _reference_examples(ids, types, labels):
     """What the previous implementation wrote (nested tf.io.encode_proto, field order
@@ -226,7 +243,7 @@ def test_run_writes_manifest_and_shards(tmp_path):
         assert len(records) == split["num_examples"]
         lengths = [len(r.features.feature["input_ids"].int64_list.value) for r in records]
         assert max(lengths) == 16 and sum(n == 16 for n in lengths) >= split["num_truncated"]
-    first_row = json.loads(storage.read_text(data_manifest["splits"]["train"]["uri"])
+    first_row = json.loads(storage.read_text(data_manifest["splits"]["train"]["shards"][0])
                            .splitlines()[0])
     first = _records(manifest["splits"]["train"]["shards"][:1])[0].features.feature
     assert first["label"].int64_list.value[0] == first_row["label"]
@@ -287,3 +304,39 @@ def test_demo_data_tokenizes(tmp_path):
     cfg, ctx = _prepare(tmp_path)
     manifest = storage.read_json(tokenize.run(cfg, ctx))
     assert manifest["splits"]["train"]["num_truncated"] == 0
+
+
+def test_streamed_shards_equal_whatever_the_chunking(tmp_path, monkeypatch):
+    """Prepared data in many small shards, read in tiny blocks and tokenized in small chunks,
+    gives the same TFRecord bytes and statistics (and the same cache key) as one shard read
+    whole: the step streams shard by shard and chunk by chunk without changing its output."""
+    outputs = []
+    for root, shard_rows, block, chunk in ((tmp_path / "a", 1_000_000, 4 << 20, 8192),
+                                           (tmp_path / "b", 37, 101, 16)):
+        monkeypatch.setattr(data, "SHARD_ROWS", shard_rows)
+        monkeypatch.setattr(tokenize, "_READ_BLOCK", block)
+        monkeypatch.setattr(tokenize, "_CHUNK_ROWS", chunk)
+        cfg, ctx = _prepare(root, max_seq_length=16)
+        data_manifest = storage.read_json(ctx.manifest_uri("data"))
+        manifest = storage.read_json(tokenize.run(cfg, ctx))
+        shards = {name: [open(s, "rb").read() for s in split["shards"]]
+                  for name, split in manifest["splits"].items()}
+        stats = {name: {k: v for k, v in split.items() if k != "shards"}
+                 for name, split in manifest["splits"].items()}
+        outputs.append((manifest["content_hash"], shards, stats))
+        assert len(data_manifest["splits"]["train"]["shards"]) == (
+            -(-data_manifest["splits"]["train"]["num_examples"] // shard_rows))
+    assert outputs[0] == outputs[1]
+
+
+def test_library_tfrecord_writer_writes_the_same_bytes(tmp_path, monkeypatch):
+    """The comparison path of the scale benchmark (tf.io.encode_proto + TFRecordWriter) is
+    byte-identical to the hand-written one, so the benchmark compares equal work."""
+    shards = []
+    for root, writer in ((tmp_path / "hand", ""), (tmp_path / "lib", "library")):
+        monkeypatch.setenv("BERTFLOW_TFRECORD_WRITER", writer)
+        cfg, ctx = _prepare(root, max_seq_length=16)
+        manifest = storage.read_json(tokenize.run(cfg, ctx))
+        shards.append([open(s, "rb").read() for split in manifest["splits"].values()
+                       for s in split["shards"]])
+    assert shards[0] == shards[1]

@@ -39,8 +39,9 @@ class Standalone:
 
     user = "tester"
 
-    def __init__(self, home: Path, artifact_root: Path):
+    def __init__(self, home: Path, artifact_root: Path, extra_env: dict[str, str] | None = None):
         self.home = home
+        self.extra_env = dict(extra_env or {})  # e.g. a PostgreSQL metadata DB, a schedule
         self.artifact_root = artifact_root
         self.port = free_port()
         self.base = f"http://localhost:{self.port}"
@@ -75,7 +76,14 @@ class Standalone:
             "TF_USE_LEGACY_KERAS": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
         })
+        env.update(self.extra_env)
         return env
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+        """Run `airflow ARGS...` against this server's metadata DB and config."""
+        return subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env(),
+                              cwd=str(self.home), capture_output=True, text=True,
+                              timeout=timeout)
 
     def start(self, timeout: float = 240) -> None:
         log = open(self.log_path, "wb")
