@@ -50,3 +50,22 @@ def test_flop_formula():
     p_tok = 6 * (4 * 384 * 384 + 2 * 384 * 1536)
     assert p_tok == 10_616_832
     assert trainbench_data.train_flops(10, 0, 0) == 6 * p_tok * 10
+
+
+def test_whole_sentence_hold_out_drops_the_held_out_sentences_own_phrases(monkeypatch):
+    """SST-2 lists each sentence and its parse's phrases as rows: holding out a sentence must
+    also drop the phrases that exist only because of it, and keep those other rows share."""
+    import quality
+
+    monkeypatch.setattr(quality, "HELD_OUT_SENTENCES", 1)
+    a = "the film " + " ".join(f"a{i}" for i in range(14))
+    b = "the film " + " ".join(f"b{i}" for i in range(14))
+    rows = [(a, "1"), (b, "0"), ("a3 a4 a5", "1"), ("b3 b4 b5", "0"), ("the film", "1"),
+            (" ".join(a.split()[:15]), "1"), ("short one", "0")]  # row 5 is part of a
+    train, evals = quality.whole_sentence_split(rows)
+    assert len(evals) == 1 and evals[0] in rows[:2]  # rows 0 and 1: the only whole sentences
+    held, kept = ("a", "b") if evals[0] == rows[0] else ("b", "a")
+    texts = [text for text, _ in train]
+    assert "the film" in texts and "short one" in texts  # shared with a kept row, or unrelated
+    assert f"{kept}3 {kept}4 {kept}5" in texts and f"{held}3 {held}4 {held}5" not in texts
+    assert all(not text.startswith(f"the film {held}0") for text in texts)

@@ -107,7 +107,7 @@ def test_dropout_rejects_a_rate_outside_zero_to_one():
 def test_adamw_kernel_takes_the_same_steps_as_tensorflows_kernels(sparse):
     """The whole AdamW rule itself is checked in test_train_plan; here the one-pass kernel
     follows the two-kernel path step for step, decay on and off, sparse rows repeated."""
-    kwargs = dict(learning_rate=0.05, weight_decay=0.1, epsilon=1e-6,
+    kwargs = dict(learning_rate=0.05, weight_decay=0.1, epsilon=1e-8,
                   exclude_from_weight_decay=model_lib.NO_DECAY)
     init = np.random.default_rng(0).normal(size=[6, 4]).astype(np.float32)
     results = []

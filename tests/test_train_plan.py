@@ -48,44 +48,60 @@ def test_adamw_decays_kernels_but_not_biases_or_layer_norm():
     assert isinstance(loss_scaled, tf_keras.mixed_precision.LossScaleOptimizer)
 
 
+def torch_adamw_step(p, g, m, v, t, lr, weight_decay, eps=1e-8, b1=0.9, b2=0.999):
+    """One step of torch.optim.AdamW (decoupled weight decay, eps added to the bias-corrected
+    sqrt(v)), as torch's documentation defines it, in numpy; returns (p, m, v)."""
+    p = p * (1 - lr * weight_decay)
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    denom = np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps
+    return p - lr / (1 - b1 ** t) * m / denom, m, v
+
+
 @pytest.mark.parametrize("cpu_kernel", [False, True], ids=["tf_kernels", "bertflow_kernel"])
-def test_adamw_follows_torch_adamw_including_the_sparse_embedding_gradient(cpu_kernel):
-    """Decoupled decay then Adam, as torch.optim.AdamW: p -= lr*wd*p; m, v updated; then
-    p -= lr * m_hat / (sqrt(v_hat) + eps), except that TensorFlow's kernel adds eps before the
-    bias correction of v (eps / sqrt(1 - b2^t) in torch's terms; 1e-5 apart here at t=1, where
-    eps is largest). An IndexedSlices gradient (what an embedding gather gives) updates like
-    its dense equivalent, with rows that repeat summed. Both implementations: TensorFlow's
-    kernels and bertflow's one-pass CPU kernel (tasks/cpu_kernels/adamw.cc)."""
+def test_adamw_takes_torch_adamw_steps_including_the_sparse_embedding_gradient(cpu_kernel):
+    """Step for step torch's AdamW rule on the warm-up/decay schedule: the decay uses the
+    scheduled rate, epsilon (torch's default 1e-8) is added to the bias-corrected sqrt(v).
+    The gradients are small (1e-7), as many of BERT's are, so that Keras' epsilon (added to
+    the uncorrected sqrt(v), 30x larger at the first step) would be far off. An
+    IndexedSlices gradient (what an embedding gather gives) updates like its dense
+    equivalent: repeated rows summed, rows without a gradient still decay. Both
+    implementations: TensorFlow's kernels and bertflow's one-pass CPU kernel."""
     import tensorflow as tf
 
     from tasks import cpu_kernels
     if cpu_kernel and not cpu_kernels.available():
         pytest.fail("bertflow CPU kernels not built: run `make install`")
 
-    lr, wd, eps, b1, b2 = 0.1, 0.2, 1e-6, 0.9, 0.999
-    optimizer = model.AdamW(learning_rate=lr, weight_decay=wd, epsilon=eps,
+    peak, wd, scale = 0.1, 0.2, 1e-7
+    schedule = model.WarmUpLinearDecay(peak, warmup_steps=2, total_steps=6)
+    optimizer = model.AdamW(learning_rate=schedule, weight_decay=wd, epsilon=1e-8,
                             exclude_from_weight_decay=model.NO_DECAY, cpu_kernel=cpu_kernel)
     table = tf.Variable(np.ones([4, 2], np.float32), name="word_embeddings/weight")
     bias = tf.Variable(np.ones([2], np.float32), name="dense/bias")
-    rows = tf.constant([[1.0, 2.0], [3.0, -1.0], [0.5, 0.5]])
-    dense_grad = np.zeros([4, 2], np.float32)
-    dense_grad[0] = [1.0, 2.0]
-    dense_grad[2] = [3.5, -0.5]  # rows 1 and 2 of `rows` both hit index 2
     p, b = np.ones([4, 2]), np.ones([2])
     m, v, mb, vb = np.zeros([4, 2]), np.zeros([4, 2]), np.zeros(2), np.zeros(2)
-    for t in (1, 2, 3):
-        sparse = tf.IndexedSlices(rows, tf.constant([0, 2, 2]), tf.constant([4, 2]))
-        optimizer.apply_gradients([(sparse, table), (tf.constant([0.5, -2.0]), bias)])
-        p = p - lr * wd * p  # decay: the table is a weight, the bias is excluded
-        m, v = b1 * m + (1 - b1) * dense_grad, b2 * v + (1 - b2) * dense_grad ** 2
-        step = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-        p = p - step * m / (np.sqrt(v) + eps)
-        g = np.array([0.5, -2.0])
-        mb, vb = b1 * mb + (1 - b1) * g, b2 * vb + (1 - b2) * g ** 2
-        b = b - step * mb / (np.sqrt(vb) + eps)
-    np.testing.assert_allclose(table.numpy(), p, rtol=1e-6)
-    np.testing.assert_allclose(bias.numpy(), b, rtol=1e-6)
-    assert model.current_learning_rate(optimizer) == pytest.approx(lr)
+    rng = np.random.default_rng(0)
+    for t in range(1, 7):
+        rows = (scale * rng.normal(size=[3, 2])).astype(np.float32)
+        g_bias = (scale * rng.normal(size=[2])).astype(np.float32)
+        dense_grad = np.zeros([4, 2])
+        dense_grad[0] = rows[0]
+        dense_grad[2] = rows[1] + rows[2]  # rows 1 and 2 both hit index 2
+        sparse = tf.IndexedSlices(tf.constant(rows), tf.constant([0, 2, 2]), tf.constant([4, 2]))
+        optimizer.apply_gradients([(sparse, table), (tf.constant(g_bias), bias)])
+        lr = float(schedule(t - 1))  # step t runs at the schedule's value before it
+        p, m, v = torch_adamw_step(p, dense_grad, m, v, t, lr, wd)
+        b, mb, vb = torch_adamw_step(b, g_bias, mb, vb, t, lr, 0.0)  # biases do not decay
+    np.testing.assert_allclose(table.numpy(), p, rtol=2e-6)
+    np.testing.assert_allclose(bias.numpy(), b, rtol=2e-6)
+    assert not np.allclose(p[0], 1.0, rtol=1e-3)  # the steps were big enough to be checked
+
+
+def test_the_training_optimizer_uses_torchs_epsilon():
+    cfg = RunConfig()
+    optimizer = model.create_optimizer(cfg, model.make_plan(cfg, 100, 1), "float32")
+    assert optimizer.epsilon == 1e-8
 
 
 @pytest.mark.parametrize("setting, device, policy", [
