@@ -291,9 +291,12 @@ class RunConfig(BaseModel):
 
 
 # The trigger form's sections, in order (Airflow draws one box per Param `section`). The first
-# holds what a first-time user changes; "(advanced)" ones can stay at their defaults.
+# holds what a first-time user changes: its fields carry no `section`, so they land in the
+# form's default box, "Run Parameters", the one Airflow shows open; the others start collapsed,
+# and "(advanced)" ones can stay at their defaults.
+FIRST_SECTION = "Run Parameters"
 SECTIONS: dict[str, tuple[str, ...]] = {
-    "Start here": ("experiment", "train_uri", "eval_uri", "labels", "epochs", "accelerator",
+    FIRST_SECTION: ("experiment", "train_uri", "eval_uri", "labels", "epochs", "accelerator",
                    "num_workers", "provisioner"),
     "Data": ("file_format", "text_column", "text_pair_column", "label_column",
              "eval_fraction", "seed"),
@@ -418,6 +421,7 @@ def param_schemas() -> dict[str, dict[str, Any]]:
             kwargs["type"] = ["string", "null"]
         if "const" in kwargs:  # a Literal with one value
             kwargs["enum"] = [kwargs.pop("const")]
-        kwargs["section"] = section
+        if section != FIRST_SECTION:
+            kwargs["section"] = section
         out[name] = kwargs
     return out
