@@ -138,10 +138,23 @@ def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
                   ".find(b => b.getAttribute('aria-label') === 'Trigger Dag')")
         browser.wait_js(f"!!{button}", timeout=120)
         browser.evaluate(f"{button}.click()")
+        # The form opens on its first section (the first-time fields); the rest are closed.
         browser.wait_js(f"!!{TRIGGER_DIALOG} && {TRIGGER_DIALOG}.innerText.includes("
-                        f"{json.dumps(PARAM_TITLES[-1])})", timeout=90)
-        time.sleep(1)  # let the last fields lay out before the screenshot
-        text = browser.evaluate(f"{TRIGGER_DIALOG}.innerText")
+                        f"{json.dumps(PARAM_TITLES[0])})", timeout=90)
+        time.sleep(1)  # let the fields lay out before the screenshot
+        first_text = browser.evaluate(f"{TRIGGER_DIALOG}.innerText")
+        browser.screenshot(shot)
+        # Open the sections one by one (one is open at a time) to read every field.
+        triggers = (f"[...{TRIGGER_DIALOG}.querySelectorAll("
+                    "'[data-scope=accordion][data-part=item-trigger]')]")
+        text = first_text
+        for i in range(browser.evaluate(f"{triggers}.length")):
+            if browser.evaluate(f"{triggers}[{i}].getAttribute('aria-expanded')") != "true":
+                browser.click(f"{triggers}[{i}]")
+                browser.wait_js(f"{triggers}[{i}].getAttribute('aria-expanded') === 'true'",
+                                timeout=15)
+                time.sleep(0.7)  # the section's content slides open
+            text += "\n" + browser.evaluate(f"{TRIGGER_DIALOG}.innerText")
         submit = browser.evaluate(
             f"[...{TRIGGER_DIALOG}.querySelectorAll('button')]"
             ".filter(b => b.innerText.trim() === 'Trigger').map(b => b.disabled)")
@@ -159,11 +172,10 @@ def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
                     out.push(label.innerText.replace('*', '').trim());
             }}
             return out; }})()""")
-        browser.screenshot(shot)
     finally:
         browser.close()
     print(f"\ntrigger form screenshot: {shot}")
-    return {"text": text, "submit_disabled": submit, "empty_required": empty_required,
+    return {"text": text, "first_text": first_text, "submit_disabled": submit, "empty_required": empty_required,
             "screenshot": shot}
 
 
@@ -173,9 +185,16 @@ def test_trigger_form_shows_params_with_titles(trigger_form):
     for title in PARAM_TITLES:
         assert title in text, f"trigger form lacks the Param title {title!r}"
     assert "Stop after this many steps; 0 means run all epochs." in text  # a description
-    # The form is in sections, first-time fields first (tasks.config.SECTIONS).
-    positions = [text.find(section) for section in SECTIONS]
-    assert all(p >= 0 for p in positions) and positions == sorted(positions), positions
+    # The form is in sections, in tasks.config.SECTIONS order; only the first (the fields a
+    # first-time user changes) is open when the form appears.
+    first = trigger_form["first_text"]
+    lines = [line.strip() for line in first.splitlines()]
+    # A section's heading is a line of its own (its last one: "Workers" is also a field).
+    positions = [max((i for i, line in enumerate(lines) if line == section), default=-1)
+                 for section in SECTIONS]
+    assert min(positions) >= 0 and positions == sorted(positions), positions
+    assert "Training data" in first and "Epochs" in first and "Allowed labels" in first
+    assert "Max sequence length" not in first  # in the closed "Model" section
     shot: Path = trigger_form["screenshot"]
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 50_000, shot.stat().st_size  # a blank page is ~5 kB

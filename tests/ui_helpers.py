@@ -265,6 +265,16 @@ class Browser:
         raise TimeoutError(f"browser: {expression!r} still falsy after {timeout:.0f}s "
                            f"(url {self.evaluate('location.href')}, body text: {body!r})")
 
+    def click(self, element_js: str) -> None:
+        """A real mouse click (pressed + released at the element's centre), for widgets
+        that ignore a scripted element.click()."""
+        x, y = self.evaluate(f"""(() => {{ const el = {element_js};
+            el.scrollIntoView({{block: 'center'}}); const r = el.getBoundingClientRect();
+            return [r.x + r.width / 2, r.y + r.height / 2]; }})()""")
+        for kind in ("mousePressed", "mouseReleased"):
+            self.send("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left",
+                      clickCount=1)
+
     def set_cookie(self, name: str, value: str, url: str) -> None:
         assert self.send("Network.setCookie", name=name, value=value, url=url)["success"]
 
