@@ -163,9 +163,8 @@ def bert_finetune():
         folder."""
         from tasks import data, storage, uri_templates
         from tasks.provision import backend_for
-        from tasks.runlayout import init_run
         from tasks.config import parse_config
-        from tasks.runlayout import RunContext, run_key_for
+        from tasks.runlayout import RunContext, init_run, run_key_for
 
         dag_run = context["dag_run"]
         logical = dag_run.logical_date

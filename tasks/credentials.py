@@ -12,8 +12,26 @@ or a manifest, or return it as XCom.
 """
 from __future__ import annotations
 
+import json
+
 from tasks.config import RunConfig
 from tasks.errors import ConfigError
+
+
+def env_name(conn_id: str) -> str:
+    """The environment variable Airflow reads connection `conn_id` from."""
+    return f"AIRFLOW_CONN_{conn_id.upper()}"
+
+
+def keyless_google_env(conn_id: str, project: str = "") -> dict[str, str]:
+    """`gcp_conn_id` for workers that run as a cloud service account (Vertex AI, TPU VMs):
+    the connection without a key (project only), so their storage falls back to that
+    account's ambient credentials instead of failing to find the connection."""
+    if not conn_id:
+        return {}
+    extra = {"project": project} if project else {}
+    return {env_name(conn_id): json.dumps({"conn_type": "google_cloud_platform",
+                                           "extra": extra})}
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
@@ -23,7 +41,7 @@ def worker_env(cfg: RunConfig) -> dict[str, str]:
     for field in ("gcp_conn_id", "aws_conn_id"):
         conn_id = getattr(cfg, field)
         if conn_id:
-            env[f"AIRFLOW_CONN_{conn_id.upper()}"] = _connection(field, conn_id).as_json()
+            env[env_name(conn_id)] = _connection(field, conn_id).as_json()
     return env
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from typing import Callable, Protocol
 
 from tasks import storage
@@ -100,6 +101,12 @@ def check_remote(cfg: RunConfig, dry_run: bool) -> list[str]:
     if problems and not dry_run:
         raise ConfigError(*problems[0])
     return [f"{field}: {reason} (a real run refuses this)" for field, reason in problems]
+
+
+def google_label_value(text: str) -> str:
+    """A Google Cloud label value (Vertex AI jobs, TPU VMs): lowercase letters, digits, '_'
+    and '-', at most 63 characters."""
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
 
 
 def to_text(backend: Backend, objects: list[dict]) -> str:

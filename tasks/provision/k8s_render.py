@@ -17,7 +17,6 @@ Names stay short: a pod's hostname `<job>-<index>` must fit a 63-character DNS l
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 
@@ -26,6 +25,7 @@ from tasks.errors import ConfigError
 from tasks.images import default_image, image_kind
 from tasks.launcher import CLUSTER_ENV, ROLE_ENV
 from tasks.provision.spec import WorkerSpec
+from tasks.provision.spec import run_hash as spec_run_hash
 from tasks.runlayout import RunContext
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -60,7 +60,7 @@ _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 # --- names and labels -------------------------------------------------------------------
 def run_hash(ctx: RunContext) -> str:
     """8 hex digits naming the run (its folder URI) in object names and the run label."""
-    return hashlib.sha256(ctx.run_uri.encode()).hexdigest()[:8]
+    return spec_run_hash(ctx.run_uri, 8)
 
 
 def label_value(text: str) -> str:

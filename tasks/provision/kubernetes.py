@@ -21,6 +21,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
+from tasks import credentials
 from tasks.config import RunConfig
 from tasks.errors import WorkerError
 from tasks.provision import k8s_render as render
@@ -127,7 +128,7 @@ class KubernetesBackend(Backend):
 
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
         # The connections' names only: the dry run never reads a credential.
-        keys = [f"AIRFLOW_CONN_{c.upper()}" for c in (cfg.gcp_conn_id, cfg.aws_conn_id) if c]
+        keys = [credentials.env_name(c) for c in (cfg.gcp_conn_id, cfg.aws_conn_id) if c]
         return render.render_objects(cfg, ctx, spec, secret_keys=keys,
                                      base_port=self.base_port)
 

@@ -8,7 +8,6 @@ process group, so whatever it spawned goes with it).
 from __future__ import annotations
 
 import collections
-import hashlib
 import json
 import os
 import signal
@@ -26,7 +25,7 @@ from typing import Callable
 from tasks import storage
 from tasks.config import PROJECT_ROOT
 from tasks.errors import WorkerError
-from tasks.provision.spec import WorkerSpec
+from tasks.provision.spec import WorkerSpec, run_hash
 
 TAIL_LINES = 30
 # Messages with which TensorFlow's gRPC server reports a port taken between our pick and its
@@ -54,8 +53,7 @@ def tf_config(addresses: dict[str, list[str]], role: str, index: int) -> str:
 def local_tmp_root(run_uri: str) -> Path:
     """Per-run scratch folder for worker temp files (non-chief workers write there); the
     release step removes it."""
-    digest = hashlib.sha256(run_uri.encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / "bertflow-workers" / digest
+    return Path(tempfile.gettempdir()) / "bertflow-workers" / run_hash(run_uri, 16)
 
 
 def process_start_ticks(pid: int) -> int | None:

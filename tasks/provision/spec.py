@@ -6,10 +6,17 @@ by the controller task (or rendered into a pod template) without importing Tenso
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import asdict, dataclass, field
 
 from tasks.config import RunConfig
 from tasks.topology import Topology, cluster_shape, resolve_strategy_name
+
+def run_hash(run_uri: str, digits: int) -> str:
+    """A short stable id of a run (from its folder URI) for names and labels; each backend
+    takes as many hex digits as its naming limits allow."""
+    return hashlib.sha256(run_uri.encode()).hexdigest()[:digits]
+
 
 # Every worker process needs these; the rest of its environment comes from the backend.
 BASE_ENV = {"TF_USE_LEGACY_KERAS": "1", "PYTHONUNBUFFERED": "1"}

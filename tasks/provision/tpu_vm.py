@@ -33,8 +33,6 @@ anonymous credentials.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -42,12 +40,13 @@ import threading
 import time
 from typing import Any
 
-from tasks import images, storage
+from tasks import credentials, images, storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
-from tasks.provision.backends import Backend, Log, check_remote
+from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.local_backend import LocalBackend
 from tasks.provision.spec import WorkerSpec
+from tasks.provision.spec import run_hash as spec_run_hash
 from tasks.runlayout import RunContext
 
 ENDPOINT_ENV = "BERTFLOW_TPU_ENDPOINT"
@@ -84,7 +83,7 @@ def runtime_version(cfg: RunConfig) -> str:
 
 
 def run_hash(ctx: RunContext) -> str:
-    return hashlib.sha256(ctx.run_uri.encode()).hexdigest()[:12]
+    return spec_run_hash(ctx.run_uri, 12)
 
 
 def resource_id(cfg: RunConfig, ctx: RunContext) -> str:
@@ -100,17 +99,12 @@ def agent_uri(ctx: RunContext, *parts: str) -> str:
     return join_uri(ctx.step_uri("provision"), "tpu_vm", *parts)
 
 
-def _label(value: str) -> str:
-    """A Google Cloud label value: lowercase letters, digits, - and _, at most 63."""
-    return re.sub(r"[^a-z0-9_-]", "-", value.lower())[:63]
-
-
 def labels(cfg: RunConfig, ctx: RunContext, now: float | None = None) -> dict[str, str]:
     """Expiry: the queue's patience plus the workers' lifetime, after which a sweep removes
     the queued resource even if no teardown ran."""
     now = time.time() if now is None else now
     expires = int(now + cfg.schedule_timeout_seconds + cfg.worker_timeout_minutes * 60)
-    return {"managed-by": MANAGED_BY, LABEL_RUN: run_hash(ctx), LABEL_DAG: _label(ctx.dag_id),
+    return {"managed-by": MANAGED_BY, LABEL_RUN: run_hash(ctx), LABEL_DAG: google_label_value(ctx.dag_id),
             LABEL_EXPIRES: str(expires)}
 
 
@@ -477,12 +471,8 @@ def _run_of(resource) -> str | None:
 def step_request(cfg: RunConfig, spec: WorkerSpec, request_id: str) -> dict:
     """What the agent runs. The environment holds no secret: with gcp_conn_id set, the step
     gets that connection without a key, so its storage uses the VM's service account."""
-    env = dict(spec.env)
-    if cfg.gcp_conn_id:
-        project = cfg.tpu_project or cfg.gcp_project
-        env[f"AIRFLOW_CONN_{cfg.gcp_conn_id.upper()}"] = json.dumps(
-            {"conn_type": "google_cloud_platform",
-             "extra": {"project": project} if project else {}})
+    env = {**spec.env, **credentials.keyless_google_env(
+        cfg.gcp_conn_id, cfg.tpu_project or cfg.gcp_project)}
     return {"id": request_id, "step": spec.step, "command": list(spec.command), "env": env,
             "timeout_seconds": cfg.worker_timeout_minutes * 60}
 

@@ -36,21 +36,18 @@ Worker logs go to Cloud Logging; the controller logs a link to them instead of s
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import math
 import os
-import re
 import threading
 import time
 import urllib.parse
 
-from tasks import storage
+from tasks import credentials, storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import ConfigError, WorkerError
 from tasks.images import default_image, image_kind
-from tasks.provision.backends import Backend, Log, check_remote
-from tasks.provision.spec import WorkerSpec
+from tasks.provision.backends import Backend, Log, check_remote, google_label_value
+from tasks.provision.spec import WorkerSpec, run_hash
 from tasks.runlayout import RunContext
 
 ENDPOINT_ENV = "BERTFLOW_VERTEX_ENDPOINT"
@@ -181,18 +178,14 @@ def pool_replicas(spec: WorkerSpec) -> list[int]:
     return counts
 
 
-def label_value(text: str) -> str:
-    """A valid label value: lowercase letters, digits, '_' and '-', at most 63 characters."""
-    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
-
-
 def run_label(ctx: RunContext) -> str:
-    return hashlib.sha256(ctx.run_uri.encode()).hexdigest()[:16]
+    return run_hash(ctx.run_uri, 16)
 
 
 def labels(ctx: RunContext, step: str) -> dict[str, str]:
     return {"managed-by": MANAGED_BY, RUN_LABEL: run_label(ctx),
-            DAG_LABEL: label_value(ctx.dag_id), STEP_LABEL: label_value(step or "worker")}
+            DAG_LABEL: google_label_value(ctx.dag_id),
+            STEP_LABEL: google_label_value(step or "worker")}
 
 
 def worker_image(cfg: RunConfig) -> str:
@@ -202,12 +195,7 @@ def worker_image(cfg: RunConfig) -> str:
 
 def worker_env(cfg: RunConfig, spec: WorkerSpec, project: str = "") -> dict[str, str]:
     """The spec's environment, plus a keyless gcp_conn_id connection (see the module doc)."""
-    env = dict(spec.env)
-    if cfg.gcp_conn_id:
-        extra = {"project": project} if project else {}
-        env[f"AIRFLOW_CONN_{cfg.gcp_conn_id.upper()}"] = json.dumps(
-            {"conn_type": "google_cloud_platform", "extra": extra})
-    return env
+    return {**spec.env, **credentials.keyless_google_env(cfg.gcp_conn_id, project)}
 
 
 def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
