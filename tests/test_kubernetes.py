@@ -473,8 +473,10 @@ fast_backend().controller(cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
     proc = subprocess.Popen([sys.executable, str(script)], env=os.environ.copy(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
+        # A bound, not a speed check: the child imports the client stack, which on 2 busy
+        # cores (the full suite runs pip and TensorFlow beside it) took over 30 s once.
         assert kube.wait_for(lambda: sum(p.role == "worker" for p in kube.pods.values()) == 2
-                             and len(kube.names("secrets")) == 1, timeout=30), \
+                             and len(kube.names("secrets")) == 1, timeout=120), \
             proc.stderr.read() if proc.poll() is not None else "no pods"
     finally:
         proc.kill()
