@@ -48,7 +48,7 @@ test-deps:
 
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
 test: install test-deps
-	@$(BIN)/python -m pytest -q tests; rc=$$?; \
+	@$(BIN)/python -m pytest -q --durations=25 tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # Re-resolve the lock from requirements.in (needs network access to PyPI).

@@ -458,29 +458,36 @@ def test_release_finds_a_crashed_controllers_objects_by_label(cluster, tmp_path)
                                                                          other.run_uri))
     for obj in render_other:  # another run's objects: release must not touch them
         kube._create({"Service": "services", "Job": "jobs"}[obj["kind"]], "default", obj)
-    # A controller process that dies (SIGKILL: no finally, no teardown) mid-step.
-    script = tmp_path / "controller.py"
+    # A controller process that dies (SIGKILL: no finally, no teardown) mid-step. Its output
+    # goes to a file (a pipe nobody reads can fill and stall it); faulthandler writes its
+    # threads' stacks there if it has not created the pods by then, so a failure says why.
+    script, output = tmp_path / "controller.py", tmp_path / "controller.log"
     script.write_text(f"""
-import sys
+import faulthandler, sys
+faulthandler.dump_traceback_later(60, exit=False)
 sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'tests')!r}]
 from test_kubernetes import make_cfg, make_ctx, fast_backend, SECRETS
 from tasks.provision.spec import distributed_spec
 cfg = make_cfg(gcp_conn_id="gcp")
 ctx = make_ctx(cfg)
+print("controller starts", flush=True)
 fast_backend().controller(cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
-                          log=print, secrets=SECRETS).run()
+                          log=lambda line: print(line, flush=True), secrets=SECRETS).run()
 """)
-    proc = subprocess.Popen([sys.executable, str(script)], env=os.environ.copy(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with open(output, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-u", str(script)], env=os.environ.copy(),
+                                stdout=out, stderr=subprocess.STDOUT)
     try:
         # A bound, not a speed check: the child imports the client stack, which on 2 busy
         # cores (the full suite runs pip and TensorFlow beside it) took over 30 s once.
-        assert kube.wait_for(lambda: sum(p.role == "worker" for p in kube.pods.values()) == 2
-                             and len(kube.names("secrets")) == 1, timeout=120), \
-            proc.stderr.read() if proc.poll() is not None else "no pods"
+        started = kube.wait_for(lambda: sum(p.role == "worker" for p in kube.pods.values()) == 2
+                                and len(kube.names("secrets")) == 1, timeout=120)
     finally:
         proc.kill()
         proc.wait()
+    assert started, (f"the controller made no pods in 120 s (exit {proc.returncode}); "
+                     f"jobs {kube.names('jobs')}, pods {list(kube.pods)}, secrets "
+                     f"{kube.names('secrets')}; its output:\n{output.read_text()[-6000:]}")
     run = render.run_selector(ctx)
     assert kube.names("jobs", selector=run) and kube.names("secrets", selector=run)
 
