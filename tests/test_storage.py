@@ -4,12 +4,16 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import pytest
 
-from storage_servers import (BUCKET, connections, gcs_emulator, root,  # noqa: F401
-                             s3_server)
-from tasks import storage
+from fault_proxy import FaultProxy
+from storage_servers import (BUCKET, S3_KEY_ID, S3_SECRET, connections,  # noqa: F401
+                             gcs_emulator, root, s3_server)
+from tasks import cloud_storage, storage
 from tasks.errors import StorageError
 
 
@@ -116,39 +120,24 @@ def test_concurrent_publishes_of_different_versions(root, tmp_path):
     assert storage.is_complete(f"{root}/m/v1") and storage.is_complete(f"{root}/m/v2")
 
 
-class Interrupted(Exception):
-    """Stands for a crash (killed worker, lost connection) in the middle of a publish."""
-
-
-@pytest.mark.parametrize("scheme", ["gs", "s3"])
-@pytest.mark.parametrize("primitive", ["_put_file", "_copy"])
-def test_interrupted_publish_leaves_no_version_and_retry_completes(
-        request, scheme, primitive, tmp_path, monkeypatch, connections):  # noqa: F811
-    request.getfixturevalue("gcs_emulator" if scheme == "gs" else "s3_server")
+@pytest.mark.parametrize("kind", ["upload", "copy"])
+def test_interrupted_publish_leaves_no_version_and_retry_completes(proxied, kind, tmp_path):
     files = make_tree(tmp_path / "src")
-    uri = f"{scheme}://{BUCKET}/{tmp_path.name}/models/m/v1"
-    store = storage.open_storage(uri)
-    # Narrowest boundary: one object transfer of the real backend fails after two succeed
-    # (a server that dies mid-publish cannot be arranged with the emulators).
-    calls, real = [], getattr(type(store), primitive)
-
-    def flaky(self, *args):
-        calls.append(args)
-        if len(calls) > 2:
-            raise Interrupted()
-        return real(self, *args)
-
-    monkeypatch.setattr(type(store), primitive, flaky)
+    uri = f"{proxied.root}/models/m/v1"
+    # A crash mid-publish, as the server sees it: after two transfers of a kind succeed, the
+    # rest fail for good (a permanent error, so no client retries it).
+    proxied.proxy.fail(proxied.kinds[kind], **proxied.error(400, "Interrupted"),
+                       after=2, times=None)
     with pytest.raises(StorageError, match="Interrupted"):
         storage.publish_dir(tmp_path / "src", uri)
     assert not storage.is_complete(uri)
-    monkeypatch.setattr(type(store), primitive, real)
+    proxied.proxy.clear()
 
     assert storage.publish_dir(tmp_path / "src", uri) is True
     storage.download_dir(uri, tmp_path / "back")
     assert read_tree(tmp_path / "back") == {**files, storage.COMPLETE: (
         tmp_path / "back" / storage.COMPLETE).read_bytes()}
-    assert not storage.exists(f"{scheme}://{BUCKET}/{tmp_path.name}/models/m/.staging")
+    assert not storage.exists(f"{proxied.root}/models/m/.staging")
 
 
 def test_compare_and_swap(root):
@@ -233,33 +222,134 @@ def test_gcs_connection_extra_sets_the_endpoint(gcs_emulator, monkeypatch):  # n
         storage.configure(storage.Connections())
 
 
-def transient_error(scheme):
+# --- retries: faults injected below the client libraries ----------------------------------
+def _object_path(request) -> bool:
+    return urlsplit(request.path).path.startswith(f"/{BUCKET}/")
+
+
+KINDS = {  # which requests the clients send for each kind of transfer
+    "gs": {"upload": lambda r: r.method == "POST" and r.path.startswith("/upload/"),
+           "download": lambda r: r.method == "GET" and "alt=media" in r.path,
+           "copy": lambda r: r.method == "POST" and "/rewriteTo/" in r.path},
+    "s3": {"upload": lambda r: (r.method == "PUT" and _object_path(r)
+                                and "x-amz-copy-source" not in r.headers),
+           "download": lambda r: r.method == "GET" and _object_path(r),
+           "copy": lambda r: r.method == "PUT" and "x-amz-copy-source" in r.headers},
+}
+
+
+@dataclass
+class Proxied:
+    scheme: str
+    proxy: FaultProxy
+    root: str
+
+    @property
+    def kinds(self) -> dict:
+        return KINDS[self.scheme]
+
+    def error(self, status: int, code: str) -> dict:
+        """A fault as this service words it (GCS: JSON, S3: XML with an error code)."""
+        if self.scheme == "gs":
+            return {"status": status, "content_type": "application/json", "body": json.dumps(
+                {"error": {"code": status, "message": code}}).encode()}
+        return {"status": status, "content_type": "application/xml",
+                "body": f"<Error><Code>{code}</Code><Message>{code}</Message></Error>".encode()}
+
+
+@pytest.fixture(params=["gs", "s3"])
+def proxied(request, tmp_path, monkeypatch):
+    """The store of `request.param` talking to its emulator through a FaultProxy. The retry
+    policies are the production ones with millisecond backoff: the same errors are retried
+    the same number of times, only sooner."""
+    from botocore.retries.standard import ExponentialBackoff
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    scheme = request.param
+    proxy = FaultProxy(request.getfixturevalue(
+        "gcs_emulator" if scheme == "gs" else "s3_server"))
+    monkeypatch.setattr(cloud_storage, "_clients", {})
+    monkeypatch.setattr(cloud_storage, "GCS_RETRY", DEFAULT_RETRY.with_delay(0.01, 0.05))
+    monkeypatch.setattr(ExponentialBackoff, "_DEFAULT_BACKOFF_CONFIG", {
+        "throttling_base_scale": 0.01, "non_throttling_base_scale": 0.01})
     if scheme == "gs":
-        from google.api_core.exceptions import ServiceUnavailable
-        return ServiceUnavailable("backend busy")
-    from botocore.exceptions import ClientError
-    return ClientError({"Error": {"Code": "SlowDown"},
-                        "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+        storage.configure(storage.Connections())
+    else:
+        monkeypatch.setenv("AIRFLOW_CONN_S3_PROXIED", json.dumps({
+            "conn_type": "aws", "login": S3_KEY_ID, "password": S3_SECRET,
+            "extra": {"endpoint_url": proxy.url, "region_name": "us-east-1"}}))
+        storage.configure(storage.Connections(aws_conn_id="s3_proxied"))
+    yield Proxied(scheme, proxy, f"{scheme}://{BUCKET}/{tmp_path.name}")
+    storage.configure(storage.Connections())
+    proxy.close()
 
 
-@pytest.mark.parametrize("scheme", ["gs", "s3"])
-def test_transient_errors_are_retried(request, scheme, tmp_path, monkeypatch,
-                                      connections):  # noqa: F811
-    request.getfixturevalue("gcs_emulator" if scheme == "gs" else "s3_server")
+def test_transient_faults_are_retried_and_data_arrives_intact(proxied, tmp_path):
     files = make_tree(tmp_path / "src")
-    uri = f"{scheme}://{BUCKET}/{tmp_path.name}/folder"
-    store = storage.open_storage(uri)
-    # Narrowest boundary: the first try of every file upload fails as a busy server would.
-    failed, real = set(), type(store)._put_file
+    busy = (proxied.error(503, "ServiceUnavailable") if proxied.scheme == "gs"
+            else proxied.error(503, "SlowDown"))
+    proxied.proxy.fail(proxied.kinds["upload"], **busy, times=3)
+    storage.upload_dir(tmp_path / "src", f"{proxied.root}/folder")
+    assert proxied.proxy.count(proxied.kinds["upload"]) == len(files) + 3
 
-    def busy_once(self, bucket, key, path, md5):
-        if key not in failed:
-            failed.add(key)
-            raise transient_error(scheme)
-        return real(self, bucket, key, path, md5)
-
-    monkeypatch.setattr(type(store), "_put_file", busy_once)
-    storage.upload_dir(tmp_path / "src", uri)
-    assert len(failed) == len(files)
-    storage.download_dir(uri, tmp_path / "back")
+    proxied.proxy.fail(proxied.kinds["download"], **proxied.error(500, "InternalError"),
+                       times=3)
+    storage.download_dir(f"{proxied.root}/folder", tmp_path / "back")
     assert read_tree(tmp_path / "back") == files
+    assert proxied.proxy.count(proxied.kinds["download"]) == len(files) + 3
+
+    # Server-side copies too (google-cloud-storage retries a rewrite only when asked to).
+    proxied.proxy.fail(proxied.kinds["copy"], **busy, times=2)
+    assert storage.publish_dir(tmp_path / "src", f"{proxied.root}/v1") is True
+    assert proxied.proxy.count(proxied.kinds["copy"]) == len(files) + 2
+
+
+@pytest.mark.parametrize("proxied", ["s3"], indirect=True)
+def test_s3_attempts_follow_the_configured_policy(proxied, tmp_path):
+    attempts = cloud_storage.S3_RETRIES["total_max_attempts"]
+    assert attempts > 1
+    upload = proxied.kinds["upload"]
+    (tmp_path / "a.txt").write_bytes(b"alpha\n")
+    proxied.proxy.fail(upload, **proxied.error(503, "SlowDown"), times=attempts - 1)
+    storage.upload_file(tmp_path / "a.txt", f"{proxied.root}/a.txt")  # the last try passes
+    assert proxied.proxy.count(upload) == attempts
+    assert storage.read_bytes(f"{proxied.root}/a.txt") == b"alpha\n"
+
+    (tmp_path / "b.txt").write_bytes(b"beta\n")
+    proxied.proxy.fail(upload, **proxied.error(500, "InternalError"), times=None)
+    with pytest.raises(StorageError, match=rf"{proxied.root}/b\.txt: S3 error InternalError"):
+        storage.upload_file(tmp_path / "b.txt", f"{proxied.root}/b.txt")
+    assert proxied.proxy.count(upload) == 2 * attempts
+
+
+@pytest.mark.parametrize("proxied", ["gs"], indirect=True)
+def test_gcs_retries_give_up_at_the_policy_timeout(proxied, monkeypatch):
+    """GCS retries are bounded by time (the Retry's timeout), not by a count."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    monkeypatch.setattr(cloud_storage, "GCS_RETRY",
+                        DEFAULT_RETRY.with_delay(0.01, 0.05).with_timeout(0.5))
+    proxied.proxy.fail(proxied.kinds["upload"], **proxied.error(503, "ServiceUnavailable"),
+                       times=None)
+    started = time.monotonic()
+    with pytest.raises(StorageError, match=rf"{proxied.root}/x\.txt: .*503"):
+        storage.write_text(f"{proxied.root}/x.txt", "x")
+    assert time.monotonic() - started < 5
+    assert proxied.proxy.count(proxied.kinds["upload"]) > 2  # retried until the timeout
+
+
+def test_permanent_errors_are_not_retried_and_name_the_uri(proxied, tmp_path):
+    files = make_tree(tmp_path / "src")
+    upload, download = proxied.kinds["upload"], proxied.kinds["download"]
+    proxied.proxy.fail(upload, **proxied.error(403, "AccessDenied"), times=None)
+    with pytest.raises(StorageError, match=rf"{proxied.root}/folder/\S+: access denied"):
+        storage.upload_dir(tmp_path / "src", f"{proxied.root}/folder")
+    assert proxied.proxy.count(upload) == len(files)  # one try each
+    proxied.proxy.clear()
+
+    storage.write_text(f"{proxied.root}/there.txt", "x")
+    proxied.proxy.fail(download, **proxied.error(404, "NoSuchKey"))
+    with pytest.raises(StorageError, match=rf"{proxied.root}/there\.txt: no such object"):
+        storage.read_bytes(f"{proxied.root}/there.txt")
+    assert proxied.proxy.count(download) == 1
