@@ -7,12 +7,19 @@ the UI's navigation bar.
 - `/bertflow/runs/{dag_id}/{run_key}`: one run: key config, training curves (loss, accuracy,
   learning rate against step, from train/history.json) and the confusion matrix as inline SVG,
   per-class metrics and the command that opens the run's TensorBoard logs.
-- `/bertflow/models/{model}/{version}/card`: a version's model card.
+- `/bertflow/models/{model}/{version}/card[?location={location_id}]`: a version's model card,
+  from `{artifact_root}/models` or, with `location`, from another export location.
+
+Models are listed from every export location: `{artifact_root}/models` and each distinct
+resolved `export_uri` the runs recorded in their config.json (tasks.run_summary). A link
+names a location only by its `location_id` (a hash the server computes), which the card route
+looks up in that server-side set; a location path never comes from the request.
 
 Server-rendered HTML, no JavaScript. It reads the artifact store through `tasks.storage`
 (`tasks.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
 processes. A name taken from a request path must match a strict pattern and be listed under
-the artifact root before it becomes part of a URI: anything else is 400 or 404.
+the artifact root (or the known export location) before it becomes part of a URI: anything
+else is 400 or 404.
 """
 from __future__ import annotations
 
@@ -58,11 +65,13 @@ a.sort{color:inherit}
 
 
 def artifact_index(root: str) -> dict[str, list[dict]]:
-    """Runs (folders with a context.json) and complete model versions under `root`."""
+    """Runs (folders with a context.json) under `root` and complete model versions in every
+    known export location."""
     runs = [{"dag_id": d, "run_key": k, "uri": join_uri(root, "runs", d, k)}
             for d, k in reversed(run_summary.list_runs(root))]
-    models = [{"model": m, "version": v, "uri": join_uri(root, "models", m, v)}
-              for m, v in reversed(run_summary.list_versions(root))]
+    models = [{"model": m["model"], "version": v["version"], "uri": v["uri"],
+               "location_id": m["location_id"]}
+              for m in run_summary.models(root) for v in m["versions"]]
     return {"runs": runs, "models": models}
 
 
@@ -90,6 +99,14 @@ def _duration(seconds) -> str:
 
 def _link(*parts: str) -> str:
     return "/".join(quote(p, safe="") for p in parts)
+
+
+def _card_href(prefix: str, model: str, version: str, location_id: str | None,
+               default: bool) -> str:
+    """The model card route of a version; `?location=` names a non-default export location
+    by its id."""
+    href = f"{prefix}models/{_link(str(model), str(version))}/card"
+    return href if default else f"{href}?location={quote(location_id or '', safe='')}"
 
 
 def _page(title: str, body: str) -> str:
@@ -143,18 +160,22 @@ def _models_html(models: list[dict]) -> str:
             f"<tr class='{'champion' if v['champion'] else ''}'>"
             f"<td class='l'>{'&#9733; ' if v['champion'] else ''}{esc(v['version'])}</td>"
             f"<td>{_fmt(v['accuracy'])}</td><td>{_fmt(v['macro_f1'])}</td>"
-            f"<td class='l'><a href='models/{_link(m['model'], v['version'])}/card'>"
-            f"model card</a></td><td class='l'><code>{esc(v['uri'])}</code></td></tr>"
+            f"<td class='l'><a href='"
+            f"{_card_href('', m['model'], v['version'], m['location_id'], m['default_location'])}"
+            f"'>model card</a></td><td class='l'><code>{esc(v['uri'])}</code></td></tr>"
             for v in m["versions"])
-        out.append(f"<h4>{esc(m['model'])}</h4><p>{note}</p><table class='models' "
-                   f"data-model='{esc(m['model'])}'><tr><th class='l'>version</th>"
+        where = "" if m["default_location"] else \
+            f" <small>in <code>{esc(m['location'])}</code></small>"
+        out.append(f"<h4>{esc(m['model'])}{where}</h4><p>{note}</p><table class='models' "
+                   f"data-model='{esc(m['model'])}' data-location='{esc(m['location_id'])}'>"
+                   f"<tr><th class='l'>version</th>"
                    f"<th>accuracy</th><th>macro-F1</th><th class='l'>card</th>"
                    f"<th class='l'>location</th></tr>{rows}</table>")
     return "".join(out)
 
 
-def _experiments_html(groups: dict[str, list[dict]], champions: set, sort: str,
-                      descending: bool) -> str:
+def _experiments_html(groups: dict[str, list[dict]], champions: set, default_location: str,
+                      sort: str, descending: bool) -> str:
     if not groups:
         return "<p>No runs yet.</p>"
     head = "".join(
@@ -169,12 +190,17 @@ def _experiments_html(groups: dict[str, list[dict]], champions: set, sort: str,
                     f"<th colspan='{len(COLUMNS)}'>experiment {esc(experiment)} "
                     f"({len(rows)} run{'s' if len(rows) != 1 else ''})</th></tr>")
         for r in _sorted(rows, sort, descending):
-            champion = (r["model_name"], r["version"]) in champions
+            champion = (r["export_location"], r["model_name"], r["version"]) in champions
             version = "–"
             if r["version"]:
-                version = (f"{'&#9733; ' if champion else ''}"
-                           f"<a href='models/{_link(r['model_name'], r['version'])}/card'>"
-                           f"{esc(r['version'])}</a>")
+                version = f"{'&#9733; ' if champion else ''}{esc(str(r['version']))}"
+                if run_summary.valid_name(str(r["model_name"])) and \
+                        run_summary.valid_name(str(r["version"])) and r["export_location"]:
+                    href = _card_href("", r["model_name"], r["version"],
+                                      r["export_location_id"],
+                                      r["export_location"] == default_location)
+                    version = (f"{'&#9733; ' if champion else ''}<a href='{href}'>"
+                               f"{esc(r['version'])}</a>")
             body.append(
                 f"<tr class='run' data-experiment='{esc(experiment)}' "
                 f"data-run='{esc(r['run_key'])}'>"
@@ -197,13 +223,17 @@ def index(sort: str = "date", order: str = "desc") -> str:
     if sort not in SORT_KEYS or order not in ("asc", "desc"):
         raise HTTPException(400, f"sort must be one of {sorted(SORT_KEYS)}, order asc|desc")
     root = default_artifact_root()
-    models = run_summary.models(root)
-    champions = {(m["model"], m["champion"]["version"]) for m in models if m["champion"]}
     groups = run_summary.experiments(root)
+    locations = run_summary.export_locations(
+        root, [r for rows in groups.values() for r in rows])
+    models = run_summary.models(root, locations)
+    champions = {(m["location"], m["model"], m["champion"].get("version"))
+                 for m in models if m["champion"]}
     return _page("bertflow", (
         f"<h2>bertflow artifacts in <code>{esc(root)}</code></h2>"
         f"<h3>Models</h3>{_models_html(models)}"
-        f"<h3>Experiments</h3>{_experiments_html(groups, champions, sort, order == 'desc')}"))
+        f"<h3>Experiments</h3>"
+        f"{_experiments_html(groups, champions, locations[0], sort, order == 'desc')}"))
 
 
 # --- the run page ------------------------------------------------------------------------
@@ -357,9 +387,16 @@ def run_page(dag_id: str, run_key: str) -> str:
     model = "<p>Not exported yet.</p>"
     if run["version"]:
         reason = run["promote_reason"]
-        model = (f"<p>Exported as <a href='../../models/"
-                 f"{_link(run['model_name'], run['version'])}/card'>{esc(run['model_name'])} "
-                 f"{esc(run['version'])}</a>{'; promoted' if run['promoted'] else ''}"
+        name = f"{esc(str(run['model_name']))} {esc(str(run['version']))}"
+        if run_summary.valid_name(str(run["model_name"])) and \
+                run_summary.valid_name(str(run["version"])) and run["export_location"]:
+            href = _card_href("../../", run["model_name"], run["version"],
+                              run["export_location_id"],
+                              run["export_location"] == run_summary.default_location(root))
+            name = f"<a href='{href}'>{name}</a>"
+        where = "" if run["export_location"] == run_summary.default_location(root) else \
+            f" in <code>{esc(str(run['export_location']))}</code>"
+        model = (f"<p>Exported as {name}{where}{'; promoted' if run['promoted'] else ''}"
                  f"{(' (' + esc(str(reason)) + ')') if reason else ''}</p>")
     return _page(f"bertflow run {dag_id} / {run_key}", (
         f"<p><a href='../../'>&larr; all runs and models</a></p>"
@@ -373,13 +410,24 @@ def run_page(dag_id: str, run_key: str) -> str:
 
 
 @app.get("/models/{model}/{version}/card", response_class=PlainTextResponse)
-def model_card(model: str, version: str) -> str:
+def model_card(model: str, version: str, location: str | None = None) -> str:
+    """A version's model card. `location` is a location_id from the index page's links,
+    looked up among the export locations the server knows (never a path); without it,
+    {artifact_root}/models."""
     _checked(model, version)
     root = default_artifact_root()
-    if (model, version) not in run_summary.list_versions(root):
+    if location is None:
+        where = run_summary.default_location(root)
+    elif not run_summary.LOCATION_ID.fullmatch(location):
+        raise HTTPException(400, "bad location")
+    else:
+        where = run_summary.locations_by_id(root).get(location)
+        if where is None:
+            raise HTTPException(404, "no such export location")
+    if (model, version) not in run_summary.list_versions_at(where):
         raise HTTPException(404, "no such complete model version")
     try:
-        return storage.read_text(join_uri(root, "models", model, version, "model_card.md"))
+        return storage.read_text(join_uri(where, model, version, "model_card.md"))
     except StorageError as err:
         raise HTTPException(404, str(err)) from None
 

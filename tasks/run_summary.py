@@ -1,12 +1,21 @@
 """Read-only summaries of run folders and model versions, for the bertflow page (plugins/).
 
 Pure Python over `tasks.storage` (local, gs://, s3://), no TensorFlow. Everything is read
-from fixed names inside a run or version folder found by listing the artifact root; URIs
-recorded inside manifests are never followed, and names coming from a request are checked
-with `valid_name` and against the listing before they become part of a URI.
+from fixed names inside a run or version folder found by listing the artifact root or an
+export location; URIs recorded inside manifests are never followed, and names coming from a
+request are checked with `valid_name` and against the listing before they become part of a
+URI.
+
+Export locations: models go to `{export_uri}/{model_name}/{version}/`, where `export_uri`
+(RunConfig.resolved_export_uri, possibly templated per run) defaults to `{root}/models`. The
+known locations are that default plus every distinct resolved `export_uri` the runs under
+the root recorded in their config.json. A request names a location only by its
+`location_id` (a hash of the URI), looked up in that server-side set; never by a path.
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from typing import Any
 
@@ -14,6 +23,7 @@ from tasks import storage
 from tasks.config import join_uri
 from tasks.errors import StorageError
 
+LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may name
 # dag ids, run keys (runlayout.run_key_for keeps [A-Za-z0-9._-]), model names and versions.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
 CHAMPION = "CHAMPION.json"  # tasks.promote.CHAMPION (not imported: promote pulls in more)
@@ -65,7 +75,73 @@ def list_runs(root: str) -> list[tuple[str, str]]:
 
 def list_versions(root: str) -> list[tuple[str, str]]:
     """(model_name, version) of every completely published version under {root}/models."""
-    return _folders_with(models_uri(root), storage.COMPLETE, 2)
+    return list_versions_at(models_uri(root))
+
+
+def list_versions_at(location: str) -> list[tuple[str, str]]:
+    """(model_name, version) of every completely published version under an export
+    location (`{location}/{model_name}/{version}/_COMPLETE.json`)."""
+    return _folders_with(location, storage.COMPLETE, 2)
+
+
+# --- export locations ------------------------------------------------------------------------
+
+def location_id(location: str) -> str:
+    """The name a page link gives an export location: a hash of its URI, never the URI."""
+    return hashlib.sha256(location.encode()).hexdigest()[:16]
+
+
+def normalized_location(uri: Any) -> str | None:
+    """An export URI as a location (no trailing slash; local paths absolute and normalised,
+    without file://); None for what cannot be one: not a string, an unsupported or
+    credential-bearing URI, a relative local path (relative to which process's folder?), the
+    filesystem root or a URI without a bucket."""
+    if not isinstance(uri, str) or not uri.strip():
+        return None
+    try:
+        scheme = storage.scheme_of(uri)
+    except StorageError:
+        return None
+    if scheme == "file":
+        path = str(storage.local_path(uri))
+        if not os.path.isabs(path):
+            return None
+        return os.path.normpath(path).rstrip("/") or None
+    location = uri.rstrip("/")
+    return location if location.split("://", 1)[1].split("/", 1)[0] else None
+
+
+def default_location(root: str) -> str:
+    """{root}/models: where a run without export_uri exports."""
+    return normalized_location(models_uri(root)) or models_uri(root)
+
+
+def run_export_location(root: str, config: dict[str, Any]) -> str | None:
+    """The resolved export URI a run recorded in its config.json
+    (RunConfig.resolved_export_uri; the page's root stands for the run's artifact root, as
+    the run folder was found under it); None when the recorded value is unusable."""
+    recorded = config.get("export_uri")
+    if recorded in (None, ""):
+        return default_location(root)
+    return normalized_location(recorded)
+
+
+def export_locations(root: str, rows: list[dict[str, Any]] | None = None) -> list[str]:
+    """The default location first, then the other distinct export locations the runs under
+    `root` recorded, sorted. `rows`: run summaries already read (else config.json of every
+    run is read)."""
+    if rows is None:
+        found = {run_export_location(root, _dict(join_uri(runs_uri(root), d, k, "config.json")))
+                 for d, k in list_runs(root)}
+    else:
+        found = {r["export_location"] for r in rows}
+    default = default_location(root)
+    return [default] + sorted(loc for loc in found if loc and loc != default)
+
+
+def locations_by_id(root: str) -> dict[str, str]:
+    """location_id -> location for every known export location."""
+    return {location_id(loc): loc for loc in export_locations(root)}
 
 
 def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
@@ -79,6 +155,7 @@ def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
     export = _dict(join_uri(run, "export", "manifest.json"))
     promote = _dict(join_uri(run, "promote", "manifest.json"))
     metrics = evaluation.get("metrics") or {}
+    location = run_export_location(root, config)
     return {
         "dag_id": dag_id, "run_key": run_key, "uri": run,
         "experiment": context.get("experiment") or config.get("experiment") or "default",
@@ -99,6 +176,8 @@ def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "steps": train.get("steps"),
         "model_name": export.get("model_name"),
         "version": export.get("version"),
+        "export_location": location,
+        "export_location_id": location_id(location) if location else None,
         "promoted": promote.get("promoted"),
         "promote_reason": promote.get("reason"),
     }
@@ -133,20 +212,26 @@ def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
     return detail
 
 
-def models(root: str) -> list[dict[str, Any]]:
-    """Per model name: its complete versions (newest first) with their metrics, and the
-    champion pointer."""
-    by_name: dict[str, list[str]] = {}
-    for name, version in list_versions(root):
-        by_name.setdefault(name, []).append(version)
+def models(root: str, locations: list[str] | None = None) -> list[dict[str, Any]]:
+    """Per export location (the default first) and model name: its complete versions (newest
+    first) with their metrics, and the champion pointer
+    (`{location}/{model_name}/CHAMPION.json`, tasks.promote)."""
+    default = default_location(root)
     out = []
-    for name, versions in sorted(by_name.items()):
-        champion = _dict(join_uri(models_uri(root), name, CHAMPION)) or None
-        rows = []
-        for version in sorted(versions, reverse=True):
-            metrics = _dict(join_uri(models_uri(root), name, version, "metrics.json"))
-            rows.append({"version": version, "uri": join_uri(models_uri(root), name, version),
-                         "accuracy": metrics.get("accuracy"), "macro_f1": metrics.get("macro_f1"),
-                         "champion": bool(champion) and champion.get("version") == version})
-        out.append({"model": name, "champion": champion, "versions": rows})
+    for location in locations if locations is not None else export_locations(root):
+        by_name: dict[str, list[str]] = {}
+        for name, version in list_versions_at(location):
+            by_name.setdefault(name, []).append(version)
+        for name, versions in sorted(by_name.items()):
+            champion = _dict(join_uri(location, name, CHAMPION)) or None
+            rows = []
+            for version in sorted(versions, reverse=True):
+                metrics = _dict(join_uri(location, name, version, "metrics.json"))
+                rows.append({"version": version, "uri": join_uri(location, name, version),
+                             "accuracy": metrics.get("accuracy"),
+                             "macro_f1": metrics.get("macro_f1"),
+                             "champion": bool(champion) and champion.get("version") == version})
+            out.append({"model": name, "champion": champion, "versions": rows,
+                        "location": location, "location_id": location_id(location),
+                        "default_location": location == default})
     return out

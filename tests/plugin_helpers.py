@@ -4,7 +4,10 @@ tasks.storage exactly where the steps write them. Import the fixtures into a tes
 use them (conftest.py belongs to the orchestration tests)."""
 from __future__ import annotations
 
+import json
 import math
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +94,60 @@ def build_artifacts(root: str) -> None:
         "value": 0.9012, "previous": None, "promoted_at": "2024-02-01T10:20:00+00:00"})
     # Half-published (no _COMPLETE.json): never listed.
     storage.write_text(join_uri(models, "v20240301T000000-dddddddd", "model_card.md"), "part")
+
+
+# Runs of experiment "offsite" exporting outside the artifact root (build_export_elsewhere):
+# run_key -> (logical date, export_uri as set (may be templated), accuracy, version)
+ELSEWHERE_RUNS = {
+    "offsite__2024-03-01T00_00_00_00_00": ("2024-03-01", "{base}/shared", 0.8500,
+                                           "v20240301T000500-eeeeeeee"),
+    "offsite__2024-03-02T00_00_00_00_00": ("2024-03-02", "{base}/shared/", 0.8000,
+                                           "v20240302T000500-ffffffff"),
+    "offsite__2024-03-03T00_00_00_00_00": ("2024-03-03", "{base}/daily/{{ds}}", 0.7000,
+                                           "v20240303T000500-99999999"),
+}
+
+
+def build_export_elsewhere(root: str, base: str, scratch: Path) -> dict[str, str]:
+    """Three runs under `root` whose export_uri is outside it, made by the pipeline's own code:
+    the URI resolved for the run's date (tasks.uri_templates), config.json and context.json
+    written by runlayout.init_run, the version published with storage.publish_dir, the
+    champion set by tasks.promote.run. Two runs share `{base}/shared` (the first is its
+    champion: the second regresses by more than the gate allows); the third exports to
+    `{base}/daily/2024-03-03` and is that location's champion. Returns run_key -> the
+    resolved export location."""
+    from tasks import promote, runlayout, uri_templates
+    from tasks.config import parse_config
+    from tasks.runlayout import RunContext
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    locations = {}
+    for run_key, (day, export_uri, accuracy, version) in ELSEWHERE_RUNS.items():
+        logical = datetime.fromisoformat(day).replace(tzinfo=timezone.utc)
+        values = uri_templates.resolve(
+            {"export_uri": export_uri.format(base=base)},
+            uri_templates.RunDates(logical, logical, logical))
+        cfg = parse_config({"artifact_root": root, "experiment": "offsite",
+                            "model_name": MODEL, "learning_rate": 4e-5,
+                            "gate_max_regression": 0.02, **values})
+        ctx = RunContext(artifact_root=root, dag_id=DAG_ID, run_key=run_key,
+                         run_id=f"backfill__{logical.isoformat()}", experiment="offsite",
+                         logical_date=logical.isoformat())
+        runlayout.init_run(cfg, ctx)
+        metrics = {"accuracy": accuracy, "macro_f1": accuracy - 0.1}
+        runlayout.write_manifest(ctx.step_uri("evaluate"), {"metrics": metrics})
+        folder = scratch / version
+        folder.mkdir()
+        (folder / "metrics.json").write_text(json.dumps(metrics))
+        (folder / "model_card.md").write_text(f"# {MODEL} {version} (offsite)\n")
+        version_uri = join_uri(cfg.resolved_export_uri(), MODEL, version)
+        storage.publish_dir(folder, version_uri)
+        runlayout.write_manifest(ctx.step_uri("export"), {
+            "version_uri": version_uri, "version": version, "model_name": MODEL,
+            "experiment": "offsite", "logical_date": ctx.logical_date})
+        promote.run(cfg, ctx)
+        locations[run_key] = cfg.resolved_export_uri().rstrip("/")
+    return locations
 
 
 @pytest.fixture(scope="module")

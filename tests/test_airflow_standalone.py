@@ -2,7 +2,9 @@
 triggerer as separate processes) driven only through its REST API and a real headless
 Chromium: trigger with a tiny config, every task succeeds, the promote XCom is readable over
 REST, the exported model serves raw strings in a fresh process, a bad Param is refused, the
-plugin page lists the model, and the React trigger form shows the Params with their titles.
+"bertflow run" extra links of train/evaluate/export (read over REST) open the run's page with
+the JWT and not without it, the plugin page lists the model, and the React trigger form shows
+the Params with their titles.
 
 One server per module (~1-2 min to become healthy on a loaded 2-core machine). The browser
 checks use Debian's /usr/bin/chromium (`make test-deps` installs it); they fail, not skip,
@@ -10,11 +12,12 @@ without it. The UI is driven through the DevTools protocol with `websockets` (te
 """
 from __future__ import annotations
 
+import html
 import json
 import os
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 import pytest
@@ -230,6 +233,32 @@ def _run_uri(server, finished_run) -> str:
                              "/validate/xcomEntries/return_value")
     assert resp.status_code == 200, resp.text
     return resp.json()["value"]
+
+
+def test_extra_links_over_rest_open_the_run_page(server, finished_run):
+    """The "bertflow run" operator extra link as the UI gets it: the REST API reads the link
+    the worker stored when each task ended. It points at the run's page, which the api-server
+    serves with the JWT and refuses without it."""
+    assert finished_run["state"] == "success"
+    run_uri = _run_uri(server, finished_run)
+    run_key = run_uri.rstrip("/").rsplit("/", 1)[1]
+    expected = f"/bertflow/runs/{DAG_ID}/{run_key}"
+    links = {}
+    for task_id in ("train", "evaluate", "export"):
+        resp = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{finished_run['quoted']}"
+                                 f"/taskInstances/{task_id}/links")
+        assert resp.status_code == 200, resp.text
+        links[task_id] = resp.json()["extra_links"].get("bertflow run")
+        assert links[task_id] and urlsplit(links[task_id]).path == expected, (task_id, links)
+    url = urljoin(server.base + "/", links["export"])
+    page = httpx.get(url, headers={"Authorization": f"Bearer {server.token}"}, timeout=60)
+    assert page.status_code == 200, page.text[:500]
+    assert f"<h2>Run {DAG_ID} / {html.escape(run_key)}</h2>" in page.text
+    assert html.escape(finished_run["run_id"]) in page.text  # the run id in its config table
+    assert html.escape(run_uri) in page.text
+    assert httpx.get(url, timeout=30).status_code in (401, 403)
+    assert httpx.get(url, headers={"Authorization": "Bearer x.y.z"},
+                     timeout=30).status_code in (401, 403)
 
 
 def test_exported_model_predicts_raw_strings_in_a_fresh_process(server, finished_run):

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from plugin_helpers import (CHAMPION_RUN, DAG_ID, LABELS, MODEL, RUNS,  # noqa: F401
-                            api_server, build_artifacts, logged_in)
+from plugin_helpers import (CHAMPION_RUN, DAG_ID, ELSEWHERE_RUNS, LABELS, MODEL,  # noqa: F401
+                            RUNS, api_server, build_artifacts, build_export_elsewhere,
+                            logged_in)
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
 
 RUN_KEY = "baseline__2024-01-01T00_00_00_00_00"
@@ -166,8 +167,153 @@ def test_anonymous_requests_are_refused(api_server, tree):
     f"/bertflow/models/{MODEL}/..%5Cv1/card", f"/bertflow/models/{MODEL}/v20240301T000000-"
     "dddddddd/card",  # not completely published
     f"/bertflow/models/{MODEL}/CHAMPION.json/card",
+    f"/bertflow/models/{MODEL}/{RUNS[CHAMPION_RUN][-1]}/card?location=..",
+    f"/bertflow/models/{MODEL}/{RUNS[CHAMPION_RUN][-1]}/card?location=%2e%2e%2f",
+    f"/bertflow/models/{MODEL}/{RUNS[CHAMPION_RUN][-1]}/card?location=%2Fetc",
 ])
 def test_traversal_and_unlisted_names_are_refused(logged_in, tree, path):
+    resp = logged_in.get(path)
+    assert resp.status_code in (400, 404), (path, resp.status_code, resp.text[:200])
+
+
+# --- models exported outside {artifact_root}/models ---------------------------------------------
+
+@pytest.fixture
+def elsewhere(tree, tmp_path):
+    """The tree plus runs exporting to local folders outside the artifact root; returns
+    run_key -> resolved export location."""
+    return build_export_elsewhere(tree, str(tmp_path / "other-bucket"), tmp_path / "scratch")
+
+
+def _models_section(page: str) -> str:
+    return page.split("<h3>Models</h3>", 1)[1].split("<h3>Experiments</h3>", 1)[0]
+
+
+def _location_table(models: str, location: str) -> str:
+    from tasks.run_summary import location_id
+
+    return models.split(f"data-location='{location_id(location)}'>", 1)[1].split("</table>")[0]
+
+
+def test_models_exported_elsewhere_are_listed_with_their_champion_and_card(
+        logged_in, tree, elsewhere, tmp_path):
+    from tasks.run_summary import location_id
+
+    shared = elsewhere["offsite__2024-03-01T00_00_00_00_00"]
+    daily = elsewhere["offsite__2024-03-03T00_00_00_00_00"]
+    assert shared == str(tmp_path / "other-bucket" / "shared")
+    assert daily == str(tmp_path / "other-bucket" / "daily" / "2024-03-03")  # {ds} resolved
+    assert elsewhere["offsite__2024-03-02T00_00_00_00_00"] == shared  # trailing / recorded
+    page = logged_in.get("/bertflow/")
+    assert page.status_code == 200, page.text
+    models = _models_section(page.text)
+    # The default location first (unchanged: its own champion), then the others, each once.
+    headings = re.findall(r"<h4>(.*?)</h4>", models)
+    assert headings == [MODEL, f"{MODEL} <small>in <code>{daily}</code></small>",
+                        f"{MODEL} <small>in <code>{shared}</code></small>"], headings
+    default_rows = _location_table(models, f"{tree}/models")
+    assert f"&#9733; {RUNS[CHAMPION_RUN][-1]}" in default_rows
+    version = r"<tr class='(champion)?'><td class='l'>(?:&#9733; )?(v[^<]+)</td><td>([^<]+)</td>"
+    first, second, dated = (ELSEWHERE_RUNS[k][-1] for k in ELSEWHERE_RUNS)
+    shared_rows = _location_table(models, shared)
+    # The champion of {shared}/bert-classifier/CHAMPION.json (tasks.promote), not the
+    # default location's: the second run regressed and was not promoted.
+    assert re.findall(version, shared_rows) == [("", second, "0.8"), ("champion", first, "0.85")]
+    assert re.findall(version, _location_table(models, daily)) == [("champion", dated, "0.7")]
+    assert f"champion: <span class='champion'>&#9733; {first}</span>" in models
+    for location, name in ((shared, first), (shared, second), (daily, dated)):
+        href = f"models/{MODEL}/{name}/card?location={location_id(location)}"
+        assert f"href='{href}'" in models, href
+        assert f"<code>{location}/{MODEL}/{name}</code>" in models
+        card = logged_in.get(f"/bertflow/{href}")
+        assert card.status_code == 200, card.text
+        assert card.text == f"# {MODEL} {name} (offsite)\n"
+        # Without its location (or with another one's) the version is not found there.
+        assert logged_in.get(f"/bertflow/models/{MODEL}/{name}/card").status_code == 404
+        other = location_id(f"{tree}/models")
+        assert logged_in.get(f"/bertflow/models/{MODEL}/{name}/card?location={other}"
+                             ).status_code == 404
+    # The experiments table links each run's version at its own location, starred when it
+    # is that location's champion.
+    rows = [r for r in _rows(page.text) if "data-experiment='offsite'" in r
+            and "class='run'" in r]
+    assert len(rows) == 3
+    cells = {re.search(r"data-run='([^']+)'", r)[1]: re.findall(r"<td[^>]*>(.*?)</td>", r)[-1]
+             for r in rows}
+    key = "offsite__2024-03-01T00_00_00_00_00"
+    assert cells[key] == (f"&#9733; <a href='models/{MODEL}/{first}/card?location="
+                          f"{location_id(shared)}'>{first}</a>")
+    assert "&#9733;" not in cells["offsite__2024-03-02T00_00_00_00_00"]
+    assert "&#9733;" in cells["offsite__2024-03-03T00_00_00_00_00"]
+    # The run page links the card at the run's location and says where it went.
+    run = logged_in.get(f"/bertflow/runs/{DAG_ID}/{key}").text
+    assert (f"href='../../models/{MODEL}/{first}/card?location={location_id(shared)}'"
+            in run), run
+    assert f"in <code>{shared}</code>; promoted" in run
+
+
+def test_unusable_recorded_export_uris_are_skipped(logged_in, tree, tmp_path):
+    """A config.json is data: an export_uri that is relative, of another scheme, with
+    credentials or the filesystem root is never listed (nor walked), and the pages still
+    render."""
+    from tasks import run_summary, storage
+
+    for i, uri in enumerate(("relative/models", "ftp://host/models", "/",
+                             "gs://user:secret@bucket/m", 7)):
+        run = f"{tree}/runs/{DAG_ID}/odd{i}"
+        storage.write_json(f"{run}/context.json", {"dag_id": DAG_ID, "run_key": f"odd{i}"})
+        storage.write_json(f"{run}/config.json", {"export_uri": uri, "experiment": "odd"})
+        storage.write_json(f"{run}/export/manifest.json", {"model_name": MODEL,
+                                                           "version": "v1"})
+    assert run_summary.export_locations(tree) == [f"{tree}/models"]
+    page = logged_in.get("/bertflow/")
+    assert page.status_code == 200, page.text
+    odd = [r for r in _rows(page.text) if "data-experiment='odd'" in r and "class='run'" in r]
+    assert len(odd) == 5 and not any("/card" in r for r in odd)
+    assert logged_in.get(f"/bertflow/runs/{DAG_ID}/odd0").status_code == 200
+
+
+@pytest.mark.parametrize("location", [
+    "..", "%2e%2e", "..%2F..", "%2e%2e%2f%2e%2e%2fmodels", "%2Fetc%2Fpasswd", "/etc/passwd",
+    "{shared}", "{shared_quoted}", "file://{shared}", "{id}%2F..", "{id}/..", "{id}%00",
+    "{id}%20", "{ID}", "{id}0", "%252e%252e", "..%5C..", "",
+    "0000000000000000",  # well formed, not a known location
+    "{etc_id}",  # the hash of a path no run exported to
+])
+def test_location_is_only_a_known_id(logged_in, tree, elsewhere, location):
+    """The card route takes an export location only as the id of one the server found in the
+    runs' recorded config: a path, an encoded path or an unknown id is refused, never read."""
+    from urllib.parse import quote
+
+    from tasks.run_summary import location_id
+
+    shared = elsewhere["offsite__2024-03-01T00_00_00_00_00"]
+    name = ELSEWHERE_RUNS["offsite__2024-03-01T00_00_00_00_00"][-1]
+    ok = location_id(shared)
+    location = location.format(shared=shared, shared_quoted=quote(shared, safe=""), id=ok,
+                               ID=ok.upper(), etc_id=location_id("/etc"))
+    resp = logged_in.get(f"/bertflow/models/{MODEL}/{name}/card?location={location}")
+    assert resp.status_code in (400, 404), (location, resp.status_code, resp.text[:200])
+    assert logged_in.get(f"/bertflow/models/{MODEL}/{name}/card?location={ok}"
+                         ).status_code == 200
+
+
+@pytest.mark.parametrize("path", [
+    "/bertflow/models/..%2F..%2Fruns/{v}/card?location={id}",
+    "/bertflow/models/%2e%2e/{v}/card?location={id}",
+    "/bertflow/models/{model}/..%2F{v}/card?location={id}",
+    "/bertflow/models/{model}/%2e%2e%2f%2e%2e%2fdaily/card?location={id}",
+    "/bertflow/models/{model}/CHAMPION.json/card?location={id}",
+    "/bertflow/models/{model}/{v}%2Fmodel_card.md/card?location={id}",
+    "/bertflow/models/{model}/{v}/card/..%2F..?location={id}",
+    "/bertflow/models/{model}/{default_v}/card?location={id}",  # in another location
+])
+def test_names_at_an_export_location_are_checked(logged_in, tree, elsewhere, path):
+    from tasks.run_summary import location_id
+
+    shared = elsewhere["offsite__2024-03-01T00_00_00_00_00"]
+    path = path.format(model=MODEL, v=ELSEWHERE_RUNS["offsite__2024-03-01T00_00_00_00_00"][-1],
+                       id=location_id(shared), default_v=RUNS[CHAMPION_RUN][-1])
     resp = logged_in.get(path)
     assert resp.status_code in (400, 404), (path, resp.status_code, resp.text[:200])
 
