@@ -480,15 +480,16 @@ fast_backend().controller(cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
     try:
         # A bound, not a speed check: the child imports the client stack, which on 2 busy
         # cores (the full suite runs pip and TensorFlow beside it) took over 30 s once.
-        started = kube.wait_for(lambda: sum(p.role == "worker" for p in kube.pods.values()) == 2
-                                and len(kube.names("secrets")) == 1, timeout=120)
+        # This run's pods only: the kubelet also starts the other run's export pod.
+        run = render.run_selector(ctx)
+        started = kube.wait_for(lambda: len(kube.names("pods", selector=run)) == 2
+                                and len(kube.names("secrets", selector=run)) == 1, timeout=120)
     finally:
         proc.kill()
         proc.wait()
     assert started, (f"the controller made no pods in 120 s (exit {proc.returncode}); "
                      f"jobs {kube.names('jobs')}, pods {list(kube.pods)}, secrets "
                      f"{kube.names('secrets')}; its output:\n{output.read_text()[-6000:]}")
-    run = render.run_selector(ctx)
     assert kube.names("jobs", selector=run) and kube.names("secrets", selector=run)
 
     released = fast_backend().release(cfg, ctx, log=lambda line: None)
