@@ -198,7 +198,12 @@ def bert_finetune():
 
         return release_step.run(*_load(run_uri))
 
-    @task(outlets=[PROMOTED])
+    # One promote at a time across runs (a backfill finishes several together): the first
+    # event for a new model name makes Airflow create its asset, and two such creations at
+    # once break the unique (name, uri) index and fail a task that had succeeded (seen on
+    # Postgres, Airflow 3.3). The gate itself is safe either way (CHAMPION.json is written
+    # conditionally); serial promotes also record a clean champion history.
+    @task(outlets=[PROMOTED], max_active_tis_per_dag=1)
     def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
         """Quality gate; a promoted model becomes an asset event consumers can schedule on."""
         from tasks import promote as promote_step, storage

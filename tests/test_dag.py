@@ -76,6 +76,12 @@ def test_promote_emits_the_promoted_model_asset_alias(dag):
     assert [o.name for o in dag.get_task("promote").outlets] == ["bertflow-promoted-model"]
 
 
+def test_promotes_of_concurrent_runs_take_turns(dag):
+    """Two runs' first events for a new model would create its asset at once and fail one
+    promote on the unique index (a backfill on Postgres did): one promote at a time."""
+    assert dag.get_task("promote").max_active_tis_per_dag == 1
+
+
 def test_parses_fast_and_never_imports_tensorflow():
     # A fresh interpreter: this test process may already hold TensorFlow from other tests.
     code = f"""
