@@ -1,10 +1,15 @@
-"""The DAG through a real `airflow standalone` (api-server, scheduler, dag-processor,
-triggerer as separate processes) driven only through its REST API and a real headless
-Chromium: trigger with a tiny config, every task succeeds, the promote XCom is readable over
-REST, the exported model serves raw strings in a fresh process, a bad Param is refused, the
-"bertflow run" extra links of train/evaluate/export (read over REST) open the run's page with
-the JWT and not without it, the plugin page lists the model, and the React trigger form shows
-the Params with their titles.
+"""The DAG through a real Airflow (api-server, scheduler, dag-processor, triggerer as separate
+processes) started by the README's third command, `make airflow`, on a free port and a
+throwaway AIRFLOW_HOME, and driven only through its REST API and a real headless Chromium:
+
+- the login `make airflow` prints (Airflow's generated one) gets a JWT;
+- trigger with a tiny config, every task succeeds, the promote XCom is readable over REST, the
+  exported model serves raw strings in a fresh process; a bad Param is refused;
+- the "bertflow run" extra links of train/evaluate/export (read over REST) open the run's page
+  with the JWT and not without it; the plugin page lists the model; the React trigger form
+  shows the Params with their titles, in sections;
+- last (the tests run in file order): with a second run's tasks and TensorFlow workers
+  running, Ctrl-C stops everything: make exits, and no process started for it is left.
 
 One server per module (~1-2 min to become healthy on a loaded 2-core machine). The browser
 checks use Debian's /usr/bin/chromium (`make test-deps` installs it); they fail, not skip,
@@ -26,7 +31,7 @@ from tasks import storage
 from tasks.config import SECTIONS, join_uri
 from tasks.demo import predict_in_fresh_process, sample_rows
 
-from ui_helpers import CHROMIUM, Browser, Standalone
+from ui_helpers import CHROMIUM, Browser, MakeAirflow
 
 DAG_ID = "bert_finetune"
 TASK_IDS = {"validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
@@ -44,11 +49,11 @@ TRIGGER_DIALOG = ("[...document.querySelectorAll('[role=dialog]')]"
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("standalone-home")
     artifacts = tmp_path_factory.mktemp("standalone-artifacts")
-    srv = Standalone(home, artifacts)
+    srv = MakeAirflow(home, artifacts)
     started = time.monotonic()
     try:
         srv.start()
-        print(f"\nairflow standalone healthy on {srv.base} after "
+        print(f"\nmake airflow up on {srv.base} after "
               f"{time.monotonic() - started:.0f}s")
         srv.wait_for(f"DAG {DAG_ID} parsed",
                      lambda: srv.api("GET", f"/dags/{DAG_ID}").status_code == 200, timeout=240)
@@ -58,7 +63,7 @@ def server(tmp_path_factory):
         raise
     finally:
         survivors = srv.stop()
-        assert not survivors, f"processes left after stopping airflow standalone: {survivors}"
+        assert not survivors, f"processes left after stopping make airflow: {survivors}"
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +112,13 @@ def task_log(server, quoted_run_id: str, task_id: str, try_number: int = 1) -> s
 
 
 # --- REST -------------------------------------------------------------------------------
+
+def test_the_printed_login_is_airflows_generated_one_and_gets_a_token(server):
+    generated = server.home / "simple_auth_manager_passwords.json.generated"
+    assert json.loads(generated.read_text()) == {server.user: server.password}
+    assert server.token.count(".") == 2  # a JWT from POST /auth/token
+    assert httpx.get(f"{server.base}/api/v2/dags", timeout=30).status_code == 401
+
 
 def test_bad_param_is_refused_at_trigger_naming_the_field(server):
     """Airflow 3.3 validates the conf against the DAG's Params (JSON schema from RunConfig)
@@ -297,3 +309,33 @@ def test_plugin_page_lists_the_exported_model(server, finished_run):
     assert "<h3>Models</h3>" in dom
     assert exported["version_uri"] in dom, dom[:2000]
     assert f"/{exported['version']}/card" in dom
+
+
+# --- last: Ctrl-C ---------------------------------------------------------------------------
+
+def test_ctrl_c_stops_airflow_and_the_running_tasks(server, finished_run):
+    """A second run, stopped mid-way: validate and prepare_data done and a worker step started
+    (task processes and TensorFlow workers to stop), then Ctrl-C."""
+    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": TINY})
+    assert resp.status_code == 200, resp.text
+    run_id = quote(resp.json()["dag_run_id"], safe="")
+
+    def worker_step_started():
+        tis = {ti["task_id"]: ti["state"] for ti in server.api(
+            "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]}
+        assert "failed" not in tis.values(), tis
+        return tis.get("validate") == "success" and tis.get("prepare_data") == "success" \
+            and tis.get("tokenize") in ("running", "success")
+
+    server.wait_for("the second run's tokenize step", worker_step_started, timeout=300,
+                    interval=2)
+    before = server._our_pids()
+    assert len(before) >= 4, before  # standalone and its components (+ task processes)
+
+    stopping = time.monotonic()
+    rc = server.interrupt()
+    print(f"\nstopped {time.monotonic() - stopping:.0f}s after Ctrl-C (make exit {rc})")
+    assert "Stopped; no Airflow process left." in server.output, server.output
+    assert server._our_pids() == []
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{server.base}/api/v2/monitor/health", timeout=5)

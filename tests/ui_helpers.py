@@ -1,12 +1,14 @@
-"""Helpers for tests/test_airflow_standalone.py: a real `airflow standalone` in its own process
-group, a small REST client, and a headless Chromium driven through the DevTools protocol
-(plain `websockets`, no Playwright, nothing downloaded at run time)."""
+"""Helpers for the tests against a real Airflow: `airflow standalone` in its own process group
+(`Standalone`), the README's `make airflow` (`MakeAirflow`), a small REST client, and a
+headless Chromium driven through the DevTools protocol (plain `websockets`, no Playwright,
+nothing downloaded at run time)."""
 from __future__ import annotations
 
 import base64
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -194,6 +197,69 @@ class Standalone:
             time.sleep(interval)
         raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}\n"
                            + self.log_tail())
+
+
+class MakeAirflow(Standalone):
+    """The README's third command, `make airflow PORT=... AIRFLOW_HOME=...`, run as a user
+    would: its own environment without AIRFLOW__ settings (but for the task supervisors'
+    patience with a loaded api-server), logged into with the login it prints. `interrupt()`
+    is Ctrl-C (SIGINT to make's process group, as a terminal sends it)."""
+
+    LOGIN = re.compile(r"log in as '([^']+)' with password '([^']+)'")
+
+    def __init__(self, home: Path, artifact_root: Path):
+        super().__init__(home, artifact_root)
+        self.user = self.password = None
+        self.log_path = home / "logs" / "standalone.log"  # where tasks.demo --ui writes it
+        self.lines: list[str] = []
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("AIRFLOW__", "MAKE", "MFLAGS")) and k != "PYTHONPATH"}
+        env.update({"BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root),
+                    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",  # see Standalone.env
+                    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10"})
+        return env
+
+    def start(self, timeout: float = 420) -> None:
+        self.proc = subprocess.Popen(
+            ["make", "--no-print-directory", "airflow", f"PORT={self.port}",
+             f"AIRFLOW_HOME={self.home}"], cwd=PROJECT_ROOT, env=self.env(),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        self.wait_for_line(re.compile(re.escape(f"Airflow is up: {self.base}")), timeout)
+        self.user, self.password = self.wait_for_line(self.LOGIN, timeout=10).groups()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, pattern: re.Pattern, timeout: float) -> re.Match:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if match := pattern.search(line):
+                    return match
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"make airflow exited with {self.proc.returncode}:\n"
+                                   + self.output)
+            time.sleep(1)
+        raise TimeoutError(f"no line matching {pattern.pattern!r} after {timeout:.0f}s:\n"
+                           + self.output)
+
+    def interrupt(self, timeout: float = 120) -> int:
+        os.killpg(self.proc.pid, signal.SIGINT)
+        rc = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return rc
+
+    def log_tail(self, lines: int = 80) -> str:
+        return "---- make airflow output ----\n" + self.output + "\n" + super().log_tail(lines)
 
 
 # --- Chromium ---------------------------------------------------------------------------
