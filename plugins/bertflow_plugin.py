@@ -64,17 +64,6 @@ a.sort{color:inherit}
 </style>"""
 
 
-def artifact_index(root: str) -> dict[str, list[dict]]:
-    """Runs (folders with a context.json) under `root` and complete model versions in every
-    known export location."""
-    runs = [{"dag_id": d, "run_key": k, "uri": join_uri(root, "runs", d, k)}
-            for d, k in reversed(run_summary.list_runs(root))]
-    models = [{"model": m["model"], "version": v["version"], "uri": v["uri"],
-               "location_id": m["location_id"]}
-              for m in run_summary.models(root) for v in m["versions"]]
-    return {"runs": runs, "models": models}
-
-
 def _checked(*names: str) -> None:
     """400 unless every name is one path segment of the shape run folders and versions use."""
     if not all(run_summary.valid_name(n) for n in names):
