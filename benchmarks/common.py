@@ -97,7 +97,7 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, results: dict[str, Any]) -> Path:
+def write_results(name: str, results: dict[str, Any], quiet: bool = False) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
@@ -110,7 +110,8 @@ def write_results(name: str, results: dict[str, Any]) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     tmp.replace(path)
-    print(f"wrote {path.relative_to(PROJECT_ROOT)}")
+    if not quiet:
+        print(f"wrote {path.relative_to(PROJECT_ROOT)}")
     return path
 
 

