@@ -4,8 +4,10 @@ real HTTP (no kube-apiserver binary can be installed here).
 It serves what bertflow's backend uses, namespaced: services, pods, secrets (v1) and jobs
 (batch/v1): create, get, list with a labelSelector, delete (each delete is recorded with its
 query and body) with owner-reference garbage collection, and pod logs (`follow` streams in
-HTTP chunks as lines arrive). As on a real cluster, a Job deleted without a propagation
-policy orphans its pods.
+HTTP chunks as lines arrive; `timestamps` and `sinceSeconds` as the kubelet serves them;
+`FakeKube(log_stream_seconds=S)` ends every follow stream after S seconds, as an API server
+or a proxy that cuts long streams does). As on a real cluster, a Job deleted without a
+propagation policy orphans its pods.
 
 Creating an Indexed Job creates its pods `<job>-<index>-<suffix>` (hostname `<job>-<index>`,
 the subdomain, the template's labels, `JOB_COMPLETION_INDEX` from the completion-index
@@ -27,6 +29,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,6 +46,13 @@ _PATH = re.compile(r"^/(?:api/v1|apis/batch/v1)/namespaces/([^/]+)/(services|pod
 
 def _now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rfc3339_nano(ns: int) -> str:
+    """As the kubelet stamps log lines: RFC3339 with nanoseconds, trailing zeros trimmed."""
+    whole = datetime.fromtimestamp(ns // 10**9, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    frac = f"{ns % 10**9:09d}".rstrip("0")
+    return f"{whole}.{frac}Z" if frac else f"{whole}Z"
 
 
 def _matches(labels: dict, selector: str) -> bool:
@@ -132,8 +142,10 @@ class FakePod:
         self._update("Running", state={"running": {"startedAt": _now()}}, ready=True)
 
     def log(self, *lines: str) -> None:
+        """Lines written at once carry one timestamp, as lines of one write can."""
         with self.fake.cond:
-            self.fake.logs.setdefault(self.name, []).extend(lines)
+            stamp = time.time_ns()
+            self.fake.logs.setdefault(self.name, []).extend((stamp, ln) for ln in lines)
             self.fake.cond.notify_all()
 
     def succeed(self) -> None:
@@ -214,10 +226,13 @@ class FakeKube:
     """Start with `with FakeKube(kubelet) as kube:`; `kube.write_kubeconfig(path)` points the
     client at it."""
 
-    def __init__(self, kubelet: Callable[[FakePod], None] | None = None):
+    def __init__(self, kubelet: Callable[[FakePod], None] | None = None,
+                 log_stream_seconds: float | None = None):
         self.kubelet = kubelet or ScriptedKubelet(run_then_succeed)
+        self.log_stream_seconds = log_stream_seconds
+        self.log_requests: list[dict] = []  # the query of every log request
         self.store: dict[tuple[str, str, str], dict] = {}
-        self.logs: dict[str, list[str]] = {}
+        self.logs: dict[str, list[tuple[int, str]]] = {}  # pod -> (time in ns, line)
         self.deletes: list[dict] = []
         self.created: list[dict] = []  # every object as created (deep copies)
         self.pods: dict[str, FakePod] = {}
@@ -468,14 +483,24 @@ class FakeKube:
         if pod["status"].get("phase") == "Pending":
             return handler.send_json(400, _status(400, "BadRequest", f'container "worker" in '
                                                   f'pod "{name}" is waiting to start'))
+        self.log_requests.append(dict(query, pod=name))
         follow = query.get("follow", "").lower() == "true"  # the client sends "True"
+        stamped = query.get("timestamps", "").lower() == "true"
         handler.send_response(200)
         handler.send_header("Content-Type", "text/plain")
         handler.send_header("Transfer-Encoding", "chunked")
         handler.end_headers()
         sent = 0
-        if "tailLines" in query:
-            sent = max(0, len(self.logs.get(name, [])) - int(query["tailLines"]))
+        cut_at = (time.monotonic() + self.log_stream_seconds
+                  if follow and self.log_stream_seconds else None)
+        with self.cond:
+            lines = self.logs.get(name, [])
+            if "tailLines" in query:
+                sent = max(0, len(lines) - int(query["tailLines"]))
+            if "sinceSeconds" in query:
+                since = time.time_ns() - int(query["sinceSeconds"]) * 10**9
+                sent = max(sent, next((i for i, (ns, _) in enumerate(lines) if ns >= since),
+                                      len(lines)))
         try:
             while True:
                 with self.cond:
@@ -484,11 +509,14 @@ class FakeKube:
                     done = (not follow or self._closing or current is None
                             or current["status"].get("phase") in ("Succeeded", "Failed"))
                     new, sent = lines[sent:], len(lines)
+                    if cut_at is not None and time.monotonic() >= cut_at:
+                        done = True  # the server ends the stream, the pod runs on
                     if not new and not done:
-                        self.cond.wait(0.5)
+                        self.cond.wait(0.5 if cut_at is None else
+                                       max(0.0, min(0.5, cut_at - time.monotonic())))
                         continue
-                for line in new:
-                    data = (line + "\n").encode()
+                for ns, line in new:
+                    data = ((_rfc3339_nano(ns) + " " if stamped else "") + line + "\n").encode()
                     handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 handler.wfile.flush()
                 if done:

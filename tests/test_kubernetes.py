@@ -238,8 +238,8 @@ def cluster(tmp_path, monkeypatch):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod
     started = []
 
-    def start(script) -> FakeKube:
-        kube = FakeKube(ScriptedKubelet(script)).__enter__()
+    def start(script, **options) -> FakeKube:
+        kube = FakeKube(ScriptedKubelet(script), **options).__enter__()
         started.append(kube)
         monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
         return kube
@@ -311,6 +311,42 @@ def test_two_workers_stream_their_logs_and_succeed(cluster):
     jobs = [o for o in kube.created if o["kind"] == "Job"]
     uid = next(o for o in kube.created if o["kind"] == "Service")["metadata"]["uid"]
     assert [j["metadata"]["ownerReferences"][0]["uid"] for j in jobs] == [uid]
+    assert_step_gone(kube, ctx, "train")
+
+
+def test_a_log_stream_the_api_server_ends_is_reopened_without_loss_or_repeats(cluster):
+    """The API server ends every follow stream after 0.3 s. Each worker's 36 lines still
+    arrive once each, in order: the reopened stream asks for timestamps since shortly before
+    the last line seen, and skips what was delivered, lines sharing one timestamp included
+    (one `log` call stamps its lines alike). The last line, written just before the pod ends,
+    arrives too."""
+    def script(pod: FakePod):
+        pod.schedule()
+        pod.run()
+        for step in range(12):
+            pod.log(f"step {step} a", f"step {step} b", f"step {step} c")  # one timestamp
+            time.sleep(0.2)
+        pod.succeed()
+
+    kube = cluster(script, log_stream_seconds=0.3)
+    cfg = make_cfg()
+    ctx = make_ctx(cfg)
+    lines = Lines()
+    fast_backend().controller(cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
+                              log=lines.append, secrets={}).run()
+    expected = [f"step {step} {part}" for step in range(12) for part in "abc"]
+    for index in (0, 1):
+        task = f"worker:{index}"
+        assert lines.of(task) == expected, lines
+        said = [ln for ln in lines if ln.startswith(f"[cluster] log stream of {task} ")]
+        assert len(said) == 1, lines  # said once, however often it happens
+        again = [q for q in kube.log_requests
+                 if q["pod"].startswith(f"{render.job_name(ctx, 'train', 'worker')}-{index}-")
+                 and "sinceSeconds" in q]
+        assert len(again) >= 2, kube.log_requests
+        # since the last line seen, not the whole log: a margin of a minute, not the pod's age
+        assert all(61 <= int(q["sinceSeconds"]) <= 70 for q in again), again
+    assert all(q["timestamps"].lower() == "true" for q in kube.log_requests)
     assert_step_gone(kube, ctx, "train")
 
 
