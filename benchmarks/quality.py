@@ -32,8 +32,8 @@ is that of its processes from start to exit (for bertflow the four step processe
 its one process), so both include reading, tokenizing, training, evaluating and start-up.
 Prints and records accuracy, macro-F1, final training loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 60% of the
-peer's wall time (wall times count only for seeds where both sides started at a 1-minute load
-average below QUIET_LOAD, on one machine kind). The results file is written after every run,
+peer's wall time (wall times count only for seeds where both sides started and ended at a
+1-minute load average below QUIET_LOAD, on one machine kind). The results file is written after every run,
 so an interrupted benchmark keeps what it finished; --merge adds runs to an earlier results
 file, and every run records its machine's key CPU flags. --limit (rows of each train file) and
 --max-steps make a quick run.
@@ -254,8 +254,7 @@ def summarize(results: dict) -> dict:
             quiet = [seed for seed, r in by_side["bertflow"].items()
                      if seed in by_side["peer"] and "accuracy" in r
                      and "accuracy" in by_side["peer"][seed]
-                     and max(r["load_avg_1min_before"],
-                             by_side["peer"][seed]["load_avg_1min_before"]) < QUIET_LOAD
+                     and max(_loads(r) + _loads(by_side["peer"][seed])) < QUIET_LOAD
                      and r.get("key_cpu_flags") == by_side["peer"][seed].get("key_cpu_flags")]
             if quiet:
                 s["quiet_seeds"] = [int(x) for x in quiet]
@@ -267,6 +266,11 @@ def summarize(results: dict) -> dict:
                 s["wall_target"] = f"not measured (no seed ran at load < {QUIET_LOAD})"
         out[name] = s
     return out
+
+
+def _loads(run: dict) -> list[float]:
+    """The 1-minute load averages taken around a run (older records have only the first)."""
+    return [run[k] for k in ("load_avg_1min_before", "load_avg_1min_after") if k in run]
 
 
 def main() -> None:
@@ -311,7 +315,9 @@ def main() -> None:
                     print(f"{name} {side} seed {seed}: FAILED: {err}", flush=True)
                     results[name][side][seed] = {"error": str(err)[-2000:]}
                     continue
+                # Its own threads keep the load near 2: more, before or after, is someone else.
                 r["load_avg_1min_before"] = load
+                r["load_avg_1min_after"] = os.getloadavg()[0]
                 # Merged files mix runs of several machines: each run names its own kind.
                 r["key_cpu_flags"] = machine["key_cpu_flags"]
                 results[name][side][seed] = r
