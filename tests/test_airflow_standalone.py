@@ -3,8 +3,10 @@ processes) started by the README's third command, `make airflow`, on a free port
 throwaway AIRFLOW_HOME, and driven only through its REST API and a real headless Chromium:
 
 - the login `make airflow` prints (Airflow's generated one) gets a JWT;
-- trigger with a tiny config, every task succeeds, the promote XCom is readable over REST, the
-  exported model serves raw strings in a fresh process; a bad Param is refused;
+- trigger with a tiny config (the tiny random model of tests/train_helpers.py: Airflow is
+  under test, the real checkpoint runs in tests/test_dag_e2e.py), every task succeeds, the
+  promote XCom is readable over REST, the exported model serves raw strings in a fresh
+  process; a bad Param is refused;
 - the "bertflow run" extra links of train/evaluate/export (read over REST) open the run's page
   with the JWT and not without it; the plugin page lists the model; the React trigger form
   shows the Params with their titles, in sections;
@@ -31,6 +33,7 @@ from tasks import storage
 from tasks.config import SECTIONS, join_uri
 from tasks.demo import predict_in_fresh_process, sample_rows
 
+from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 from ui_helpers import CHROMIUM, Browser, MakeAirflow
 
 DAG_ID = "bert_finetune"
@@ -67,14 +70,14 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def triggered_run(server) -> str:
+def triggered_run(server, tiny_model_dir) -> str:  # noqa: F811
     """Unpause and trigger the tiny run; returns the run id (does not wait: the browser
     checks on the trigger form run meanwhile)."""
     resp = server.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
     assert resp.status_code == 200, resp.text
     assert resp.json()["is_paused"] is False
-    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns",
-                      json={"logical_date": None, "conf": TINY})
+    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={
+        "logical_date": None, "conf": {**TINY, "base_model": str(tiny_model_dir)}})
     assert resp.status_code == 200, resp.text
     return resp.json()["dag_run_id"]
 

@@ -4,6 +4,8 @@ processes; the asset-triggered retraining DAG.
 The DAG runs through dag.test() in a child process whose output is the Airflow task logs
 (dag.test writes no log files), so the logs can be scanned for secrets. Connections are
 AIRFLOW_CONN_* variables: S3 (moto) with a key pair, GCS (emulator) with an endpoint extra.
+The tiny random model (tests/train_helpers.py): storage is under test here, not the checkpoint
+(tests/test_dag_e2e.py runs the whole DAG on the real one).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from tasks import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri, parse_config
 from tasks.demo import DAG_ID, predict_in_fresh_process, run_folder, sample_rows
 from tasks.errors import ConfigError
+from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 
 GCS_CONN_ID = "bertflow_gcs"
 # Stands for a credential of the GCS connection (the emulator needs none): it travels with
@@ -72,7 +75,7 @@ def _upload_demo_data(base: str) -> None:
 
 @pytest.fixture(scope="module", params=list(SCENARIOS))
 def cloud_run(request, airflow_db, s3_server, gcs_connection,  # noqa: F811
-              tmp_path_factory):
+              tiny_model_dir, tmp_path_factory):  # noqa: F811
     data_scheme, train_name, export_scheme, root_scheme = SCENARIOS[request.param]
     prefix = uuid.uuid4().hex[:12]
     storage.configure(storage.Connections(GCS_CONN_ID, S3_CONN_ID))
@@ -82,7 +85,8 @@ def cloud_run(request, airflow_db, s3_server, gcs_connection,  # noqa: F811
     root = f"{root_scheme}://{BUCKET}/{prefix}/artifacts" if root_scheme else str(tmp / "art")
     conf = {**TINY, "train_uri": f"{data}/{train_name}", "eval_uri": f"{data}/eval.tsv",
             "export_uri": f"{export_scheme}://{BUCKET}/{prefix}/models",
-            "artifact_root": root, "gcp_conn_id": GCS_CONN_ID, "aws_conn_id": S3_CONN_ID}
+            "artifact_root": root, "gcp_conn_id": GCS_CONN_ID, "aws_conn_id": S3_CONN_ID,
+            "base_model": str(tiny_model_dir)}
     log = tmp / "dag-test.log"
     with open(log, "w") as out:
         subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,

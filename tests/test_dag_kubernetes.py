@@ -5,7 +5,8 @@ here), reached by the real Kubernetes client through a kubeconfig; its process k
 every pod the backend creates as a real local process with the pod's command and environment
 (credentials from the per-step Secret). The run folder, data and models live on the GCS
 emulator, as a remote run needs. Everything else is real: dag.test(), the controllers, the
-pods' TensorFlow workers.
+pods' TensorFlow workers, on the tiny random model (tests/train_helpers.py; the pods share
+this machine's disk, as an image would carry a checkpoint folder).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tasks import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
 from tasks.demo import DAG_ID, run_folder
 from test_dag_cloud import RUN_DAG, TASKS, TINY
+from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 
 GCS_CONN_ID = "bertflow_gcs_k8s"
 GCS_TOKEN = "bertflow-k8s-token-93c1e07d5a"  # stands for the connection's credential
@@ -33,7 +35,7 @@ pytestmark = pytest.mark.skipif(not ProcessKubelet.available(),
 
 
 @pytest.fixture(scope="module")
-def k8s_run(airflow_db, gcs_emulator, tmp_path_factory):  # noqa: F811
+def k8s_run(airflow_db, gcs_emulator, tiny_model_dir, tmp_path_factory):  # noqa: F811
     tmp = tmp_path_factory.mktemp("k8s-dag")
     conn = {"conn_type": "google_cloud_platform", "password": GCS_TOKEN,
             "extra": {"endpoint_url": gcs_emulator, "project": "bertflow-test"}}
@@ -44,7 +46,8 @@ def k8s_run(airflow_db, gcs_emulator, tmp_path_factory):  # noqa: F811
     storage.write_text(f"{prefix}/data/eval.tsv", (DEMO_DIR / "eval.tsv").read_text())
     conf = {**TINY, "provisioner": "kubernetes", "k8s_namespace": "default",
             "train_uri": f"{prefix}/data/train.tsv", "eval_uri": f"{prefix}/data/eval.tsv",
-            "artifact_root": f"{prefix}/artifacts", "gcp_conn_id": GCS_CONN_ID}
+            "artifact_root": f"{prefix}/artifacts", "gcp_conn_id": GCS_CONN_ID,
+            "base_model": str(tiny_model_dir)}
     with FakeKube(ProcessKubelet(tmp / "pods")) as kube:
         env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp / "kubeconfig"))}
         done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)],
