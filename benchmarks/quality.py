@@ -33,10 +33,10 @@ its one process), so both include reading, tokenizing, training, evaluating and 
 Prints and records accuracy, macro-F1, final training loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 60% of the
 peer's wall time (wall times count only for seeds where both sides started and ended at a
-1-minute load average below QUIET_LOAD, on one machine kind). The results file is written after every run,
-so an interrupted benchmark keeps what it finished; --merge adds runs to an earlier results
-file, and every run records its machine's key CPU flags. --limit (rows of each train file) and
---max-steps make a quick run.
+1-minute load average below QUIET_LOAD, on one machine kind). The results file is written
+after every run, so an interrupted benchmark keeps what it finished; --merge adds runs to an
+earlier results file, and every run records its machine's key CPU flags. --limit (rows of each
+train file) and --max-steps make a quick run.
 """
 from __future__ import annotations
 
