@@ -47,6 +47,49 @@ def test_gelu_and_its_gradient_match_tensorflows_exact_gelu():
     np.testing.assert_allclose(dx.numpy(), dx_ref.numpy(), rtol=1e-5, atol=2e-6)
 
 
+def test_gelu_keeps_nan_and_dropout_zeroes_what_it_drops_even_nan():
+    """The kernels clamp and mask with integer operations on the float bits (so that they
+    vectorize): NaN must still come out of GELU and its gradient, and a dropped NaN is 0."""
+    x = tf.constant([np.nan, -np.nan, 1.0], tf.float32)
+    y, (dx,) = grad_of(cpu_kernels.gelu, x, tf.ones_like(x))
+    assert np.isnan(y.numpy()[:2]).all() and np.isnan(dx.numpy()[:2]).all()
+    assert np.isfinite(y.numpy()[2]) and np.isfinite(dx.numpy()[2])
+    y = cpu_kernels.dropout(tf.fill([4096], np.float32(np.nan)), 0.5).numpy()
+    dropped = ~np.isnan(y)
+    assert 0.4 < dropped.mean() < 0.6 and (y[dropped] == 0).all()
+
+
+def test_every_loops_avx2_clone_is_vectorized():
+    """Each hot loop is compiled for AVX-512, AVX2 and baseline x86-64 (target_clones). A
+    branch in a loop body (a float clamp, a select) keeps GCC from vectorizing it without
+    AVX-512's masks, and the AVX2 clone then runs one element at a time: GELU took 3x as long
+    on an AVX2-only CPU. So every AVX2 clone must use 256-bit (ymm) registers."""
+    import re
+    import shutil
+    import subprocess
+
+    objdump = shutil.which("objdump")
+    assert objdump, "objdump (binutils, installed with g++) is needed to read the library"
+    listing = subprocess.run([objdump, "-d", "--no-show-raw-insn", "-C",
+                              str(cpu_kernels.library_path())],
+                             capture_output=True, text=True, check=True).stdout
+    ymm: dict[str, int] = {}
+    name = None
+    for line in listing.splitlines():
+        header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if header:
+            name = header.group(1) if header.group(1).endswith("[clone .avx2]") else None
+            if name:
+                ymm[name] = 0
+        elif name and "%ymm" in line:
+            ymm[name] += 1
+    loops = {re.sub(r"^(void )?\(anonymous namespace\)::", "", n).split("(")[0] for n in ymm}
+    assert {"gelu<float>", "gelu_grad<float>", "masked_scale<float>", "draw", "sweep",
+            "forward_row<float>", "backward_row<float>"} <= loops, loops
+    scalar = sorted(n for n, count in ymm.items() if count == 0)
+    assert not scalar, f"AVX2 clones without vector instructions: {scalar}"
+
+
 def test_bfloat16_gelu_is_the_float32_result_rounded():
     xb = tf.cast(X, tf.bfloat16)
     y = cpu_kernels.gelu(xb)

@@ -50,7 +50,17 @@ void draw(uint8_t* __restrict keep, int64_t begin, int64_t end, uint64_t seed,
 template <typename S>
 BERTFLOW_CLONES void masked_scale(S* __restrict y, const S* __restrict x,
                                   const uint8_t* __restrict keep, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; ++i) bertflow::store(y + i, keep[i] ? bertflow::load(x[i]) * scale : 0.0f);
+  // keep[i] ? v : 0 as a bit mask, not a branch: only then do the AVX2 and baseline clones
+  // vectorize (a dropped NaN or inf still gives 0).
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bertflow::load(x[i]) * scale;
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    u &= 0u - uint32_t(keep[i]);
+    float kept;
+    std::memcpy(&kept, &u, 4);
+    bertflow::store(y + i, kept);
+  }
 }
 
 Status GetScale(OpKernelContext* ctx, int input, float* rate, float* scale) {
