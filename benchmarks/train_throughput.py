@@ -59,6 +59,9 @@ CONFIGS = {
     # the default config where bertflow's CPU kernels are not built: TensorFlow's ops
     "bertflow_no_kernels": (TF_PY, W_BERTFLOW, ["--env", "BERTFLOW_CPU_KERNELS=0"]),
     "bertflow_custom": (TF_PY, W_BERTFLOW, ["--set", "training_loop=custom"]),
+    # TensorFlow turns oneDNN on by itself only on CPUs with avx512_vnni, avx512_bf16 or AMX
+    "bertflow_onednn": (TF_PY, W_BERTFLOW, ["--env", "TF_ENABLE_ONEDNN_OPTS=1"]),
+    "bertflow_no_onednn": (TF_PY, W_BERTFLOW, ["--env", "TF_ENABLE_ONEDNN_OPTS=0"]),
 }
 DEFAULT = ["peer_bf16", "bertflow", "bertflow_no_kernels", "bertflow_fp32"]
 

@@ -4,11 +4,17 @@ Run any step as `python -m tasks <step> --run-dir URI`; the DAG, a worker pod, a
 tests all call the same code.
 """
 import os
+import platform
 
 # transformers' TensorFlow classes need Keras 2 (tf-keras); this must be set before
 # tensorflow or transformers is first imported, in every process.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+# TensorFlow turns on its oneDNN CPU kernels by itself only on CPUs with avx512_vnni,
+# avx512_bf16 or AMX. Without them, on an AVX2-only CPU, training ran 1.9x slower
+# (benchmarks/RESULTS.md, section 2). Set TF_ENABLE_ONEDNN_OPTS=0 to opt out.
+if platform.machine().lower() in ("x86_64", "amd64"):
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 # The project version: trainer images are labelled and named with it (tasks/images.py).
 __version__ = "0.5.0"

@@ -26,6 +26,9 @@ os.environ.update({
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "TF_USE_LEGACY_KERAS": "1",
 })
+# The rest of TensorFlow's settings of every bertflow process (oneDNN), before any test module
+# imports TensorFlow.
+import tasks  # noqa: E402,F401
 
 
 @pytest.fixture

