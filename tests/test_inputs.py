@@ -41,14 +41,30 @@ def test_bucket_boundaries():
     assert inputs.bucket_boundaries(16) == [17]
 
 
-def test_eval_keeps_every_row_in_order_with_a_partial_last_batch(shards):
+def test_eval_keeps_every_row_once_sorted_by_length_with_a_partial_last_batch(shards):
     batches = list(inputs.eval_dataset(shards, 8))
     assert [len(labels) for _, labels in batches] == [8, 8, 8, 8, 5]
-    assert rows_of(batches) == expected_rows()
-    # Each batch is padded to its own longest row.
-    for features, _ in batches:
-        assert features["attention_mask"].numpy().sum(axis=1).max() == \
-            features["input_ids"].shape[1]
+    assert sorted(rows_of(batches)) == sorted(expected_rows())
+    lengths = [f["attention_mask"].numpy().sum(axis=1) for f, _ in batches]
+    # 37 rows are one window: longest first (ties in file order), each batch padded to its
+    # own longest row.
+    assert [len(ids) for ids, _ in rows_of(batches)] == \
+        sorted((len(ids) for ids, _ in expected_rows()), reverse=True)
+    assert rows_of(batches)[:3] == sorted(expected_rows(), key=lambda r: -len(r[0]))[:3]
+    for (features, _), row_lengths in zip(batches, lengths):
+        assert features["input_ids"].shape[1] == row_lengths.max()
+    real = sum(int(x.sum()) for x in lengths)
+    padded = sum(f["input_ids"].shape[0] * f["input_ids"].shape[1] for f, _ in batches)
+    assert real / padded > 0.85  # rows 2-41 tokens long; in file order 36% is padding
+
+
+def test_eval_windows_keep_file_order_between_them(shards, monkeypatch):
+    monkeypatch.setattr(inputs, "WINDOW_BATCHES", 2)  # windows of 16 rows
+    rows = rows_of(inputs.eval_dataset(shards, 8))
+    expected = expected_rows()
+    assert [len(labels) for _, labels in inputs.eval_dataset(shards, 8)] == [8, 8, 8, 8, 5]
+    for start in (0, 16, 32):
+        assert sorted(rows[start:start + 16]) == sorted(expected[start:start + 16])
 
 
 def test_train_batches_are_full_length_grouped_and_cover_the_data(shards):
