@@ -11,7 +11,9 @@ Peer (in .venv-peer: `python3 -m venv .venv-peer && .venv-peer/bin/pip install -
 benchmarks/requirements.txt`): benchmarks/_peer_quality_worker.py, transformers' Trainer with
 its defaults (torch AdamW with epsilon 1e-8, gradient clipping at 1.0, linear schedule), bf16,
 group_by_length, and the same epochs, batch (32), peak learning rate (5e-5), weight decay
-(0.01) and max_seq_length (128); warm-up 6% (the recipe's usual setting). It reads the rows
+(0.01) and max_seq_length (128); warm-up 6% (the recipe's usual setting). On a CPU without
+avx512_bf16, torch's bf16 autocast is emulated and takes hours: compare there with
+`--peer-set no-bf16=true` (float32, what bertflow trains in on such a CPU). It reads the rows
 bertflow's data step reads (the driver writes them as JSON Lines with tasks.data's reader, and
 for SST-2 the same seeded split).
 
@@ -211,7 +213,8 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
         cmd += [flag, str(settings[field])]
     for kv in args.peer_set:
         k, v = kv.split("=", 1)
-        cmd += [f"--{k}", v]
+        # A switch (no-bf16=true) is passed bare, or left out when false.
+        cmd += {"true": [f"--{k}"], "false": []}.get(v.lower(), [f"--{k}", v])
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.PROJECT_ROOT)
     wall = time.perf_counter() - t0
@@ -250,11 +253,13 @@ def summarize(results: dict) -> dict:
             s["quality_target"] = ("met" if b["accuracy"] >= p["accuracy"] and
                                    b["macro_f1"] >= p["macro_f1"] else "MISSED")
             # Wall times compare only where both sides of a seed ran on a quiet machine, and
-            # on one machine kind.
+            # on one machine kind. A record marked "disturbed" (by hand: the load sampled
+            # before and after missed other work during the run) does not count.
             quiet = [seed for seed, r in by_side["bertflow"].items()
                      if seed in by_side["peer"] and "accuracy" in r
                      and "accuracy" in by_side["peer"][seed]
                      and max(_loads(r) + _loads(by_side["peer"][seed])) < QUIET_LOAD
+                     and not r.get("disturbed") and not by_side["peer"][seed].get("disturbed")
                      and r.get("key_cpu_flags") == by_side["peer"][seed].get("key_cpu_flags")]
             if quiet:
                 s["quiet_seeds"] = [int(x) for x in quiet]
@@ -284,7 +289,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="bertflow RunConfig field (JSON value), e.g. warmup_ratio=0.06")
     ap.add_argument("--peer-set", action="append", default=[], metavar="FLAG=VALUE",
-                    help="peer worker flag, e.g. warmup-ratio=0.1")
+                    help="peer worker flag, e.g. warmup-ratio=0.1 or no-bf16=true")
     ap.add_argument("--name", default="quality", help="results file name")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
     ap.add_argument("--merge", action="store_true",
@@ -374,7 +379,8 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
         "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
         "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,
         "shared_settings": SHARED, "bertflow_set": args.set, "peer_warmup_ratio": PEER_WARMUP,
-        "peer_set": args.peer_set, "summary": summary, "time_to_accuracy": tta,
+        "peer_set": args.peer_set, "notes": (earlier or {}).get("notes", {}),
+        "summary": summary, "time_to_accuracy": tta,
         "results": results}, quiet=not final)
     if not final:
         return
