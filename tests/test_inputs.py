@@ -60,9 +60,9 @@ def test_eval_keeps_every_row_once_sorted_by_length_with_a_partial_last_batch(sh
 
 def test_eval_windows_keep_file_order_between_them(shards, monkeypatch):
     monkeypatch.setattr(inputs, "WINDOW_BATCHES", 2)  # windows of 16 rows
-    rows = rows_of(inputs.eval_dataset(shards, 8))
-    expected = expected_rows()
-    assert [len(labels) for _, labels in inputs.eval_dataset(shards, 8)] == [8, 8, 8, 8, 5]
+    batches = list(inputs.eval_dataset(shards, 8))
+    rows, expected = rows_of(batches), expected_rows()
+    assert [len(labels) for _, labels in batches] == [8, 8, 8, 8, 5]
     for start in (0, 16, 32):
         assert sorted(rows[start:start + 16]) == sorted(expected[start:start + 16])
 

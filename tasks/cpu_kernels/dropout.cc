@@ -53,13 +53,8 @@ BERTFLOW_CLONES void masked_scale(S* __restrict y, const S* __restrict x,
   // keep[i] ? v : 0 as a bit mask, not a branch: only then do the AVX2 and baseline clones
   // vectorize (a dropped NaN or inf still gives 0).
   for (int64_t i = 0; i < n; ++i) {
-    const float v = bertflow::load(x[i]) * scale;
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    u &= 0u - uint32_t(keep[i]);
-    float kept;
-    std::memcpy(&kept, &u, 4);
-    bertflow::store(y + i, kept);
+    const uint32_t v = bertflow::bits_of(bertflow::load(x[i]) * scale);
+    bertflow::store(y + i, bertflow::float_of(v & (0u - uint32_t(keep[i]))));
   }
 }
 

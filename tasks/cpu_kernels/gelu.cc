@@ -4,8 +4,6 @@
 // memory, with a slow bfloat16 Erfc; here the forward and the backward are one pass each.
 // erf is Eigen's float rational approximation (clamped to [-4, 4]), exp a Cephes-style
 // polynomial: the results agree with tf.nn.gelu to about 1e-6 absolute.
-#include <cstring>
-
 #include "kernel_util.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -32,23 +30,13 @@ namespace {
 // masked instructions could if-convert, so the AVX2 and baseline clones ran one element at a
 // time. The clamps are integer minima on the bit patterns instead, and rounding is the
 // 1.5 * 2^23 trick instead of a nearbyint call: the same results, in every clone's vectors.
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 inline uint32_t umin(uint32_t a, uint32_t b) { return a < b ? a : b; }
 
 inline float erf_f(float x) {
   // x clamped to [-4, 4]: |x|'s bits are ordered as |x| is (NaN clamps too; GELU's factor v
   // keeps it NaN). 0x40800000 is 4.0f.
-  const uint32_t u = bits_of(x);
-  x = float_of(umin(u & 0x7fffffffu, 0x40800000u) | (u & 0x80000000u));
+  const uint32_t u = bertflow::bits_of(x);
+  x = bertflow::float_of(umin(u & 0x7fffffffu, 0x40800000u) | (u & 0x80000000u));
   const float x2 = x * x;
   float p = -2.72614225801306e-10f;
   p = p * x2 + 2.77068142495902e-08f;
@@ -68,7 +56,7 @@ inline float erf_f(float x) {
 // exp(x) for x <= 0: x = n ln2 + r, exp(r) by polynomial, times 2^n.
 inline float exp_nonpositive(float x) {
   // max(x, -87): for x <= 0 the bits grow with |x|; 0xC2AE0000 is -87.0f.
-  x = float_of(umin(bits_of(x), 0xC2AE0000u));
+  x = bertflow::float_of(umin(bertflow::bits_of(x), 0xC2AE0000u));
   // Round to nearest even, as nearbyint does: exact for |t| < 2^22 (here |t| <= 126).
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
@@ -79,7 +67,7 @@ inline float exp_nonpositive(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  return p * float_of(uint32_t(int32_t(n) + 127) << 23);
+  return p * bertflow::float_of(uint32_t(int32_t(n) + 127) << 23);
 }
 
 constexpr float kInvSqrt2 = 0.70710678118654752f;

@@ -15,21 +15,28 @@
 
 namespace bertflow {
 
-template <typename T> struct Storage { using type = float; };
-template <> struct Storage<tensorflow::bfloat16> { using type = uint16_t; };
-
-inline float load(float v) { return v; }
-inline float load(uint16_t v) {
-  uint32_t u = uint32_t(v) << 16;
+// A float's bits and back (memcpy: the defined way, and it compiles to nothing). Loops that
+// clamp or mask with integer operations on them, not branches, vectorize in every clone.
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+template <typename T> struct Storage { using type = float; };
+template <> struct Storage<tensorflow::bfloat16> { using type = uint16_t; };
+
+inline float load(float v) { return v; }
+inline float load(uint16_t v) { return float_of(uint32_t(v) << 16); }
 inline void store(float* p, float v) { *p = v; }
 // Round to nearest even, as TensorFlow's float -> bfloat16 cast does; NaN stays NaN.
 inline void store(uint16_t* p, float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
+  const uint32_t u = bits_of(v);
   *p = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t((u >> 16) | 0x40)
                                         : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
