@@ -15,6 +15,8 @@ p.add_argument("--model-dir", required=True)
 p.add_argument("--bf16", action="store_true")
 p.add_argument("--warmup", type=int, default=3)
 p.add_argument("--threads", type=int, default=0)
+# the Trainer's default optimizer in transformers 4.57 with torch >= 2.8 (adamw_torch_fused)
+p.add_argument("--fused", action="store_true", help="torch's fused AdamW, as the Trainer uses")
 a = p.parse_args()
 if a.threads:
     torch.set_num_threads(a.threads)
@@ -22,7 +24,7 @@ torch.manual_seed(0)
 data = json.load(open(a.batches))
 model = BertForSequenceClassification.from_pretrained(a.model_dir, num_labels=2)
 model.train()
-opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
+opt = torch.optim.AdamW(model.parameters(), lr=2e-5, weight_decay=0.01, fused=a.fused or None)
 
 
 def step(b):
@@ -50,5 +52,6 @@ dt = time.perf_counter() - t0
 n = sum(len(b["labels"]) for b in batches)
 print("RESULT " + json.dumps({"examples_per_s": n / dt, "seconds": dt, "steps": len(batches),
                               "examples": n, "final_loss": loss,
-                              "threads": torch.get_num_threads(), "torch": torch.__version__}))
+                              "threads": torch.get_num_threads(), "torch": torch.__version__,
+                              "fused_adamw": bool(a.fused), "bf16": bool(a.bf16)}))
 sys.stdout.flush()

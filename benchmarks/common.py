@@ -102,7 +102,9 @@ def write_results(name: str, results: dict[str, Any], quiet: bool = False) -> Pa
     payload = {
         "benchmark": name,
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": f"./.venv/bin/python benchmarks/{name}.py " + " ".join(sys.argv[1:]),
+        # the script that ran, not the results name (--name may differ from it)
+        "command": f"./.venv/bin/python benchmarks/{Path(sys.argv[0]).name} "
+                   + " ".join(sys.argv[1:]),
         "machine": machine_info(),
         **results,
     }

