@@ -47,6 +47,7 @@ class Standalone:
         self.extra_env = dict(extra_env or {})  # e.g. a PostgreSQL metadata DB, a schedule
         self.artifact_root = artifact_root
         self.port = free_port()
+        self.log_ports = (free_port(), free_port())
         self.base = f"http://localhost:{self.port}"
         self.password = secrets.token_urlsafe(16)
         self.log_path = home / "standalone.log"
@@ -64,6 +65,9 @@ class Standalone:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__API__PORT": str(self.port),
+            # The log servers' defaults (8793, 8794) are taken when another Airflow runs here.
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_ports[0]),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_ports[1]),
             # Without it the task supervisor calls the default :8080 and every task fails.
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.user}:admin",
@@ -253,8 +257,14 @@ class MakeAirflow(Standalone):
                            + self.output)
 
     def interrupt(self, timeout: float = 120) -> int:
+        """Stopping is bounded (tasks.demo._stop_standalone: about 50 s); on a timeout, say
+        what make printed."""
         os.killpg(self.proc.pid, signal.SIGINT)
-        rc = self.proc.wait(timeout=timeout)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"make airflow still running {timeout:.0f}s after Ctrl-C:\n"
+                                 + self.output) from None
         self._reader.join(timeout=10)
         return rc
 
