@@ -19,6 +19,7 @@ container command as a local process (see its docstring).
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import itertools
 import json
@@ -606,9 +607,16 @@ class ProcessKubelet:
         for proc in procs:
             _kill_group(proc)
 
-    def live_processes(self) -> list[subprocess.Popen]:
+    def live_processes(self, wait: float = 0) -> list[subprocess.Popen]:
+        """Pod processes still running, after waiting up to `wait` seconds for them to end: a
+        deleted pod is sent SIGKILL, and a TensorFlow process takes a moment to exit."""
+        deadline = time.monotonic() + wait
         with self._lock:
-            return [p for p in self._procs if p.poll() is None]
+            procs = list(self._procs)
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        return [p for p in procs if p.poll() is None]
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -81,7 +81,8 @@ def run_on_kubernetes(cfg, ctx, step: str, workdir: Path, monkeypatch) -> list[s
             backend.controller(cfg, ctx, spec, log=lines.append, secrets={}).run()
         except WorkerError as err:
             raise AssertionError(f"{step} failed: {err}\n" + "\n".join(lines[-60:])) from None
-        assert kube.kubelet.live_processes() == []  # the step's teardown killed every pod
+        # the step's teardown deleted every pod, and the kubelet killed their processes
+        assert kube.kubelet.live_processes(wait=30) == []
     return lines
 
 

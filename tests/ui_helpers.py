@@ -65,7 +65,8 @@ class Standalone:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__API__PORT": str(self.port),
-            # The log servers' defaults (8793, 8794) are taken when another Airflow runs here.
+            # The log servers' defaults (8793, 8794) are taken when another Airflow runs here
+            # (test files run in parallel).
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.log_ports[0]),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(self.log_ports[1]),
             # Without it the task supervisor calls the default :8080 and every task fails.
@@ -203,6 +204,14 @@ class Standalone:
                            + self.log_tail())
 
 
+def _as_from_a_terminal() -> None:
+    """Ctrl-C and Ctrl-\\ act as in a terminal. A test run started in the background
+    (`cmd &` in a script, nohup) ignores SIGINT and SIGQUIT, and a child inherits ignored
+    signals: make and tasks.demo would never see the test's Ctrl-C."""
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+
+
 class MakeAirflow(Standalone):
     """The README's third command, `make airflow PORT=... AIRFLOW_HOME=...`, run as a user
     would: its own environment without AIRFLOW__ settings (but for the task supervisors'
@@ -229,7 +238,8 @@ class MakeAirflow(Standalone):
         self.proc = subprocess.Popen(
             ["make", "--no-print-directory", "airflow", f"PORT={self.port}",
              f"AIRFLOW_HOME={self.home}"], cwd=PROJECT_ROOT, env=self.env(),
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            preexec_fn=_as_from_a_terminal)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         self.wait_for_line(re.compile(re.escape(f"Airflow is up: {self.base}")), timeout)
@@ -256,15 +266,34 @@ class MakeAirflow(Standalone):
         raise TimeoutError(f"no line matching {pattern.pattern!r} after {timeout:.0f}s:\n"
                            + self.output)
 
+    def _group_states(self) -> str:
+        """State and signal masks of every process in make's process group."""
+        out = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                if int(stat.rsplit(")", 1)[1].split()[2]) != self.proc.pid:
+                    continue
+                status = {k: v.strip() for k, v in (line.split(":", 1) for line in
+                          (entry / "status").read_text().splitlines() if ":" in line)}
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:120].decode()
+                wchan = (entry / "wchan").read_text()
+            except (OSError, ValueError, IndexError):
+                continue
+            out.append(f"{entry.name} {cmd!r} state={status.get('State')} wchan={wchan} "
+                       + " ".join(f"{k}={status.get(k)}" for k in
+                                  ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")))
+        return "\n".join(out)
+
     def interrupt(self, timeout: float = 120) -> int:
         """Stopping is bounded (tasks.demo._stop_standalone: about 50 s); on a timeout, say
-        what make printed."""
+        what make printed, and its processes' states and signal masks."""
         os.killpg(self.proc.pid, signal.SIGINT)
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"make airflow still running {timeout:.0f}s after Ctrl-C:\n"
-                                 + self.output) from None
+                                 + self.output + "\n" + self._group_states()) from None
         self._reader.join(timeout=10)
         return rc
 
