@@ -47,8 +47,11 @@ test-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; }
 
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
+# Test files run in parallel, one worker per core (at most 4), each file on one worker so that
+# its module fixtures (a DAG run, an Airflow server) are made once. On 2 cores: 30.5 min one
+# file at a time, 25 min with two workers, which keep both cores about 95% busy.
 test: install test-deps
-	@$(BIN)/python -m pytest -q --durations=25 tests; rc=$$?; \
+	@$(BIN)/python -m pytest -q --durations=25 -n auto --maxprocesses 4 --dist loadfile tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # Re-resolve the lock from requirements.in (needs network access to PyPI).

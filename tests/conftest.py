@@ -50,9 +50,13 @@ def airflow_db() -> Path:
 
 def pytest_collection_finish(session):
     """Start the network-bound lock resolution early when this session runs it (see
-    tests/lock_checks.py); a registry error is left for the test to report."""
+    tests/lock_checks.py); a registry error is left for the test to report. Under
+    pytest-xdist every worker collects every test, so there the test's fixture starts it, on
+    the one worker that runs the file."""
     import lock_checks
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     if any(item.name.startswith(lock_checks.TEST_NAME) for item in session.items):
         try:
             lock_checks.start()
