@@ -271,14 +271,13 @@ class MakeAirflow(Standalone):
         out = []
         for entry in Path("/proc").iterdir():
             try:
-                stat = (entry / "stat").read_text()
-                if int(stat.rsplit(")", 1)[1].split()[2]) != self.proc.pid:
+                if not entry.name.isdigit() or os.getpgid(int(entry.name)) != self.proc.pid:
                     continue
                 status = {k: v.strip() for k, v in (line.split(":", 1) for line in
                           (entry / "status").read_text().splitlines() if ":" in line)}
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:120].decode()
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:120].decode(errors="replace")
                 wchan = (entry / "wchan").read_text()
-            except (OSError, ValueError, IndexError):
+            except OSError:  # ended meanwhile (ProcessLookupError is one)
                 continue
             out.append(f"{entry.name} {cmd!r} state={status.get('State')} wchan={wchan} "
                        + " ".join(f"{k}={status.get(k)}" for k in
