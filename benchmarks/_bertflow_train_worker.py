@@ -1,10 +1,10 @@
-"""bertflow side of train_throughput: the project's real train step, `tasks.train.run`
-(strategy, tasks.model optimizer/precision, tasks.inputs length-grouped TFRecord batches,
+"""bertflow side of train_throughput: the project's real train step, `tasks.steps.train.run`
+(strategy, tasks.training.model optimizer/precision, tasks.training.inputs length-grouped TFRecord batches,
 Keras fit with the project's callbacks) on the same SST-2 rows as the peer.
 
-Untimed set-up: the rows are written to a TSV and go through `tasks.data.run` and
-`tasks.tokenize.run` into a fresh run folder. Then `tasks.train.run` trains for
-warmup + timed steps; step end times are read by wrapping `tasks.train.Progress.step_done`
+Untimed set-up: the rows are written to a TSV and go through `tasks.steps.data.run` and
+`tasks.steps.tokenize.run` into a fresh run folder. Then `tasks.steps.train.run` trains for
+warmup + timed steps; step end times are read by wrapping `tasks.steps.train.Progress.step_done`
 (the project's own per-step hook). The warm-up is one pass over the rows, so the timed steps
 are the second pass: the peer's rows exactly, grouped into bertflow's own batches.
 `--set field=value` overrides RunConfig fields (e.g. mixed_precision).
@@ -32,9 +32,9 @@ p.add_argument("--warmup", type=int, default=None,
 p.add_argument("--set", action="append", default=[])
 a = p.parse_args()
 
-from tasks import data as data_step, tokenize as tokenize_step, train as train_step  # noqa
+from tasks.steps import data as data_step, tokenize as tokenize_step, train as train_step  # noqa
 from tasks.config import RunConfig  # noqa: E402
-from tasks.runlayout import RunContext, write_run_config  # noqa: E402
+from tasks.runs.runlayout import RunContext, write_run_config  # noqa: E402
 from trainbench_data import train_flops  # noqa: E402
 
 batches = json.load(open(a.batches))["batches"]
@@ -87,8 +87,8 @@ dt = end - start
 n_ex = n_steps * batch_size
 # FLOPs of the batches bertflow really computed: its input pipeline is deterministic for a
 # seed, so it is replayed here (untimed) to read the padded shape of every timed batch.
-from tasks import inputs  # noqa: E402
-from tasks.runlayout import read_manifest  # noqa: E402
+from tasks.training import inputs  # noqa: E402
+from tasks.runs.runlayout import read_manifest  # noqa: E402
 
 tok = read_manifest(ctx.manifest_uri("tokenize"))
 with inputs.local_shards(tok, "train") as files:

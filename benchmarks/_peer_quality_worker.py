@@ -6,7 +6,7 @@ decay, bf16, group_by_length, seed. Runs in .venv-peer (torch, no TensorFlow).
 Reads the driver's train/eval JSON Lines (`{"text", "label"}`, the rows bertflow's data step
 reads), tokenizes with BertTokenizerFast (truncation at --max-seq-length, dynamic padding),
 trains BertForSequenceClassification from --model-dir, predicts the eval rows and prints one
-line `RESULT {json}`: accuracy, macro-F1 (same formula as tasks/evaluate.py), step times.
+line `RESULT {json}`: accuracy, macro-F1 (same formula as tasks/steps/evaluate.py), step times.
 """
 import argparse
 import json

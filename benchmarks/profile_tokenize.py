@@ -2,7 +2,7 @@
 
     ./.venv/bin/python benchmarks/profile_tokenize.py [--limit N]
 
-Runs `tasks.tokenize.run` on SST-2 train once warm, then once under cProfile with its thread
+Runs `tasks.steps.tokenize.run` on SST-2 train once warm, then once under cProfile with its thread
 pool swapped for a serial map (cProfile only sees the main thread), and prints the functions
 by cumulative and own time. Single-thread shares, so they add up to the CPU time, not wall.
 """
@@ -46,10 +46,10 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     args = ap.parse_args()
     (sst2,) = common.require_data("sst2/train.tsv")
-    import tasks.tokenize as tk
-    from tasks import data as data_step
+    import tasks.steps.tokenize as tk
+    from tasks.steps import data as data_step
     from tasks.config import RunConfig
-    from tasks.runlayout import RunContext, write_run_config
+    from tasks.runs.runlayout import RunContext, write_run_config
     work = Path(tempfile.mkdtemp(prefix="bench-tokprof-"))
     src = sst2
     if args.limit:

@@ -14,7 +14,7 @@ group_by_length, and the same epochs, batch (32), peak learning rate (5e-5), wei
 (0.01) and max_seq_length (128); warm-up 6% (the recipe's usual setting). On a CPU without
 avx512_bf16, torch's bf16 autocast is emulated and takes hours: compare there with
 `--peer-set no-bf16=true` (float32, what bertflow trains in on such a CPU). It reads the rows
-bertflow's data step reads (the driver writes them as JSON Lines with tasks.data's reader, and
+bertflow's data step reads (the driver writes them as JSON Lines with tasks.steps.data's reader, and
 for SST-2 the same seeded split).
 
 Data sets (../shared/data):
@@ -89,7 +89,7 @@ def tasks_cli(*argv: str) -> str:
 # --- the rows both sides read ------------------------------------------------------------------
 def read_rows(path: Path) -> list[tuple[str, str]]:
     """(text, label) rows as bertflow's data step reads them (BANKING77's TSV quotes fields)."""
-    from tasks import data
+    from tasks.steps import data
     from tasks.config import RunConfig
 
     return [(ex.text, ex.label) for ex in
@@ -156,7 +156,7 @@ def prepare(name: str, work: Path, seed: int, limit: int) -> dict:
         out["bertflow"] = {"train_uri": str(train_path), "eval_uri": str(eval_path)}
         train, evals = rows, read_rows(eval_path)
     else:
-        from tasks import data
+        from tasks.steps import data
 
         out["bertflow"] = {"train_uri": str(train_path), "eval_uri": None, "eval_fraction": 0.1}
         examples = [data.Example("", i, text, None, label) for i, (text, label) in

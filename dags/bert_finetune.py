@@ -19,7 +19,6 @@ react to a new champion).
 from __future__ import annotations
 
 import os
-import re
 import sys
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,108 +28,13 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 if _PROJECT_ROOT not in sys.path:
     sys.path.insert(0, _PROJECT_ROOT)
 
-from airflow.sdk import (Asset, AssetAlias, BaseOperator, BaseOperatorLink,  # noqa: E402
-                         Param, dag, task)
+from airflow.sdk import Asset, AssetAlias, Param, dag, task  # noqa: E402
 
+from bertflow_airflow.worker_operator import WorkerStepOperator, load_run  # noqa: E402
 from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
 
 DAG_ID = "bert_finetune"
 PROMOTED = AssetAlias("bertflow-promoted-model")
-
-
-def _load(run_uri: str):
-    """Config and context of a run folder (imported lazily: parse time stays light)."""
-    from tasks.runlayout import load_run
-
-    return load_run(run_uri)
-
-
-# .../runs/{dag_id}/{run_key}, optionally followed by /{step}/manifest.json
-_RUN_FOLDER = re.compile(r"/runs/([A-Za-z0-9_][A-Za-z0-9._-]*)/([A-Za-z0-9_][A-Za-z0-9._-]*)"
-                         r"(?:/[A-Za-z_]+/manifest\.json)?/?$")
-
-
-def run_page_path(uri: str) -> str:
-    """`bertflow/runs/{dag_id}/{run_key}` (the run page under the api-server's base URL) for a
-    run folder or step manifest URI; "" if the URI is not under a `runs/{dag_id}/{run_key}`."""
-    match = _RUN_FOLDER.search(uri or "")
-    return f"bertflow/runs/{match[1]}/{match[2]}" if match else ""
-
-
-class RunPageLink(BaseOperatorLink):
-    """"bertflow run": the task's run page in the bertflow plugin. Airflow 3 calls get_link in
-    the worker when the task ends and keeps the result as an XCom, which the UI reads. The run
-    folder comes from the task's return value (its step manifest URI) or, for a task that
-    failed before returning one, from its rendered `run_uri`."""
-
-    name = "bertflow run"
-
-    def get_link(self, operator, *, ti_key) -> str:
-        from airflow.sdk.execution_time.xcom import XCom
-
-        path = run_page_path(str(XCom.get_value(ti_key=ti_key, key="return_value") or ""))
-        if not path and isinstance(getattr(operator, "run_uri", None), str):
-            path = run_page_path(operator.run_uri)
-        if not path:
-            return ""
-        try:
-            from airflow.configuration import conf
-
-            base = conf.get("api", "base_url", fallback="/") or "/"
-        except ImportError:  # a worker with the task SDK only
-            base = "/"
-        return base.rstrip("/") + "/" + path
-
-
-class WorkerStepOperator(BaseOperator):
-    """Controller for a step that runs in worker processes.
-
-    Starts the workers for `step` (the provisioned cluster spec for train/evaluate, one
-    process otherwise) on the configured backend (local processes, Kubernetes, Vertex AI, a
-    TPU VM), streams their output into this task's log, fails with the worker's error text,
-    and stops them when Airflow kills the task. Returns the step's manifest URI.
-    """
-
-    template_fields = ("run_uri",)
-    ui_color = "#fde9c9"
-    operator_extra_links = (RunPageLink(),)
-
-    def __init__(self, *, step: str, run_uri: str, distributed: bool = False, **kwargs):
-        super().__init__(**kwargs)
-        self.step = step
-        self.run_uri = run_uri
-        self.distributed = distributed
-        self._controller = None
-
-    def execute(self, context) -> str:
-        from dataclasses import replace
-
-        from tasks import credentials, provision, storage
-        from tasks.errors import WorkerError
-
-        cfg, ctx = _load(self.run_uri)
-        if self.distributed:
-            manifest = storage.read_json(ctx.manifest_uri("provision"))
-            spec = provision.WorkerSpec.from_dict(manifest["workers"][self.step])
-        else:
-            spec = provision.single_process_spec(self.step, self.run_uri)
-        spec = replace(spec, step=self.step)
-        self.log.info("%s: %d process(es) on %s, strategy %s, cluster %s", self.step,
-                      len(spec.roles), cfg.provisioner, spec.strategy or "-",
-                      spec.cluster or "single")
-        # Workers cannot reach Airflow's connections; the backend hands them over without
-        # writing them into any spec, object or log.
-        self._controller = provision.backend_for(cfg).controller(
-            cfg, ctx, spec, log=self.log.info, secrets=credentials.worker_env(cfg))
-        self._controller.run()
-        manifest_uri = ctx.manifest_uri(self.step)
-        if not storage.exists(manifest_uri):
-            raise WorkerError(f"{self.step} workers finished but wrote no {manifest_uri}")
-        return manifest_uri
-
-    def on_kill(self) -> None:
-        if self._controller is not None:
-            self._controller.stop()
 
 
 def _schedule():
@@ -161,10 +65,11 @@ def bert_finetune():
     def validate(**context) -> str:
         """Parse the Params (field errors fail here), check the inputs, create the run
         folder."""
-        from tasks import data, storage, uri_templates
+        from tasks.steps import data
+        from tasks.io import storage, uri_templates
         from tasks.provision import backend_for
         from tasks.config import parse_config
-        from tasks.runlayout import RunContext, init_run, run_key_for
+        from tasks.runs.runlayout import RunContext, init_run, run_key_for
 
         dag_run = context["dag_run"]
         logical = dag_run.logical_date
@@ -190,13 +95,13 @@ def bert_finetune():
     def provision(run_uri: str) -> str:
         from tasks import provision as provision_step
 
-        return provision_step.run(*_load(run_uri))
+        return provision_step.run(*load_run(run_uri))
 
     @task
     def release(run_uri: str) -> str:
         from tasks.provision import release as release_step
 
-        return release_step.run(*_load(run_uri))
+        return release_step.run(*load_run(run_uri))
 
     # One promote at a time across runs (a backfill finishes several together): the first
     # event for a new model name makes Airflow create its asset, and two such creations at
@@ -206,10 +111,11 @@ def bert_finetune():
     @task(outlets=[PROMOTED], max_active_tis_per_dag=1)
     def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
         """Quality gate; a promoted model becomes an asset event consumers can schedule on."""
-        from tasks import promote as promote_step, storage
+        from tasks.steps import promote as promote_step
+        from tasks.io import storage
         from tasks.config import join_uri
 
-        cfg, ctx = _load(run_uri)
+        cfg, ctx = load_run(run_uri)
         result = storage.read_json(promote_step.run(cfg, ctx))
         if result["promoted"]:
             exported = storage.read_json(export_manifest_uri)

@@ -11,12 +11,12 @@ the UI's navigation bar.
   from `{artifact_root}/models` or, with `location`, from another export location.
 
 Models are listed from every export location: `{artifact_root}/models` and each distinct
-resolved `export_uri` the runs recorded in their config.json (tasks.run_summary). A link
+resolved `export_uri` the runs recorded in their config.json (tasks.runs.run_summary). A link
 names a location only by its `location_id` (a hash the server computes), which the card route
 looks up in that server-side set; a location path never comes from the request.
 
-Server-rendered HTML, no JavaScript. It reads the artifact store through `tasks.storage`
-(`tasks.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
+Server-rendered HTML, no JavaScript. It reads the artifact store through `tasks.io.storage`
+(`tasks.runs.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
 processes. A name taken from a request path must match a strict pattern and be listed under
 the artifact root (or the known export location) before it becomes part of a URI: anything
 else is 400 or 404.
@@ -39,7 +39,8 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
     sys.path.insert(0, _PROJECT_ROOT)
 
-from tasks import run_summary, storage  # noqa: E402
+from tasks.runs import run_summary  # noqa: E402
+from tasks.io import storage
 from tasks.config import default_artifact_root, join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
 

@@ -16,5 +16,5 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
-# The project version: trainer images are labelled and named with it (tasks/images.py).
+# The project version: trainer images are labelled and named with it (tasks/provision/images.py).
 __version__ = "0.5.0"

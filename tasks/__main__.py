@@ -13,22 +13,23 @@ import os
 import sys
 import typing
 
-from tasks import launcher, storage
+from tasks.provision import launcher
+from tasks.io import storage
 from tasks.config import RunConfig, parse_config
 from tasks.errors import BertflowError, ConfigError
-from tasks.runlayout import RunContext, init_run, load_run
+from tasks.runs.runlayout import RunContext, init_run, load_run
 
 # Step name -> module with run(cfg, ctx); imported only when that step runs, so `--help` and
 # light steps never load TensorFlow.
 STEPS = {
-    "data": "tasks.data",
-    "tokenize": "tasks.tokenize",
+    "data": "tasks.steps.data",
+    "tokenize": "tasks.steps.tokenize",
     "provision": "tasks.provision",
-    "train": "tasks.train",
-    "evaluate": "tasks.evaluate",
+    "train": "tasks.steps.train",
+    "evaluate": "tasks.steps.evaluate",
     "release": "tasks.provision.release",
-    "export": "tasks.export",
-    "promote": "tasks.promote",
+    "export": "tasks.steps.export",
+    "promote": "tasks.steps.promote",
 }
 
 
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"bertflow: warning: {msg}", file=sys.stderr)))
         else:
             # Remote workers (Kubernetes pods) get their TF_CONFIG built here from their
-            # role and index (tasks/launcher.py); local processes and Vertex AI set it.
+            # role and index (tasks/provision/launcher.py); local processes and Vertex AI set it.
             launcher.apply(os.environ)
             print(run_step(args.command, args.run_dir))
     except BertflowError as err:

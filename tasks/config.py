@@ -15,9 +15,9 @@ from typing import Any, Literal, Optional, get_args
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from tasks import uri_templates
+from tasks.io import uri_templates
 from tasks.errors import ConfigError
-from tasks.topology import Topology, resolve_strategy_name
+from tasks.training.topology import Topology, resolve_strategy_name
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = PROJECT_ROOT / "examples" / "demo"

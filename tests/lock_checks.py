@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tasks import images
+from tasks.provision import images
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bertflow_lock_resolve",

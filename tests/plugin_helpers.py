@@ -1,6 +1,6 @@
 """Shared by the plugin tests: Airflow's real api-server app with a JWT, and a synthetic
 artifact tree (two experiments, three runs, a champion, histories, metrics) written through
-tasks.storage exactly where the steps write them. Import the fixtures into a test module to
+tasks.io.storage exactly where the steps write them. Import the fixtures into a test module to
 use them (conftest.py belongs to the orchestration tests)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import join_uri
 
 DAG_ID = "bert_finetune"
@@ -110,15 +110,17 @@ ELSEWHERE_RUNS = {
 
 def build_export_elsewhere(root: str, base: str, scratch: Path) -> dict[str, str]:
     """Three runs under `root` whose export_uri is outside it, made by the pipeline's own code:
-    the URI resolved for the run's date (tasks.uri_templates), config.json and context.json
+    the URI resolved for the run's date (tasks.io.uri_templates), config.json and context.json
     written by runlayout.init_run, the version published with storage.publish_dir, the
-    champion set by tasks.promote.run. Two runs share `{base}/shared` (the first is its
+    champion set by tasks.steps.promote.run. Two runs share `{base}/shared` (the first is its
     champion: the second regresses by more than the gate allows); the third exports to
     `{base}/daily/2024-03-03` and is that location's champion. Returns run_key -> the
     resolved export location."""
-    from tasks import promote, runlayout, uri_templates
+    from tasks.steps import promote
+    from tasks.runs import runlayout
+    from tasks.io import uri_templates
     from tasks.config import parse_config
-    from tasks.runlayout import RunContext
+    from tasks.runs.runlayout import RunContext
 
     scratch.mkdir(parents=True, exist_ok=True)
     locations = {}

@@ -15,7 +15,7 @@ from http import HTTPStatus
 
 import pytest
 
-from tasks import storage
+from tasks.io import storage
 
 BUCKET = "bertflow-test"
 S3_CONN_ID = "bertflow_s3"

@@ -29,9 +29,9 @@ from urllib.parse import quote, urljoin, urlsplit
 import httpx
 import pytest
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import SECTIONS, join_uri
-from tasks.demo import predict_in_fresh_process, sample_rows
+from bertflow_airflow.demo import predict_in_fresh_process, sample_rows
 
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 from ui_helpers import CHROMIUM, Browser, MakeAirflow

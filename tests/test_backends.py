@@ -12,7 +12,7 @@ from tasks import provision
 from tasks.config import parse_config
 from tasks.errors import ConfigError
 from tasks.provision import backends
-from tasks.runlayout import RunContext, init_run
+from tasks.runs.runlayout import RunContext, init_run
 
 from test_cli import cli
 
@@ -56,7 +56,7 @@ def test_release_records_the_backend(artifact_root):
     cfg = parse_config({"artifact_root": artifact_root})
     init_run(cfg, ctx)
     from tasks.provision import release
-    from tasks import storage
+    from tasks.io import storage
 
     manifest = storage.read_json(release.run(cfg, ctx))
     assert manifest["backend"] == "local" and manifest["killed_pids"] == []

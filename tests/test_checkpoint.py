@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tasks import checkpoint
+from tasks.training import checkpoint
 from tasks.config import RunConfig
 from tasks.errors import BertflowError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import RunConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

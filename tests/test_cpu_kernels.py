@@ -1,4 +1,4 @@
-"""tasks/cpu_kernels and tasks/cpu_layers: bertflow's CPU kernels against TensorFlow's own ops.
+"""tasks/training/cpu_kernels and tasks/training/cpu_layers: bertflow's CPU kernels against TensorFlow's own ops.
 
 `make install` builds the library; these tests fail, not skip, when it is missing, because
 training on CPU would then silently take the slow path. BERTFLOW_CPU_KERNELS=0 (switched off
@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from tasks import checkpoint, cpu_kernels, cpu_layers, model as model_lib
+from tasks.training import checkpoint, cpu_kernels, cpu_layers, model as model_lib
 from train_helpers import LABELS, logits_and_gradients, tiny_batch, tiny_model_dir  # noqa: F401
 
 if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
@@ -22,7 +22,7 @@ if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
 def library():
     if not cpu_kernels.available():
         pytest.fail(f"{cpu_kernels.library_path()} is not built: run `make install` "
-                    "(or `python -m tasks.cpu_kernels build`; needs g++)")
+                    "(or `python -m tasks.training.cpu_kernels build`; needs g++)")
 
 
 def to_f32(t):

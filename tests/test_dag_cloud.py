@@ -20,9 +20,9 @@ import pytest
 
 from storage_servers import (BUCKET, S3_CONN_ID, S3_KEY_ID, S3_SECRET,  # noqa: F401
                              gcs_emulator, s3_server)
-from tasks import storage
+from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri, parse_config
-from tasks.demo import DAG_ID, predict_in_fresh_process, run_folder, sample_rows
+from bertflow_airflow.demo import DAG_ID, predict_in_fresh_process, run_folder, sample_rows
 from tasks.errors import ConfigError
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 
@@ -46,7 +46,7 @@ SCENARIOS = {
 
 RUN_DAG = """
 import json, sys
-from tasks.demo import run_dag
+from bertflow_airflow.demo import run_dag
 dag_run = run_dag(json.loads(sys.argv[1]))
 print("BERTFLOW_RUN " + json.dumps({"run_id": dag_run.run_id,
                                     "run_type": getattr(dag_run.run_type, "value", "")}))
@@ -153,7 +153,7 @@ def test_no_secret_in_run_folder_bucket_objects_or_task_logs(cloud_run, airflow_
 # --- credentials for worker processes --------------------------------------------------------
 READ_IN_WORKER = """
 import sys
-from tasks import storage
+from tasks.io import storage
 storage.configure(storage.Connections(aws_conn_id=sys.argv[1]))
 print(storage.read_text(sys.argv[2]))
 """
@@ -165,7 +165,7 @@ def test_worker_env_carries_a_metadata_db_connection_to_a_worker(
     from airflow.models import Connection
     from airflow.utils.session import create_session
 
-    from tasks import credentials
+    from tasks.io import credentials
 
     conn_id = f"s3_db_{uuid.uuid4().hex[:6]}"
     with create_session() as session:
@@ -200,7 +200,7 @@ def test_worker_env_carries_a_metadata_db_connection_to_a_worker(
 
 
 def test_worker_env_is_empty_for_ambient_credentials_and_names_a_missing_connection():
-    from tasks import credentials
+    from tasks.io import credentials
 
     assert credentials.worker_env(parse_config({})) == {}
     with pytest.raises(ConfigError, match="gcp_conn_id.*'no_such_conn' is not defined"):

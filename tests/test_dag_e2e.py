@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import join_uri
-from tasks.demo import predict_in_fresh_process, run_dag, run_folder, sample_rows
+from bertflow_airflow.demo import predict_in_fresh_process, run_dag, run_folder, sample_rows
 
 TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 6, "per_replica_batch_size": 8,
         "num_shards": 2, "num_workers": 2, "eval_batch_size": 32}

@@ -21,9 +21,9 @@ import pytest
 
 from fake_kubernetes import FakeKube, ProcessKubelet
 from storage_servers import BUCKET, gcs_emulator  # noqa: F401
-from tasks import storage
+from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
-from tasks.demo import DAG_ID, run_folder
+from bertflow_airflow.demo import DAG_ID, run_folder
 from test_dag_cloud import RUN_DAG, TASKS, TINY
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tasks import provision, storage
-from tasks.runlayout import init_run
+from tasks import provision
+from tasks.io import storage
+from tasks.runs.runlayout import init_run
 from tasks.config import parse_config
 from tasks.errors import WorkerError
 from tasks.provision import release
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 DAGS = Path(__file__).resolve().parent.parent / "dags"
 

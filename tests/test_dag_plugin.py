@@ -5,7 +5,7 @@ from __future__ import annotations
 from airflow import plugins_manager
 
 from plugin_helpers import api_server  # noqa: F401  (fixture)
-from tasks import storage
+from tasks.io import storage
 
 
 def test_plugin_registers_its_app_and_nav_view():

@@ -1,4 +1,4 @@
-"""tasks.data: reading, validation errors (file/line/field), label vocabulary, split; inputs
+"""tasks.steps.data: reading, validation errors (file/line/field), label vocabulary, split; inputs
 made of several files (prefix, glob) on local disk and on the GCS and S3 emulators."""
 import hashlib
 import json
@@ -7,10 +7,11 @@ from collections import Counter
 import pytest
 
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
-from tasks import data, storage
+from tasks.steps import data
+from tasks.io import storage
 from tasks.config import DEMO_DIR, parse_config
 from tasks.errors import DataError
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 
 def _write(tmp_path, name, content):

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks.demo import output_to, progress_line
+from bertflow_airflow.demo import output_to, progress_line
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,7 +47,7 @@ def test_output_to_sends_python_fd_and_child_output_to_the_log(tmp_path, capfd):
 QUIET_RUN = """
 import sys
 from pathlib import Path
-from tasks.demo import run_dag_quietly
+from bertflow_airflow.demo import run_dag_quietly
 dag_run = run_dag_quietly({"artifact_root": sys.argv[1]}, Path(sys.argv[2]),
                           mark_success_pattern=r"(?!validate$).*")  # progress: the console
 print("STATE", dag_run.state)

@@ -29,7 +29,7 @@ import pytest
 
 from tasks.errors import WorkerError
 from tasks.provision import LocalCluster, distributed_spec
-from tasks.runlayout import read_manifest
+from tasks.runs.runlayout import read_manifest
 from train_helpers import (h5_weights, make_run, run_cluster, run_steps_in_subprocess,
                            single_device_matrix, write_tiny_model)
 
@@ -142,7 +142,7 @@ def test_parameter_server_trains_with_fit(tmp_path, tiny_model):
     assert any(ln.startswith("[worker:1] serving as worker 1") for ln in lines)
     assert any(ln.startswith("[ps:0] serving as ps 0") for ln in lines)
 
-    # Evaluation runs inline on the coordinator (see tasks/evaluate.py for why).
+    # Evaluation runs inline on the coordinator (see tasks/steps/evaluate.py for why).
     lines = run_cluster(cfg, ctx, "evaluate")
     result = read_manifest(ctx.manifest_uri("evaluate"))
     assert result["num_examples"] == NUM_EVAL and result["strategy"] == "parameter_server"

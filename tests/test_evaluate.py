@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tasks import checkpoint, evaluate, inputs
+from tasks.training import checkpoint, inputs
+from tasks.steps import evaluate
 from train_helpers import LABELS, tiny_model_dir, tiny_rows, write_tfrecords  # noqa: F401
 
 

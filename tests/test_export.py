@@ -9,9 +9,11 @@ import pytest
 
 from storage_servers import (S3_SECRET, connections, gcs_emulator, root,  # noqa: F401
                              s3_server)
-from tasks import export, runlayout, storage
+from tasks.steps import export
+from tasks.runs import runlayout
+from tasks.io import storage
 from tasks.config import parse_config
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "the", "and", "short", "sentence",
          "to", "check", "model", "second", "different", "one", "good", "bad", "movie", ",",
@@ -92,7 +94,7 @@ def test_export_publishes_a_loadable_version(root, tmp_path, model_dir):
                                                                   entry["sha256"])
     out = predict(local / "saved_model", text=["a good movie", "a bad one , the end"])
     assert out["probabilities"].shape == (2, 2)
-    # Stock ops only: serving needs no bertflow kernel library (tasks/cpu_kernels).
+    # Stock ops only: serving needs no bertflow kernel library (tasks/training/cpu_kernels).
     assert b"Bertflow" not in (local / "saved_model" / "saved_model.pb").read_bytes()
     assert {x.decode() for x in out["label"].numpy()} <= set(LABELS)
 

@@ -1,11 +1,11 @@
-"""tasks/float32_gelu.py: the feed-forward GELU in float32, on transformers' BERT layers."""
+"""tasks/training/float32_gelu.py: the feed-forward GELU in float32, on transformers' BERT layers."""
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 from transformers.models.bert import modeling_tf_bert
 
-from tasks import checkpoint, float32_gelu
+from tasks.training import checkpoint, float32_gelu
 from train_helpers import LABELS, logits_and_gradients, tiny_batch, tiny_model_dir  # noqa: F401
 
 BATCH = tiny_batch()

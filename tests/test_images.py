@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import __version__, images
+from tasks import __version__
+from tasks.provision import images
 
 ROOT = Path(__file__).resolve().parent.parent
 import lock_checks as lock_checks_module  # noqa: E402
@@ -70,7 +71,7 @@ def test_each_dockerfile_installs_its_own_lock_and_keeps_the_worker_contract(kin
     assert "tasks.__version__" in text and '"$BERTFLOW_VERSION"' in text
     assert dockerfile_env(kind)["TF_USE_LEGACY_KERAS"] == "1"
     assert text.rstrip().endswith('ENTRYPOINT ["python", "-m", "tasks"]')
-    assert ("python -m tasks.cpu_kernels build" in text) == (kind == "cpu")
+    assert ("python -m tasks.training.cpu_kernels build" in text) == (kind == "cpu")
 
 
 def test_the_tpu_image_installs_its_lock_without_resolving_it_again():
@@ -112,10 +113,11 @@ def test_cpu_lock_runs_the_versions_the_tests_run():
 
 def _worker_modules() -> set[str]:
     """Dotted names of the third-party modules the worker code imports (also lazily):
-    tasks/*.py but the demo, the CPU kernels and the TPU VM agent."""
-    files = [p for p in (ROOT / "tasks").glob("*.py") if p.name != "demo.py"]
-    files += [*(ROOT / "tasks" / "cpu_kernels").glob("*.py"),
-              ROOT / "tasks" / "provision" / "tpu_agent.py"]
+    every module of tasks/ but the provisioning backends, which run in the controller (the
+    TPU VM agent, the launcher and the image names run in workers)."""
+    backends = ROOT / "tasks" / "provision"
+    files = [p for p in sorted((ROOT / "tasks").rglob("*.py"))
+             if p.parent != backends or p.name in ("tpu_agent.py", "launcher.py", "images.py")]
     names = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -253,13 +255,13 @@ def _tf220_env() -> dict[str, str]:
 def test_tpu_lock_environment_has_tensorflow_2_20_and_resolves_worker_connections(
         tf220_python):
     """The versions, transformers' TF classes under the image's ENV, and a worker reading an
-    Airflow connection from AIRFLOW_CONN_* through tasks.cloud_storage (airflow.sdk)."""
+    Airflow connection from AIRFLOW_CONN_* through tasks.io.cloud_storage (airflow.sdk)."""
     script = """
 import importlib.metadata as md, json
 import tensorflow as tf, tf_keras, tensorflow_text, transformers
 from transformers import TFBertForSequenceClassification  # noqa: F401
-from tasks import cloud_storage
-from tasks.storage import Connections
+from tasks.io import cloud_storage
+from tasks.io.storage import Connections
 store = cloud_storage.backend("s3", Connections(aws_conn_id="bertflow_s3"))
 print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
                   "tf_keras": tf_keras.__version__, "text": tensorflow_text.__version__,
@@ -283,7 +285,7 @@ print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
 def test_train_evaluate_export_on_the_tpu_lock(tf220_python):
     """A subset of the CPU tests, run in .venv-tf220 with the TPU image's environment.
     The CPU kernels' library is named for TensorFlow 2.21, so training here uses TensorFlow's
-    ops (building it for 2.20 would replace the 2.21 build in tasks/cpu_kernels/build/)."""
+    ops (building it for 2.20 would replace the 2.21 build in tasks/training/cpu_kernels/build/)."""
     done = subprocess.run([str(tf220_python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *TF220_TESTS], cwd=ROOT, env=_tf220_env(),
                           capture_output=True, text=True)

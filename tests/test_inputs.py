@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tasks import inputs
+from tasks.training import inputs
 from train_helpers import tiny_rows, write_tfrecords
 
 ROWS = tiny_rows(37, seed=3, min_len=2, max_len=40)

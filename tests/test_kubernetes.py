@@ -28,14 +28,14 @@ import pytest
 import yaml
 
 from fake_kubernetes import FakeKube, FakePod, ScriptedKubelet
-from tasks import launcher
+from tasks.provision import launcher
 from tasks.config import RunConfig
 from tasks.errors import ConfigError, WorkerError
 from tasks.provision import k8s_render as render
 from tasks.provision.backends import to_text
 from tasks.provision.kubernetes import KubernetesBackend
 from tasks.provision.spec import distributed_spec, single_process_spec
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = "1.33"
@@ -134,7 +134,7 @@ def test_distributed_step_is_a_headless_service_and_one_indexed_job_per_role():
                                 for i, port in enumerate(ports)]
                          for role, ports in (("chief", [2222]), ("worker", [2223, 2224]),
                                              ("ps", [2225]))}
-    # Every pod gets a TF_CONFIG from its role, index and this cluster (tasks/launcher.py).
+    # Every pod gets a TF_CONFIG from its role, index and this cluster (tasks/provision/launcher.py).
     environ = {launcher.ROLE_ENV: "worker", launcher.CLUSTER_ENV: cluster,
                launcher.INDEX_ENV: "1"}
     assert json.loads(launcher.apply(environ))["task"] == {"type": "worker", "index": 1}
@@ -624,7 +624,7 @@ def test_credentials_reach_pods_only_through_a_secret(cluster, tmp_path, monkeyp
     text = to_text(backend, objects)
     assert "AIRFLOW_CONN_GCP" in text and SECRET not in text
     from tasks import provision
-    from tasks.runlayout import init_run
+    from tasks.runs.runlayout import init_run
 
     local = cfg.model_copy(update={"artifact_root": str(tmp_path / "root")})
     local_ctx = make_ctx(local)

@@ -31,7 +31,7 @@ from fake_kubernetes import FakeKube, ProcessKubelet
 from tasks.errors import WorkerError
 from tasks.provision.kubernetes import KubernetesBackend
 from tasks.provision.spec import distributed_spec
-from tasks.runlayout import RunContext, read_manifest
+from tasks.runs.runlayout import RunContext, read_manifest
 from train_helpers import (h5_weights, make_run, run_cluster, single_device_matrix,
                            write_tiny_model)
 

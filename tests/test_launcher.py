@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import launcher
+from tasks.provision import launcher
 from tasks.errors import BertflowError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent

@@ -103,7 +103,7 @@ def test_run_page_draws_curves_and_confusion_matrix_as_svg(logged_in, tree):
 
 def test_run_page_of_a_run_still_training(logged_in, artifact_root):
     """A run folder without history or metrics yet still renders, saying what is missing."""
-    from tasks import storage
+    from tasks.io import storage
 
     storage.write_json(f"{artifact_root}/runs/{DAG_ID}/fresh/context.json",
                        {"dag_id": DAG_ID, "run_key": "fresh", "run_id": "fresh"})
@@ -114,7 +114,7 @@ def test_run_page_of_a_run_still_training(logged_in, artifact_root):
 
 def test_pages_read_gs_and_s3_artifact_roots(logged_in, root, monkeypatch):
     """The same tree in a bucket (GCS emulator / moto S3 on loopback), read through
-    tasks.storage: the index, a run page and a model card."""
+    tasks.io.storage: the index, a run page and a model card."""
     build_artifacts(root)
     monkeypatch.setenv("BERTFLOW_ARTIFACT_ROOT", root)
     index = logged_in.get("/bertflow/")
@@ -131,7 +131,7 @@ def test_pages_read_gs_and_s3_artifact_roots(logged_in, root, monkeypatch):
 def test_damaged_files_do_not_break_the_pages(logged_in, tree):
     """Stored files are data, not trusted: a truncated history, a matrix of the wrong shape,
     a NaN loss or a JSON list where an object belongs are skipped, not a 500."""
-    from tasks import storage
+    from tasks.io import storage
 
     run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
     storage.write_text(f"{run}/train/history.json", '{"records": [{"step": 1, "loss": NaN}, '
@@ -190,14 +190,14 @@ def _models_section(page: str) -> str:
 
 
 def _location_table(models: str, location: str) -> str:
-    from tasks.run_summary import location_id
+    from tasks.runs.run_summary import location_id
 
     return models.split(f"data-location='{location_id(location)}'>", 1)[1].split("</table>")[0]
 
 
 def test_models_exported_elsewhere_are_listed_with_their_champion_and_card(
         logged_in, tree, elsewhere, tmp_path):
-    from tasks.run_summary import location_id
+    from tasks.runs.run_summary import location_id
 
     shared = elsewhere["offsite__2024-03-01T00_00_00_00_00"]
     daily = elsewhere["offsite__2024-03-03T00_00_00_00_00"]
@@ -216,7 +216,7 @@ def test_models_exported_elsewhere_are_listed_with_their_champion_and_card(
     version = r"<tr class='(champion)?'><td class='l'>(?:&#9733; )?(v[^<]+)</td><td>([^<]+)</td>"
     first, second, dated = (ELSEWHERE_RUNS[k][-1] for k in ELSEWHERE_RUNS)
     shared_rows = _location_table(models, shared)
-    # The champion of {shared}/bert-classifier/CHAMPION.json (tasks.promote), not the
+    # The champion of {shared}/bert-classifier/CHAMPION.json (tasks.steps.promote), not the
     # default location's: the second run regressed and was not promoted.
     assert re.findall(version, shared_rows) == [("", second, "0.8"), ("champion", first, "0.85")]
     assert re.findall(version, _location_table(models, daily)) == [("champion", dated, "0.7")]
@@ -256,7 +256,8 @@ def test_unusable_recorded_export_uris_are_skipped(logged_in, tree, tmp_path):
     """A config.json is data: an export_uri that is relative, of another scheme, with
     credentials or the filesystem root is never listed (nor walked), and the pages still
     render."""
-    from tasks import run_summary, storage
+    from tasks.runs import run_summary
+    from tasks.io import storage
 
     for i, uri in enumerate(("relative/models", "ftp://host/models", "/",
                              "gs://user:secret@bucket/m", 7)):
@@ -285,7 +286,7 @@ def test_location_is_only_a_known_id(logged_in, tree, elsewhere, location):
     runs' recorded config: a path, an encoded path or an unknown id is refused, never read."""
     from urllib.parse import quote
 
-    from tasks.run_summary import location_id
+    from tasks.runs.run_summary import location_id
 
     shared = elsewhere["offsite__2024-03-01T00_00_00_00_00"]
     name = ELSEWHERE_RUNS["offsite__2024-03-01T00_00_00_00_00"][-1]
@@ -309,7 +310,7 @@ def test_location_is_only_a_known_id(logged_in, tree, elsewhere, location):
     "/bertflow/models/{model}/{default_v}/card?location={id}",  # in another location
 ])
 def test_names_at_an_export_location_are_checked(logged_in, tree, elsewhere, path):
-    from tasks.run_summary import location_id
+    from tasks.runs.run_summary import location_id
 
     shared = elsewhere["offsite__2024-03-01T00_00_00_00_00"]
     path = path.format(model=MODEL, v=ELSEWHERE_RUNS["offsite__2024-03-01T00_00_00_00_00"][-1],
@@ -366,8 +367,10 @@ def test_train_evaluate_export_link_to_their_run_page(dag, monkeypatch, tree):
     assert link.get_link(op, ti_key=ti_key) == ""
 
 
-def test_link_resolves_to_a_page_that_exists(dag_module, logged_in, tree):
-    path = dag_module.run_page_path(f"{tree}/runs/{DAG_ID}/{RUN_KEY}/evaluate/manifest.json")
+def test_link_resolves_to_a_page_that_exists(logged_in, tree):
+    from bertflow_airflow.worker_operator import run_page_path
+
+    path = run_page_path(f"{tree}/runs/{DAG_ID}/{RUN_KEY}/evaluate/manifest.json")
     assert logged_in.get("/" + path).status_code == 200
 
 

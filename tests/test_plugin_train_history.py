@@ -9,9 +9,11 @@ from types import SimpleNamespace
 import pytest
 
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
-from tasks import run_summary, storage, train
+from tasks.runs import run_summary
+from tasks.io import storage
+from tasks.steps import train
 from tasks.config import join_uri
-from tasks.runlayout import read_manifest
+from tasks.runs.runlayout import read_manifest
 from train_helpers import make_run, tiny_model_dir  # noqa: F401
 
 
@@ -87,7 +89,7 @@ def test_tiny_training_run_writes_the_history_the_page_reads(tmp_path, tiny_mode
     assert manifest["train_seconds"] > 0
     assert records[-1]["elapsed_seconds"] == pytest.approx(manifest["train_seconds"], abs=0.01)
 
-    # What the page gets (tasks.run_summary imports no TensorFlow).
+    # What the page gets (tasks.runs.run_summary imports no TensorFlow).
     detail = run_summary.run_detail(str(tmp_path), ctx.dag_id, ctx.run_key)
     assert detail["history"] == records
     assert detail["train_seconds"] == manifest["train_seconds"]

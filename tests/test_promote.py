@@ -7,10 +7,12 @@ import threading
 import pytest
 
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
-from tasks import promote, runlayout, storage
+from tasks.steps import promote
+from tasks.runs import runlayout
+from tasks.io import storage
 from tasks.config import parse_config
 from tasks.errors import StorageError
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 
 def exported_run(root, tmp_path, version, accuracy, **overrides):

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import parse_config
 from tasks.errors import WorkerError
 from tasks.provision import LocalCluster, WorkerSpec, local_tmp_root, pid_record_uri
 from tasks.provision import release
 from tasks.provision import run as provision_run
 from tasks.provision.local import free_ports
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 

@@ -1,6 +1,6 @@
 """Run folders: keyed by logical date for scheduled/backfill runs, by run id for manual ones."""
 from tasks.config import parse_config
-from tasks.runlayout import (RunContext, cache_uri, read_manifest, read_run_config,
+from tasks.runs.runlayout import (RunContext, cache_uri, read_manifest, read_run_config,
                              run_key_for, write_manifest, write_run_config)
 
 

@@ -13,7 +13,7 @@ import pytest
 from fault_proxy import FaultProxy
 from storage_servers import (BUCKET, S3_KEY_ID, S3_SECRET, connections,  # noqa: F401
                              gcs_emulator, root, s3_server)
-from tasks import cloud_storage, storage
+from tasks.io import cloud_storage, storage
 from tasks.errors import StorageError
 
 

@@ -8,7 +8,7 @@ from tasks.errors import BertflowError
 
 
 def test_roles_from_tf_config(monkeypatch):
-    from tasks import strategy
+    from tasks.training import strategy
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     assert strategy.task_role() == ("chief", 0) and strategy.is_chief()
@@ -25,7 +25,7 @@ def test_roles_from_tf_config(monkeypatch):
 
 
 def test_one_device_on_cpu():
-    from tasks import strategy
+    from tasks.training import strategy
 
     built, name = strategy.build_strategy(RunConfig(accelerator="cpu"))
     assert name == "one_device" and built.num_replicas_in_sync == 1
@@ -33,7 +33,7 @@ def test_one_device_on_cpu():
 
 
 def test_multi_worker_without_tf_config_says_what_is_missing(monkeypatch):
-    from tasks import strategy
+    from tasks.training import strategy
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(BertflowError, match="needs TF_CONFIG"):
@@ -41,14 +41,14 @@ def test_multi_worker_without_tf_config_says_what_is_missing(monkeypatch):
 
 
 def test_gpu_requested_without_gpu():
-    from tasks import strategy
+    from tasks.training import strategy
 
     with pytest.raises(BertflowError, match="sees no GPU"):
         strategy.build_strategy(RunConfig(accelerator="gpu"))
 
 
 def test_unreachable_tpu_names_the_param():
-    from tasks import strategy
+    from tasks.training import strategy
 
     with pytest.raises(BertflowError, match="cannot reach TPU 'local'.*tpu_address Param"):
         strategy.build_strategy(RunConfig(accelerator="tpu", tpu_address="local"))
@@ -57,7 +57,7 @@ def test_unreachable_tpu_names_the_param():
 def test_logical_cpus_after_tensorflow_started_is_a_clear_error():
     import tensorflow as tf
 
-    from tasks import strategy
+    from tasks.training import strategy
 
     tf.constant(1) + 1  # starts the runtime; the CPU can no longer be split
     with pytest.raises(BertflowError, match="before TensorFlow runs anything"):

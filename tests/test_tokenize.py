@@ -1,4 +1,4 @@
-"""tasks.tokenize: encoder parity with Hugging Face, TFRecord output, determinism, cache."""
+"""tasks.steps.tokenize: encoder parity with Hugging Face, TFRecord output, determinism, cache."""
 import json
 import time
 
@@ -7,9 +7,11 @@ import pytest
 import tensorflow as tf
 import transformers
 
-from tasks import checkpoint, data, storage, tokenize
+from tasks.training import checkpoint
+from tasks.steps import data, tokenize
+from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, parse_config
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 SST2 = PROJECT_ROOT.parent / "shared" / "data" / "sst2" / "train.tsv"
 

@@ -15,12 +15,12 @@ import pytest
 
 from fake_tpu import FakeTpu
 from storage_servers import BUCKET, gcs_emulator  # noqa: F401
-from tasks import storage
+from tasks.io import storage
 from tasks.config import PROJECT_ROOT, parse_config
 from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision import backend_for, tpu_vm
 from tasks.provision.spec import WorkerSpec
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 from test_cli import cli
 
 ZONE, PROJECT = "us-west4-a", "bertflow-test"

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks import evaluate, train
-from tasks.runlayout import read_manifest
+from tasks.steps import evaluate, train
+from tasks.runs.runlayout import read_manifest
 from train_helpers import (LABELS, make_run, run_steps_in_subprocess,  # noqa: F401
                            h5_weights, tiny_model_dir, tiny_rows, write_tiny_model)
 
@@ -52,14 +52,14 @@ def test_fit_on_one_device_learns(tmp_path, tiny_model_dir):
     evaluate.run(cfg, ctx)
     manifest = check_outputs(ctx, "one_device", 1, 16)
     assert manifest["training_loop"] == "fit" and manifest["global_batch_size"] == 16
-    assert manifest["cpu_kernels"] is True  # built by make install (tasks/cpu_kernels)
+    assert manifest["cpu_kernels"] is True  # built by make install (tasks/training/cpu_kernels)
 
 
 def test_without_cpu_kernels_training_falls_back_to_tensorflows_ops(tmp_path, tiny_model_dir,
                                                                    monkeypatch, capsys):
     """Where the kernels are not built (or BERTFLOW_CPU_KERNELS=0), the same run trains on
     TensorFlow's ops, and the log line and the manifest say so."""
-    from tasks import cpu_kernels
+    from tasks.training import cpu_kernels
 
     monkeypatch.setenv("BERTFLOW_CPU_KERNELS", "0")
     cpu_kernels.library.cache_clear()
@@ -107,7 +107,7 @@ def test_accumulated_micro_batches_equal_one_large_batch(tmp_path):
     import tensorflow as tf
     import tf_keras
 
-    from tasks import checkpoint, model as model_lib
+    from tasks.training import checkpoint, model as model_lib
     from tasks.config import RunConfig
 
     tf_keras.mixed_precision.set_global_policy("float32")  # other tests may leave another
@@ -148,7 +148,7 @@ def test_fit_refuses_gradient_accumulation(tmp_path, tiny_model_dir):
 
 def test_central_storage_trains_with_fit_over_two_logical_cpus(tmp_path, tiny_model_dir):
     # Variables live once on the host CPU, the 2 logical CPUs compute; AdamW with its LR
-    # schedule and weight decay (see tasks.model.AdamW for what CentralStorage needed).
+    # schedule and weight decay (see tasks.training.model.AdamW for what CentralStorage needed).
     cfg, ctx = make_run(tmp_path, tiny_model_dir, strategy="central_storage",
                         devices_per_worker=2, per_replica_batch_size=8, weight_decay=0.01)
     done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate")

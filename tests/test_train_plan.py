@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from tasks import model
+from tasks.training import model
 from tasks.config import RunConfig
 
 
@@ -69,7 +69,7 @@ def test_adamw_takes_torch_adamw_steps_including_the_sparse_embedding_gradient(c
     implementations: TensorFlow's kernels and bertflow's one-pass CPU kernel."""
     import tensorflow as tf
 
-    from tasks import cpu_kernels
+    from tasks.training import cpu_kernels
     if cpu_kernel and not cpu_kernels.available():
         pytest.fail("bertflow CPU kernels not built: run `make install`")
 
@@ -135,7 +135,7 @@ def test_empty_training_split_is_a_config_error():
 
 
 def test_start_of_training_line_explains_batch_learning_rate_and_steps():
-    from tasks import train
+    from tasks.steps import train
 
     cfg = RunConfig(per_replica_batch_size=16, grad_accum_steps=2, epochs=3, learning_rate=1e-4,
                     lr_scaling="sqrt", reference_batch_size=32, training_loop="custom")

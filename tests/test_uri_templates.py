@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tasks import uri_templates
+from tasks.io import uri_templates
 from tasks.config import parse_config
 from tasks.errors import ConfigError
 

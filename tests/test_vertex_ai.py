@@ -19,7 +19,7 @@ from tasks.errors import ConfigError, WorkerError
 from tasks.provision import step_spec
 from tasks.provision import vertex_ai
 from tasks.provision.backends import backend_for, to_text
-from tasks.runlayout import RunContext, init_run
+from tasks.runs.runlayout import RunContext, init_run
 
 SECRET_VALUES = ("SECRET-TOKEN-4711", "PRIVATE-KEY-0815")
 SECRETS = {"AIRFLOW_CONN_GCP": json.dumps({
@@ -159,7 +159,7 @@ CRASHING_CONTROLLER = """
 import sys
 from tasks.provision import step_spec, vertex_ai
 from tasks.provision.backends import backend_for
-from tasks.runlayout import load_run
+from tasks.runs.runlayout import load_run
 vertex_ai.POLL_MIN_SECONDS = vertex_ai.POLL_MAX_SECONDS = 0.05
 cfg, ctx = load_run(sys.argv[1])
 backend_for(cfg).controller(cfg, ctx, step_spec(cfg, "train", ctx.run_uri), log=print,

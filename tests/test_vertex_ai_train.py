@@ -25,7 +25,7 @@ from tasks.errors import WorkerError
 from tasks.provision import LocalCluster, WorkerSpec, step_spec
 from tasks.provision.backends import backend_for
 from tasks.provision.vertex_ai import POOL_ROLES
-from tasks.runlayout import read_manifest
+from tasks.runs.runlayout import read_manifest
 from test_distributed import COMMON, FIXED, NUM_EVAL, NUM_TRAIN, WEIGHT_ATOL
 from train_helpers import h5_weights, make_run, run_cluster, write_tiny_model
 

@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tasks import storage  # noqa: E402  (importing tasks sets TF_USE_LEGACY_KERAS)
+from tasks.io import storage  # noqa: E402  (importing tasks sets TF_USE_LEGACY_KERAS)
 from tasks.config import RunConfig  # noqa: E402
-from tasks.runlayout import (RunContext, read_manifest, read_run_config,  # noqa: E402
+from tasks.runs.runlayout import (RunContext, read_manifest, read_run_config,  # noqa: E402
                              write_manifest, write_run_config)
 
 LABELS = ["neg", "pos"]
@@ -183,7 +183,8 @@ def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8):
     import tensorflow as tf
     import tf_keras
 
-    from tasks import checkpoint, evaluate, inputs
+    from tasks.training import checkpoint, inputs
+    from tasks.steps import evaluate
 
     tf_keras.mixed_precision.set_global_policy("float32")
     tok = read_manifest(ctx.manifest_uri("tokenize"))

@@ -207,7 +207,7 @@ class Standalone:
 def _as_from_a_terminal() -> None:
     """Ctrl-C and Ctrl-\\ act as in a terminal. A test run started in the background
     (`cmd &` in a script, nohup) ignores SIGINT and SIGQUIT, and a child inherits ignored
-    signals: make and tasks.demo would never see the test's Ctrl-C."""
+    signals: make and bertflow_airflow.demo would never see the test's Ctrl-C."""
     for sig in (signal.SIGINT, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -223,7 +223,7 @@ class MakeAirflow(Standalone):
     def __init__(self, home: Path, artifact_root: Path):
         super().__init__(home, artifact_root)
         self.user = self.password = None
-        self.log_path = home / "logs" / "standalone.log"  # where tasks.demo --ui writes it
+        self.log_path = home / "logs" / "standalone.log"  # where bertflow_airflow.demo --ui writes it
         self.lines: list[str] = []
 
     def env(self) -> dict[str, str]:
@@ -285,7 +285,7 @@ class MakeAirflow(Standalone):
         return "\n".join(out)
 
     def interrupt(self, timeout: float = 120) -> int:
-        """Stopping is bounded (tasks.demo._stop_standalone: about 50 s); on a timeout, say
+        """Stopping is bounded (bertflow_airflow.demo._stop_standalone: about 50 s); on a timeout, say
         what make printed, and its processes' states and signal masks."""
         os.killpg(self.proc.pid, signal.SIGINT)
         try:

@@ -12,7 +12,7 @@ from tasks.provision.backends import Backend, backend_for, to_text
 from tasks.provision.local import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.local_backend import pid_record_uri
 from tasks.provision.spec import WorkerSpec, distributed_spec, single_process_spec
-from tasks.runlayout import RunContext, write_manifest
+from tasks.runs.runlayout import RunContext, write_manifest
 
 __all__ = ["Backend", "LocalCluster", "WorkerSpec", "backend_for", "distributed_spec",
            "dry_run", "kill_recorded", "local_tmp_root", "pid_record_uri", "run",

@@ -16,7 +16,7 @@ runs. Every backend answers the same calls:
 - `sweep(cfg, log)`: removes what runs that are no longer running left behind.
 
 `secrets` are the run's Airflow connections as `AIRFLOW_CONN_*` values
-(tasks/credentials.py). A backend hands them to its workers without writing them into any
+(tasks/io/credentials.py). A backend hands them to its workers without writing them into any
 spec, manifest, rendered object or log.
 """
 from __future__ import annotations
@@ -26,11 +26,11 @@ import json
 import re
 from typing import Callable, Protocol
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import RunConfig
 from tasks.errors import ConfigError
 from tasks.provision.spec import WorkerSpec
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 Log = Callable[[str], None]
 

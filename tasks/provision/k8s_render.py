@@ -11,7 +11,7 @@ One step of a run becomes:
 - one Indexed Job per TF_CONFIG role (`<service>-chief`, `-worker`, `-ps`), `completions =
   parallelism = count`. Pods carry their role and the cluster's addresses; Kubernetes adds
   `JOB_COMPLETION_INDEX` and `python -m tasks` builds TF_CONFIG from the three
-  (tasks/launcher.py). Nothing here spells out a TF_CONFIG.
+  (tasks/provision/launcher.py). Nothing here spells out a TF_CONFIG.
 
 Names stay short: a pod's hostname `<job>-<index>` must fit a 63-character DNS label.
 """
@@ -22,11 +22,11 @@ import re
 
 from tasks.config import TOLERATION, RunConfig
 from tasks.errors import ConfigError
-from tasks.images import default_image, image_kind
-from tasks.launcher import CLUSTER_ENV, ROLE_ENV
+from tasks.provision.images import default_image, image_kind
+from tasks.provision.launcher import CLUSTER_ENV, ROLE_ENV
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.spec import run_hash as spec_run_hash
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "bertflow"

@@ -21,14 +21,14 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Callable
 
-from tasks import credentials
+from tasks.io import credentials
 from tasks.config import RunConfig
 from tasks.errors import WorkerError
 from tasks.provision import k8s_render as render
 from tasks.provision.backends import Backend, Log, check_remote
 from tasks.provision.local import TAIL_LINES
 from tasks.provision.spec import WorkerSpec
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 PROPAGATION = "Background"  # the Job's pods go with it (the default for Jobs orphans them)
 # Container states that will not fix themselves within a step's patience.

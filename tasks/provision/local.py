@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import PROJECT_ROOT
 from tasks.errors import WorkerError
 from tasks.provision.spec import WorkerSpec, run_hash

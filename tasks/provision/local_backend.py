@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import shutil
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.provision.backends import Backend, Log
 from tasks.provision.local import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.spec import WorkerSpec
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 
 def pid_record_uri(run_uri: str, step: str) -> str:

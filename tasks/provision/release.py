@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tasks.config import RunConfig
 from tasks.provision.backends import backend_for
-from tasks.runlayout import RunContext, write_manifest
+from tasks.runs.runlayout import RunContext, write_manifest
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:

@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 
 from tasks.config import RunConfig
-from tasks.topology import Topology, cluster_shape, resolve_strategy_name
+from tasks.training.topology import Topology, cluster_shape, resolve_strategy_name
 
 def run_hash(run_uri: str, digits: int) -> str:
     """A short stable id of a run (from its folder URI) for names and labels; each backend

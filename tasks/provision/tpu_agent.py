@@ -1,7 +1,7 @@
 """The agent on a Cloud TPU VM: runs the steps the controller asks for, through the run folder.
 
 `python -m tasks.provision.tpu_agent --run-dir gs://...` (started by the VM's startup script,
-see tasks/provision/tpu_vm.py) polls `{run}/provision/tpu_vm/` through tasks.storage:
+see tasks/provision/tpu_vm.py) polls `{run}/provision/tpu_vm/` through tasks.io.storage:
 
 - `requests/{step}.json`  `{"id", "step", "command", "env", "timeout_seconds"}`, written by the
   controller. A request whose `status/{id}.json` exists is done; others run one at a time
@@ -15,7 +15,7 @@ see tasks/provision/tpu_vm.py) polls `{run}/provision/tpu_vm/` through tasks.sto
 - `shutdown.json`  from the release step: the agent exits (deleting the VM would stop it
   anyway).
 
-Pure Python and tasks.storage: no TensorFlow here, and no credential beyond the VM's own.
+Pure Python and tasks.io.storage: no TensorFlow here, and no credential beyond the VM's own.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import PROJECT_ROOT, join_uri
 from tasks.errors import BertflowError
 

@@ -40,14 +40,15 @@ import threading
 import time
 from typing import Any
 
-from tasks import credentials, images, storage
+from tasks.io import credentials, storage
+from tasks.provision import images
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.local_backend import LocalBackend
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.spec import run_hash as spec_run_hash
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 ENDPOINT_ENV = "BERTFLOW_TPU_ENDPOINT"
 TF_VERSION = "2.20.0"  # the TPU image's lock (tensorflow-tpu stops at 2.20)
@@ -178,7 +179,7 @@ def tpu_client(cfg: RunConfig):
         return tpu_v2.TpuClient(transport=transport), None
     credentials = project = None
     if cfg.gcp_conn_id:
-        from tasks.cloud_storage import google_connection
+        from tasks.io.cloud_storage import google_connection
 
         credentials, project, _ = google_connection(cfg.gcp_conn_id)
     if credentials is None:

@@ -9,9 +9,9 @@ The job (`custom_job`), in Vertex AI's worker-pool order:
 | parameter_server {chief 1, worker n, ps m}| 1              | n                | m           |
 
 Vertex AI writes each replica's TF_CONFIG itself (pool 0 is the task type "chief", pool 1
-"worker", pool 2 "ps"), and `python -m tasks` takes it as it is (tasks/launcher.py).
+"worker", pool 2 "ps"), and `python -m tasks` takes it as it is (tasks/provision/launcher.py).
 MultiWorkerMirroredStrategy accepts a chief task: it joins the all-reduce as task 0 and is
-the writer (tasks/strategy.is_chief). Every replica runs the spec's command in the worker
+the writer (tasks/training/strategy.is_chief). Every replica runs the spec's command in the worker
 image; train/evaluate pools 0-1 get the configured accelerators, ps pools and the other
 steps a CPU machine.
 
@@ -19,7 +19,7 @@ Credentials and secrets: the workers run as the job's service account (`service_
 so the run's Airflow connections (`secrets`) are not passed to Vertex AI. When `gcp_conn_id`
 is set, the workers get a keyless `AIRFLOW_CONN_<ID>` (project only), so their storage uses
 ambient credentials, i.e. the job's service account. The controller's own client uses the
-`gcp_conn_id` connection's key (tasks.cloud_storage.google_connection), else application
+`gcp_conn_id` connection's key (tasks.io.cloud_storage.google_connection), else application
 default credentials.
 
 Lifecycle: the controller creates the job, records its name and console link in
@@ -42,13 +42,13 @@ import threading
 import time
 import urllib.parse
 
-from tasks import credentials, storage
+from tasks.io import credentials, storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import ConfigError, WorkerError
-from tasks.images import default_image, image_kind
+from tasks.provision.images import default_image, image_kind
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.spec import WorkerSpec, run_hash
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 ENDPOINT_ENV = "BERTFLOW_VERTEX_ENDPOINT"
 # Poll intervals (s): start short, grow by POLL_GROWTH per unchanged state, up to the max.
@@ -252,7 +252,7 @@ def job_client(cfg: RunConfig):
             host=host, credentials=AnonymousCredentials(), url_scheme=scheme or "https"))
     credentials = None
     if cfg.gcp_conn_id:
-        from tasks.cloud_storage import google_connection
+        from tasks.io.cloud_storage import google_connection
 
         credentials = google_connection(cfg.gcp_conn_id)[0]
     return aiplatform_v1.JobServiceClient(
@@ -265,7 +265,7 @@ def resolve_project(cfg: RunConfig) -> str:
     if cfg.gcp_project:
         return cfg.gcp_project
     if cfg.gcp_conn_id:
-        from tasks.cloud_storage import google_connection
+        from tasks.io.cloud_storage import google_connection
 
         project = google_connection(cfg.gcp_conn_id)[1]
         if project:

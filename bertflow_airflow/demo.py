@@ -213,7 +213,7 @@ def run_dag_quietly(conf: dict, log_path: Path, out: TextIO | None = None, **tes
 
 
 def run_folder(dag_run, artifact_root: str) -> str:
-    from tasks.runlayout import RunContext, run_key_for
+    from tasks.runs.runlayout import RunContext, run_key_for
 
     run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
     return RunContext(artifact_root, DAG_ID, run_key_for(run_type, None, dag_run.run_id)).run_uri
@@ -221,11 +221,11 @@ def run_folder(dag_run, artifact_root: str) -> str:
 
 def sample_rows(run_uri: str, count: int = 2) -> list[dict]:
     """The first rows of the run's evaluation split, as serving inputs."""
-    from tasks import storage
+    from tasks.io import storage
 
     manifest = storage.read_json(join_uri(run_uri, "data", "manifest.json"))
     first_shard = manifest["splits"]["eval"]["shards"][0]
-    from tasks.chunked_reader import line_blocks
+    from tasks.io.chunked_reader import line_blocks
 
     # The first block of whole lines: a streaming read, never the whole shard.
     block = next(line_blocks(storage.iter_bytes(first_shard, 1 << 16)))
@@ -235,7 +235,7 @@ def sample_rows(run_uri: str, count: int = 2) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m bertflow_airflow.demo", description=__doc__)
     parser.add_argument("--num-workers", type=int, default=1,
                         help="worker processes; 2 trains with MultiWorkerMirroredStrategy")
     parser.add_argument("--ui", action="store_true",
@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
                        check=True, stdout=subprocess.DEVNULL)
 
-    from tasks import storage
+    from tasks.io import storage
     from tasks.config import parse_config
 
     conf = {**DEMO_CONF, "num_workers": args.num_workers}

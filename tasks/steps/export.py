@@ -20,11 +20,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tasks import checkpoint, runlayout, storage
+from tasks.training import checkpoint
+from tasks.runs import runlayout
+from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError
-from tasks.runlayout import RunContext
-from tasks.tokenize import BertTextEncoder
+from tasks.runs.runlayout import RunContext
+from tasks.steps.tokenize import BertTextEncoder
 
 SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]
 

@@ -1,6 +1,6 @@
 """Streaming text reading in bounded memory: byte blocks -> blocks of whole lines -> lines.
 
-Any byte source (`tasks.storage.iter_bytes`: a local file, ranged reads of a gs:// or s3://
+Any byte source (`tasks.io.storage.iter_bytes`: a local file, ranged reads of a gs:// or s3://
 object) is cut into blocks that end at a newline, so that
 
 - a multi-byte UTF-8 character is never cut (0x0A never occurs inside one), and a decoding

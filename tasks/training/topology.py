@@ -1,5 +1,5 @@
 """Topology -> strategy name and cluster shape. Pure Python: the Airflow controller uses it
-without importing TensorFlow; `tasks.strategy` builds the actual tf.distribute object."""
+without importing TensorFlow; `tasks.training.strategy` builds the actual tf.distribute object."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

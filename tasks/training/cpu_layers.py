@@ -1,4 +1,4 @@
-"""Swap BERT's dropout, LayerNorm and GELU onto bertflow's CPU kernels (tasks/cpu_kernels),
+"""Swap BERT's dropout, LayerNorm and GELU onto bertflow's CPU kernels (tasks/training/cpu_kernels),
 same variables and names, so checkpoints are untouched.
 
 Layers keep their class's behaviour where the kernels do not apply: dropout with a
@@ -11,7 +11,7 @@ import tensorflow as tf
 import tf_keras
 from transformers.models.bert import modeling_tf_bert as hf_bert
 
-from tasks import cpu_kernels, float32_gelu
+from tasks.training import cpu_kernels, float32_gelu
 
 KERNEL_DTYPES = (tf.float32, tf.bfloat16)
 

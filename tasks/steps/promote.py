@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from tasks import runlayout, storage
+from tasks.runs import runlayout
+from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import StorageError
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 CHAMPION = "CHAMPION.json"
 ATTEMPTS = 10  # compare-and-swap rounds before giving up on a pointer that keeps moving

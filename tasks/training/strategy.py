@@ -1,6 +1,6 @@
 """Build the tf.distribute strategy a worker process trains and evaluates under.
 
-The name comes from `tasks.topology.resolve_strategy_name` (shared with the controller), fed
+The name comes from `tasks.training.topology.resolve_strategy_name` (shared with the controller), fed
 with the devices this process really sees. Multi-process strategies read the cluster from
 TF_CONFIG, which the provisioner sets per process.
 """
@@ -12,7 +12,7 @@ import os
 import tensorflow as tf
 
 from tasks.errors import BertflowError
-from tasks.topology import Topology, resolve_strategy_name
+from tasks.training.topology import Topology, resolve_strategy_name
 
 
 def task_role() -> tuple[str, int]:
@@ -85,10 +85,10 @@ def device_kind(cfg, name: str) -> str:
 
 
 def use_cpu_kernels(kind: str, name: str) -> bool:
-    """Whether this process trains on bertflow's CPU kernels (tasks/cpu_kernels): on CPU
+    """Whether this process trains on bertflow's CPU kernels (tasks/training/cpu_kernels): on CPU
     replicas, when the library is built. Not under ParameterServer, whose variables are
     updated inside the ps servers, which load no op library."""
-    from tasks import cpu_kernels
+    from tasks.training import cpu_kernels
     return kind == "cpu" and name != "parameter_server" and cpu_kernels.available()
 
 

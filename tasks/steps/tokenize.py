@@ -5,7 +5,7 @@ TFRecords and the export step embeds it in the SavedModel, so serving cannot dri
 training. (The step takes the encoder's wordpieces and truncation rule as they are and only
 adds [CLS]/[SEP] in numpy, `BertTextEncoder.encode_numpy`; tests check it equals the
 TensorFlow path.) No Python runs per row, and the output is byte-identical for identical
-input -- also to tf.io.encode_proto + tf.io.TFRecordWriter (`tasks/tfrecord_io.py`), so
+input -- also to tf.io.encode_proto + tf.io.TFRecordWriter (`tasks/io/tfrecord_io.py`), so
 ENCODER_VERSION and existing caches still hold.
 
 Bounded memory: the prepared shards are hashed block by block for the cache key (the same
@@ -26,7 +26,7 @@ Speed. What keeps the step short:
   (`model_cache_dir()`), and handed to TensorFlow as a numpy buffer (tensorflow_text would
   otherwise convert the 1.7 MB model through a Python list of ints);
 - worker threads tokenize chunks eagerly (no tf.data, no tracing; the TensorFlow kernels
-  release the GIL) while the main thread serializes them with numpy (`tasks/tfrecord_io.py`:
+  release the GIL) while the main thread serializes them with numpy (`tasks/io/tfrecord_io.py`:
   vectorized varints and TFRecord framing into one buffer per chunk) and appends them to
   their shard files in order.
 """
@@ -46,14 +46,16 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from tasks import checkpoint, runlayout, storage
-from tasks import data as data_step
-from tasks import tfrecord_io
+from tasks.training import checkpoint
+from tasks.runs import runlayout
+from tasks.io import storage
+from tasks.steps import data as data_step
+from tasks.io import tfrecord_io
 from tasks.errors import BertflowError
-from tasks.tfrecord_io import example_records as _example_records  # noqa: F401
-from tasks.tfrecord_io import serialize_examples  # noqa: F401
+from tasks.io.tfrecord_io import example_records as _example_records  # noqa: F401
+from tasks.io.tfrecord_io import serialize_examples  # noqa: F401
 from tasks.config import RunConfig, join_uri
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"

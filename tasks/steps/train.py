@@ -20,9 +20,10 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.core.framework import summary_pb2
 
-from tasks import checkpoint, inputs, model as model_lib, storage, strategy as strategy_lib
+from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
+from tasks.io import storage
 from tasks.config import RunConfig, check_training_loop, join_uri
-from tasks.runlayout import RunContext, read_manifest, write_manifest
+from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 
 KEEP_CHECKPOINTS = 3
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import RunConfig, join_uri, load_config
 
 MANIFEST = "manifest.json"

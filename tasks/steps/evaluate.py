@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tasks import checkpoint, inputs, model as model_lib, storage, strategy as strategy_lib
+from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
+from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError
-from tasks.runlayout import RunContext, read_manifest, write_manifest
+from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:

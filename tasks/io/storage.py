@@ -1,7 +1,7 @@
 """One storage interface over URIs: local paths (or file://), gs:// and s3://.
 
 Every other module reads and writes artifacts through `open_storage(uri)` / the helpers at the
-bottom; no other module imports a cloud client. Cloud backends live in `tasks.cloud_storage`
+bottom; no other module imports a cloud client. Cloud backends live in `tasks.io.cloud_storage`
 and are imported lazily, so local runs never load google-cloud-storage or boto3.
 """
 from __future__ import annotations
@@ -219,7 +219,7 @@ def open_storage(uri: str) -> Storage:
     scheme = scheme_of(uri)
     if scheme == "file":
         return _local
-    from tasks import cloud_storage  # lazy: keeps cloud SDKs out of local runs
+    from tasks.io import cloud_storage  # lazy: keeps cloud SDKs out of local runs
 
     return cloud_storage.backend(scheme, _connections)
 

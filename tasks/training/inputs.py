@@ -11,7 +11,7 @@ from typing import Iterator
 
 import tensorflow as tf
 
-from tasks import storage
+from tasks.io import storage
 from tasks.errors import BertflowError
 
 AUTOTUNE = tf.data.AUTOTUNE

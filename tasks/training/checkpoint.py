@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks import storage
+from tasks.io import storage
 from tasks.errors import BertflowError
 
 SAFETENSORS = "model.safetensors"
@@ -63,13 +63,13 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
 
     A fresh classification head is initialised unless `model_dir` is a fine-tuned model with
     the same number of labels. `float32_gelu` computes the feed-forward GELU in float32
-    under mixed precision (faster on CPUs; tasks/float32_gelu.py). `cpu_kernels` runs dropout,
-    LayerNorm and GELU on bertflow's CPU kernels instead (tasks/cpu_layers.py); only for
+    under mixed precision (faster on CPUs; tasks/training/float32_gelu.py). `cpu_kernels` runs dropout,
+    LayerNorm and GELU on bertflow's CPU kernels instead (tasks/training/cpu_layers.py); only for
     training and evaluation on CPU, never for a model that is exported.
     """
     from transformers import BertConfig, TFBertForSequenceClassification
 
-    from tasks import float32_gelu as gelu
+    from tasks.training import float32_gelu as gelu
 
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
@@ -83,7 +83,7 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
         model = TFBertForSequenceClassification(config)
         _load_safetensors(model, model_dir / SAFETENSORS)
     if cpu_kernels:
-        from tasks import cpu_layers
+        from tasks.training import cpu_layers
         cpu_layers.apply_to(model)
     elif float32_gelu:
         gelu.apply_to(model)

@@ -1,8 +1,8 @@
-"""gs:// and s3:// backends of `tasks.storage.Storage` (google-cloud-storage and boto3).
+"""gs:// and s3:// backends of `tasks.io.storage.Storage` (google-cloud-storage and boto3).
 
 `ObjectStore` holds the logic both share (folders, checksummed sync, atomic publish);
 `GCSStore` and `S3Store` only map a handful of object primitives onto each SDK. Imported
-lazily by `tasks.storage` for cloud URIs only.
+lazily by `tasks.io.storage` for cloud URIs only.
 
 Retries and concurrency are the clients' own; this module has no retry loop. Every GCS call
 gets google-api-core's `Retry` (`GCS_RETRY`), the S3 client botocore's standard retry mode
@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tasks.errors import StorageError
-from tasks.storage import COMPLETE, Connections, completion_manifest, redact
+from tasks.io.storage import COMPLETE, Connections, completion_manifest, redact
 
 # Concurrent object transfers per folder operation. transfer_manager's default of 8 was up
 # to 1.7x slower than 4 against the loopback emulators on 2 cores.

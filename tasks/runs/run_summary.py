@@ -1,6 +1,6 @@
 """Read-only summaries of run folders and model versions, for the bertflow page (plugins/).
 
-Pure Python over `tasks.storage` (local, gs://, s3://), no TensorFlow. Everything is read
+Pure Python over `tasks.io.storage` (local, gs://, s3://), no TensorFlow. Everything is read
 from fixed names inside a run or version folder found by listing the artifact root or an
 export location; URIs recorded inside manifests are never followed, and names coming from a
 request are checked with `valid_name` and against the listing before they become part of a
@@ -19,15 +19,15 @@ import os
 import re
 from typing import Any
 
-from tasks import storage
+from tasks.io import storage
 from tasks.config import join_uri
 from tasks.errors import StorageError
 
 LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may name
 # dag ids, run keys (runlayout.run_key_for keeps [A-Za-z0-9._-]), model names and versions.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
-CHAMPION = "CHAMPION.json"  # tasks.promote.CHAMPION (not imported: promote pulls in more)
-HISTORY = "history.json"    # train/history.json, written by tasks.train.Progress
+CHAMPION = "CHAMPION.json"  # tasks.steps.promote.CHAMPION (not imported: promote pulls in more)
+HISTORY = "history.json"    # train/history.json, written by tasks.steps.train.Progress
 
 
 def valid_name(name: str) -> bool:
@@ -215,7 +215,7 @@ def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
 def models(root: str, locations: list[str] | None = None) -> list[dict[str, Any]]:
     """Per export location (the default first) and model name: its complete versions (newest
     first) with their metrics, and the champion pointer
-    (`{location}/{model_name}/CHAMPION.json`, tasks.promote)."""
+    (`{location}/{model_name}/CHAMPION.json`, tasks.steps.promote)."""
     default = default_location(root)
     out = []
     for location in locations if locations is not None else export_locations(root):

@@ -1,13 +1,13 @@
 """Data step: read, validate and split the labelled text, write the prepared rows as shards.
 
 Inputs are CSV, TSV (tab-separated; a field may be quoted like CSV, e.g. to hold a line
-break, as BANKING77's TSV does) or JSON Lines, from any URI `tasks.storage` reads.
+break, as BANKING77's TSV does) or JSON Lines, from any URI `tasks.io.storage` reads.
 `train_uri` / `eval_uri` name one file, a prefix ending in `/`
 (every data file under it) or a glob (`*`, `?` within one path segment); several files are
 read in sorted order and concatenated. Every problem is raised as a `DataError` naming the
 file and the line as an editor shows it (the header is line 1) before any output is written.
 
-Bounded memory. Files are streamed in blocks (`tasks.chunked_reader`, BLOCK_SIZE bytes; local
+Bounded memory. Files are streamed in blocks (`tasks.io.chunked_reader`, BLOCK_SIZE bytes; local
 reads, ranged GETs on gs:// and s3://) and rows are validated as they pass; no list of rows
 is ever built. Two passes over the inputs:
 1. validate every row, count the rows of each label (the label vocabulary, the checks across
@@ -43,11 +43,12 @@ from typing import Iterator, Optional
 
 import msgspec
 
-from tasks import runlayout, storage
-from tasks.chunked_reader import BLOCK_SIZE, TextStream
+from tasks.runs import runlayout
+from tasks.io import storage
+from tasks.io.chunked_reader import BLOCK_SIZE, TextStream
 from tasks.config import RunConfig, join_uri
 from tasks.errors import DataError
-from tasks.runlayout import RunContext
+from tasks.runs.runlayout import RunContext
 
 _FORMATS_BY_EXTENSION = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
                          ".json": "jsonl", ".ndjson": "jsonl"}
@@ -581,7 +582,7 @@ def _describe(scan: _Scan) -> dict:
 
 def read_prepared_rows(shards: list[str], block_size: int = 4 << 20) -> Iterator[list]:
     """The prepared rows of a split's shards, as lists of PreparedRow, one block at a time."""
-    from tasks.chunked_reader import line_blocks
+    from tasks.io.chunked_reader import line_blocks
 
     decoder = msgspec.json.Decoder(PreparedRow)
     for uri in shards:

@@ -1,0 +1,2 @@
+"""Run bookkeeping: the run folder layout, manifests, run config/context, and the run summary
+the plugin shows."""
