@@ -7,6 +7,7 @@ configured before TensorFlow starts): `python tests/train_helpers.py RUN_DIR tra
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
@@ -196,11 +197,13 @@ def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8):
 
 
 def main(argv: list[str]) -> None:
+    from tasks.__main__ import STEPS
+
     run_dir, steps = argv[0], argv[1:]
     cfg = read_run_config(f"{run_dir}/config.json")
     ctx = RunContext(**json.loads(Path(run_dir, "context.json").read_text()))
     for step in steps:
-        module = __import__(f"tasks.{step}", fromlist=["run"])
+        module = importlib.import_module(STEPS[step])
         print(f"{step} manifest: {module.run(cfg, ctx)}", flush=True)
 
 
