@@ -191,8 +191,17 @@ class RunConfig(BaseModel):
                     "the network name. Empty: the default network.")
     tpu_runtime_version: str = Field(
         default="", title="TPU VM runtime",
-        description="Cloud TPU VM software version. Empty: tpu-vm-tf-2.20.0-pjrt, the "
-                    "TensorFlow of the TPU image's lock (-pod- variant for multi-host).")
+        description="Cloud TPU VM software version. Empty, on one host: the base runtime of "
+                    "the TPU generation (tpu-ubuntu2204-base for v4, v2-alpha-tpuv5-lite, "
+                    "v2-alpha-tpuv5, v2-alpha-tpuv6e), as the trainer image brings "
+                    "TensorFlow. A multi-host slice needs a TensorFlow -pod- runtime set "
+                    "here.")
+    tpu_external_ips: bool = Field(
+        default=True, title="TPU VM external IPs",
+        description="tpu_vm: give the TPU VM external IP addresses (gcloud's default). "
+                    "Off, where organisation policy forbids them: the VM's subnet needs "
+                    "Private Google Access (Cloud Storage, Artifact Registry) or Cloud NAT "
+                    "(other registries).")
     worker_timeout_minutes: int = Field(
         default=1440, ge=1, le=100800, title="Worker timeout (minutes)",
         description="Remote workers are stopped after this long (Job "
@@ -316,7 +325,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "worker_image", "image_registry", "accelerator_type", "tpu_topology", "machine_type",
         "worker_cpu", "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",
         "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
-        "network", "tpu_runtime_version", "worker_timeout_minutes",
+        "network", "tpu_runtime_version", "tpu_external_ips", "worker_timeout_minutes",
         "schedule_timeout_seconds"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "checkpoint_every_steps", "eval_batch_size"),

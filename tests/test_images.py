@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tasks import __version__
-from tasks.provision import images
+from tasks.provision import images, tpu_vm
 
 ROOT = Path(__file__).resolve().parent.parent
 import lock_checks as lock_checks_module  # noqa: E402
@@ -82,6 +82,31 @@ def test_the_tpu_image_installs_its_lock_without_resolving_it_again():
     assert "--no-deps" in install
     # transformers 4.57 does not know the tensorflow-tpu distribution (see the TF 2.20 test).
     assert dockerfile_env("tpu")["FORCE_TF_AVAILABLE"] == "1"
+
+
+def _base_python(kind: str) -> str:
+    return re.search(r"^FROM python:(\d+\.\d+)-slim$", dockerfile(kind), re.M).group(1)
+
+
+def test_the_gpu_image_finds_the_driver_libraries_gke_mounts():
+    """GKE's device plugin mounts the driver at /usr/local/nvidia (GoogleCloudPlatform/
+    container-engine-accelerators cmd/nvidia_gpu); a python:*-slim base puts none of it on
+    the paths."""
+    env = dockerfile_env("gpu")
+    assert "/usr/local/nvidia/lib64" in env["LD_LIBRARY_PATH"].split(":")
+    path = env["PATH"].split(":")
+    assert path[0] == "/usr/local/nvidia/bin" and "${PATH}" in path  # the base's PATH kept
+
+
+def test_the_tpu_image_sets_up_pjrt_with_the_lock_s_libtpu():
+    """NEXT_PLUGGABLE_DEVICE_USE_C_API and TF_PLUGGABLE_DEVICE_LIBRARY_PATH (Vertex AI,
+    "Training with TPU accelerators"), the latter where the libtpu wheel installs libtpu.so
+    under the base image's Python (the wheel itself: test_the_lock_s_libtpu_wheel_...)."""
+    env = dockerfile_env("tpu")
+    assert env["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "true"
+    assert env["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == (
+        f"/usr/local/lib/python{_base_python('tpu')}/site-packages/libtpu/libtpu.so")
+    assert "libtpu" in pins("tpu")
 
 
 def test_tensorflow_versions_of_the_locks():
@@ -249,7 +274,25 @@ def _tf220_env() -> dict[str, str]:
            if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PYTEST_")}
     env.update(dockerfile_env("tpu"))
     env.update(OFF_TPU_ENV)
+    # Off a TPU the PJRT plug-in has no chips to open: switched off as on a pod slice's hosts
+    # (tensorflow-tpu loads TF_PLUGGABLE_DEVICE_LIBRARY_PATH only when it is not empty).
+    env.update(tpu_vm.POD_ENV)
+    del env["TPU_LOAD_LIBRARY"]
     return env
+
+
+def test_the_lock_s_libtpu_wheel_puts_libtpu_so_where_the_image_points(tf220_python):
+    """The TPU lock installed as the image installs it: site-packages/libtpu/libtpu.so, the
+    file TF_PLUGGABLE_DEVICE_LIBRARY_PATH names, under the image's Python version."""
+    done = subprocess.run([str(tf220_python), "-c",
+                           "import sysconfig, sys; print(sysconfig.get_paths()['purelib']); "
+                           "print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+                          capture_output=True, text=True, check=True)
+    purelib, version = done.stdout.split()
+    image_path = dockerfile_env("tpu")["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"]
+    assert version == _base_python("tpu")
+    relative = image_path.removeprefix(f"/usr/local/lib/python{version}/site-packages/")
+    assert relative == "libtpu/libtpu.so" and (Path(purelib) / relative).is_file()
 
 
 def test_tpu_lock_environment_has_tensorflow_2_20_and_resolves_worker_connections(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -207,6 +208,13 @@ def test_tpu_pods_ask_gke_for_a_single_host_slice():
     (dict(accelerator_type=""), "accelerator_type", "gke-tpu-accelerator"),
     (dict(tpu_address="my-tpu"), "tpu_address", "'local'"),
     (dict(num_workers=2), "num_workers", "tpu_vm"),
+    # GKE's topology tables: 4x4 on v5e is 16 chips on 4 hosts; 2x4 is one 8-chip host.
+    (dict(tpu_topology="4x4"), "num_workers", "needs num_workers 4"),
+    (dict(tpu_topology="2x4"), "devices_per_worker", "set devices_per_worker 8"),
+    (dict(tpu_topology="2x2x1"), "tpu_topology", "2-dimensional"),
+    (dict(accelerator_type="tpu-v5p-slice", tpu_topology="2x2x2"), "num_workers",
+     "needs num_workers 2"),
+    (dict(accelerator_type="tpu-v9-slice"), "accelerator_type", "tpu-v6e-slice"),
 ])
 def test_tpu_layouts_the_backend_cannot_run_name_the_field(change, field, words):
     cfg = make_cfg(**{**CASES["tpu"], **change})
@@ -214,6 +222,114 @@ def test_tpu_layouts_the_backend_cannot_run_name_the_field(change, field, words)
         with pytest.raises(ConfigError) as err:
             KubernetesBackend().check(cfg, make_ctx(cfg), dry_run=dry_run)
         assert err.value.field == field and words in str(err.value)
+
+
+@pytest.mark.parametrize("accelerator_type,topology,hosts,chips", [
+    ("tpu-v5-lite-podslice", "1x1", 1, 1), ("tpu-v5-lite-podslice", "2x4", 1, 8),
+    ("tpu-v5-lite-podslice", "4x4", 4, 4), ("tpu-v5-lite-podslice", "16x16", 64, 4),
+    ("tpu-v6e-slice", "2x2", 1, 4), ("tpu-v6e-slice", "8x8", 16, 4),
+    ("tpu-v4-podslice", "2x2x1", 1, 4), ("tpu-v4-podslice", "2x2x4", 4, 4),
+    ("tpu-v5p-slice", "4x4x4", 16, 4),
+])
+def test_gke_tpu_topology_gives_hosts_and_chips_per_host(accelerator_type, topology, hosts,
+                                                         chips):
+    assert render.gke_tpu_hosts(accelerator_type, topology) == (hosts, chips)
+
+
+def test_single_host_tpu_slices_that_match_their_topology_render():
+    for topology, chips in (("1x1", 1), ("2x2", 4), ("2x4", 8)):
+        cfg = make_cfg(**{**CASES["tpu"], "tpu_topology": topology,
+                          "devices_per_worker": chips})
+        assert KubernetesBackend().check(cfg, make_ctx(cfg)) == []
+        pod = rendered_with(cfg)[-1]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["resources"]["limits"] == {"google.com/tpu": str(chips)}
+
+
+def rendered_with(cfg: RunConfig, step: str = "train") -> list[dict]:
+    ctx = make_ctx(cfg)
+    return KubernetesBackend().render(cfg, ctx, distributed_spec(cfg, step, ctx.run_uri))
+
+
+def _pod(objects: list[dict], role: str = "worker") -> dict:
+    job = next(o for o in objects if o["kind"] == "Job"
+               and o["metadata"]["labels"][render.ROLE] == role)
+    return job["spec"]["template"]["spec"]
+
+
+def test_multi_gpu_pods_get_a_memory_backed_dev_shm():
+    cfg, ctx, spec, objects = rendered("gpu")  # 2 GPUs per pod
+    pod = _pod(objects)
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                            "sizeLimit": "1Gi"}}]
+    assert pod["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    # One GPU (no NCCL between local GPUs), CPU pods and TPU pods keep the default.
+    one_gpu = make_cfg(**{**CASES["gpu"], "devices_per_worker": 1})
+    for objs in (rendered_with(one_gpu), rendered("mwms")[3], rendered("tpu")[3]):
+        for job in (o for o in objs if o["kind"] == "Job"):
+            assert "volumes" not in job["spec"]["template"]["spec"]
+    # The parameter_server chief and ps of a multi-GPU run are CPU pods: no /dev/shm either.
+    ps = make_cfg(**{**CASES["gpu"], "strategy": "parameter_server", "num_ps": 1})
+    objs = rendered_with(ps)
+    assert "volumes" in _pod(objs, "worker")
+    assert "volumes" not in _pod(objs, "chief") and "volumes" not in _pod(objs, "ps")
+
+
+def test_owner_references_do_not_block_owner_deletion():
+    """blockOwnerDeletion needs update on services/finalizers where the
+    OwnerReferencesPermissionEnforcement admission plugin runs (OpenShift, ...); the
+    controller deletes Background, which does not need it."""
+    cfg, ctx, spec, _ = rendered("secrets")
+    created = render.render_objects(cfg, ctx, spec, secret_values=SECRETS, owner_uid="u-1")
+    refs = [o["metadata"]["ownerReferences"] for o in created[1:]]
+    assert refs and all(r == [{"apiVersion": "v1", "kind": "Service",
+                               "name": render.service_name(ctx, "train"), "uid": "u-1"}]
+                        for r in refs)
+    assert "blockOwnerDeletion" not in json.dumps(created)
+
+
+def _backend_calls() -> dict[tuple[str, str], set[str]]:
+    """{(API group, resource): verbs} of every client call in tasks/provision/kubernetes.py,
+    from the real client's method names (create_/list_/delete_/read_namespaced_<kind>)."""
+    from kubernetes import client
+
+    source = (ROOT / "tasks" / "provision" / "kubernetes.py").read_text()
+    found: dict[tuple[str, str], set[str]] = {}
+    for api, method in set(re.findall(r"\b(core|batch)\.(\w+_namespaced_\w+)", source)):
+        owner = client.CoreV1Api if api == "core" else client.BatchV1Api
+        assert hasattr(owner, method), method  # a real client method, not a typo
+        action, kind = method.split("_namespaced_")
+        verb = {"read": "get"}.get(action, action)
+        resource = {"pod_log": "pods/log"}.get(kind, f"{kind}s")
+        found.setdefault(("" if api == "core" else "batch", resource), set()).add(verb)
+    return found
+
+
+def test_the_documented_rbac_role_is_exactly_what_the_backend_calls():
+    """docs/deployment-iam.md's Role and RoleBinding: schema-valid, and their rules grant
+    every verb the backend's code uses on each resource, and nothing else."""
+    text = (ROOT / "docs" / "deployment-iam.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    objects = [o for block in blocks for o in yaml.safe_load_all(block) if o]
+    assert kinds(objects) == ["Role", "RoleBinding"]
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    role, binding = objects
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    calls = _backend_calls()
+    assert {("", "pods/log"), ("batch", "jobs"), ("", "secrets")} <= set(calls)
+    assert granted == calls
+    # The table above the YAML lists the same verbs.
+    for (group, resource), verbs in calls.items():
+        row = re.search(rf"^\| `{re.escape(resource)}` \|[^|]*\| ([^|]*) \|", text, re.M)
+        assert row and set(row.group(1).replace(",", " ").split()) == verbs, resource
 
 
 def test_local_folders_fail_a_real_run_and_warn_a_dry_run(tmp_path):
@@ -622,7 +738,9 @@ def test_credentials_reach_pods_only_through_a_secret(cluster, tmp_path, monkeyp
         cfg, ctx, distributed_spec(cfg, step, ctx.run_uri) if step == "train"
         else single_process_spec(step, ctx.run_uri))]
     text = to_text(backend, objects)
-    assert "AIRFLOW_CONN_GCP" in text and SECRET not in text
+    assert render.connections_secret_name(ctx) in text and SECRET not in text
+    notes = backend.dry_run_notes(cfg, ctx)
+    assert len(notes) == 1 and "AIRFLOW_CONN_GCP" in notes[0] and SECRET not in notes[0]
     from tasks import provision
     from tasks.runs.runlayout import init_run
 
@@ -634,6 +752,72 @@ def test_credentials_reach_pods_only_through_a_secret(cluster, tmp_path, monkeyp
                         lambda c: KubernetesBackend(_shares_host_disk=True))
     manifest = Path(provision.run(local, local_ctx)).read_text()
     assert "multi_worker_mirrored" in manifest and SECRET not in manifest
+
+
+def test_dry_run_yaml_applies_and_its_pods_can_run(cluster, tmp_path):
+    """The dry run's YAML, created object by object with the real client's create_from_dict
+    (what `kubectl apply` sends) on the fake API server after the `kubectl create secret`
+    command the dry run prints (run by a real shell, with a kubectl stand-in that hands its
+    arguments to the real client): every pod's env references resolve, to the user's values."""
+    import stat
+
+    from kubernetes import config as k8s_config
+    from kubernetes import utils as k8s_utils
+
+    from tasks import provision
+
+    seen: dict[str, object] = {}
+
+    def script(pod: FakePod):
+        pod.schedule()
+        try:
+            seen[pod.name] = pod.environment()
+        except KeyError as err:  # a Secret the pod names does not exist
+            seen[pod.name] = err
+        pod.run()
+        pod.succeed()
+
+    kube = cluster(script)
+    cfg = make_cfg(gcp_conn_id="gcp", aws_conn_id="aws", k8s_namespace="ml")
+    ctx = make_ctx(cfg)
+    notes: list[str] = []
+    text = provision.dry_run(cfg, ctx, warn=notes.append)
+    (note,) = notes
+    command = note[note.index("kubectl create secret"):]
+    assert text.startswith(f"# {note}\n") and SECRET not in text + note
+
+    # The user's shell expands the connection variables; kubectl is a stand-in recording argv.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shim = bin_dir / "kubectl"
+    shim.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    values = {"AIRFLOW_CONN_GCP": SECRETS["AIRFLOW_CONN_GCP"],
+              "AIRFLOW_CONN_AWS": "aws://AKIA:sec%20ret@"}
+    subprocess.run(["bash", "-c", command], check=True, timeout=30,
+                   env={"PATH": f"{bin_dir}:/usr/bin:/bin", **values})
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:3] == ["create", "secret", "generic"]
+    name, namespace = argv[3], argv[argv.index("--namespace") + 1]
+    literals = dict(a.removeprefix("--from-literal=").split("=", 1) for a in argv
+                    if a.startswith("--from-literal="))
+    assert literals == values and namespace == "ml"
+    client = k8s_config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
+    k8s_utils.create_from_dict(client, {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": name, "namespace": namespace}, "stringData": literals})
+
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    assert "Secret" not in kinds(objects)  # no placeholder Secret to overwrite the user's
+    for obj in objects:
+        k8s_utils.create_from_dict(client, obj)
+    pods = sum(o["spec"]["completions"] for o in objects if o["kind"] == "Job")
+    assert pods == 7  # data, tokenize, export: 1 each; train, evaluate: 2 workers each
+    assert kube.wait_for(lambda: len(seen) == pods, timeout=30), seen
+    for pod, env in seen.items():
+        assert not isinstance(env, KeyError), f"{pod}: no Secret {env}"
+        assert {k: env[k] for k in values} == values, pod
 
 
 def test_airflow_connection_configures_the_client(cluster, tmp_path, monkeypatch):

@@ -66,14 +66,17 @@ def _no_secret(*texts: str) -> None:
 
 # --- setup ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("accelerator_type, address, runtime", [
-    ("v5litepod-8", "local", "tpu-vm-tf-2.20.0-pjrt"),
+    ("v5litepod-8", "local", "v2-alpha-tpuv5-lite"),
+    # A multi-host slice: the TensorFlow pod runtime, set explicitly (none is documented for
+    # TensorFlow 2.20).
     ("v5litepod-16", "bertflow-pod", "tpu-vm-tf-2.20.0-pod-pjrt"),
 ])
 def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type, address,
                                                      runtime):
     root = f"gs://{BUCKET}/root"
-    cfg, ctx = tpu_config(root, accelerator_type=accelerator_type, tpu_address=address), \
-        run_context(root)
+    explicit = {"tpu_runtime_version": runtime} if address != "local" else {}
+    cfg, ctx = tpu_config(root, accelerator_type=accelerator_type, tpu_address=address,
+                          **explicit), run_context(root)
     lines = []
     before = time.time()
     facts = tpu_vm.TpuVmBackend().setup(cfg, ctx, log=lines.append)
@@ -87,7 +90,7 @@ def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type,
     assert (spec["parent"], spec["nodeId"]) == (parent, rid)
     assert (node["acceleratorType"], node["runtimeVersion"]) == (accelerator_type, runtime)
     assert node["serviceAccount"]["email"] == cfg.service_account
-    assert node["networkConfig"]["network"] == "ml-net"
+    assert node["networkConfig"] == {"network": "ml-net", "enableExternalIps": True}
     labels = node["labels"]
     assert labels["managed-by"] == "bertflow" and labels["bertflow-dag"] == "bert_finetune"
     assert labels["bertflow-run"] == tpu_vm.run_hash(ctx)
@@ -200,6 +203,11 @@ def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
     ({"accelerator_type": "v4-32", "tpu_address": "local"}, "tpu_address"),
     ({"accelerator_type": "v4-32", "tpu_address": "pod-a",
       "tpu_runtime_version": "tpu-vm-tf-2.20.0-pjrt"}, "tpu_runtime_version"),
+    # No Google page lists a TensorFlow 2.20 pod runtime: a multi-host slice names its own.
+    ({"accelerator_type": "v4-32", "tpu_address": "pod-a"}, "tpu_runtime_version"),
+    ({"accelerator_type": "v4-32", "tpu_address": "pod-a",
+      "tpu_runtime_version": "tpu-ubuntu2204-base"}, "tpu_runtime_version"),
+    ({"accelerator_type": "v9x-8"}, "tpu_runtime_version"),
     ({"image_registry": ""}, "image_registry"),
 ])
 def test_check_names_the_field_to_change(overrides, field):
@@ -212,8 +220,51 @@ def test_check_names_the_field_to_change(overrides, field):
 def test_check_accepts_a_single_host_and_a_named_multi_host_slice():
     backend = tpu_vm.TpuVmBackend()
     assert backend.check(tpu_config("gs://b/root"), run_context("gs://b/root")) == []
-    pod = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a")
+    pod = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
+                     tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt")
     assert backend.check(pod, run_context("gs://b/root")) == []
+
+
+@pytest.mark.parametrize("accelerator_type, runtime", [
+    ("v4-8", "tpu-ubuntu2204-base"), ("v3-8", "tpu-ubuntu2204-base"),
+    ("v5litepod-8", "v2-alpha-tpuv5-lite"), ("v5litepod-4", "v2-alpha-tpuv5-lite"),
+    ("v5p-8", "v2-alpha-tpuv5"), ("v6e-8", "v2-alpha-tpuv6e"), ("v6e-1", "v2-alpha-tpuv6e"),
+])
+def test_default_runtime_is_the_documented_base_runtime_of_the_generation(accelerator_type,
+                                                                          runtime):
+    cfg = tpu_config("gs://b/root", accelerator_type=accelerator_type)
+    assert tpu_vm.runtime_version(cfg) == runtime
+    assert tpu_vm.TpuVmBackend().check(cfg, run_context("gs://b/root")) == []
+    # An explicit runtime wins.
+    cfg = tpu_config("gs://b/root", accelerator_type=accelerator_type,
+                     tpu_runtime_version="tpu-vm-tf-2.18.0-pjrt")
+    assert tpu_vm.runtime_version(cfg) == "tpu-vm-tf-2.18.0-pjrt"
+
+
+def test_external_ips_are_a_choice_of_the_config():
+    """Organisations that forbid external IPs turn them off (Private Google Access)."""
+    root = "gs://b/root"
+    for value in (True, False):
+        cfg = tpu_config(root, tpu_external_ips=value)
+        node = tpu_vm._to_dict(tpu_vm.queued_resource(cfg, run_context(root), PROJECT))[
+            "tpu"]["nodeSpec"][0]["node"]
+        assert node["networkConfig"].get("enableExternalIps", False) is value
+    assert tpu_config(root).tpu_external_ips is True  # gcloud's default
+
+
+def test_pod_slice_steps_load_no_local_libtpu_and_single_hosts_keep_the_image_pjrt():
+    spec = WorkerSpec(command=["python", "-m", "tasks", "train"], env={"A": "1"}, cluster={},
+                      strategy="tpu", step="train", accelerated=True)
+    single = tpu_vm.step_request(tpu_config("gs://b/root"), spec, "train-001")["env"]
+    assert "TPU_LOAD_LIBRARY" not in single and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" not in single
+    pod = tpu_vm.step_request(tpu_config("gs://b/root", accelerator_type="v4-32",
+                                         tpu_address="pod-a",
+                                         tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt"),
+                              spec, "train-001")["env"]
+    assert pod["TPU_LOAD_LIBRARY"] == "0" and pod["A"] == "1"
+    # The image's PJRT plug-in is switched off: tensorflow-tpu loads it only when non-empty.
+    assert pod["TF_PLUGGABLE_DEVICE_LIBRARY_PATH"] == ""
+    assert pod["NEXT_PLUGGABLE_DEVICE_USE_C_API"] == "false"
 
 
 def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artifact_root):
@@ -233,7 +284,7 @@ def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artif
             ] == ["train", "evaluate"]
     queued = next(o for o in objects if o.get("kind") == "tpu.googleapis.com/QueuedResource")
     node = queued["queuedResource"]["tpu"]["nodeSpec"][0]["node"]
-    assert node["runtimeVersion"] == "tpu-vm-tf-2.20.0-pjrt"
+    assert node["runtimeVersion"] == "v2-alpha-tpuv5-lite"
     assert "tpu_agent" in node["metadata"]["startup-script"]
     # data, tokenize and export run on the Airflow worker (before the VM exists / after
     # release).

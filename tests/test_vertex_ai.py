@@ -246,7 +246,8 @@ def test_mwms_pools_chief_then_workers(tmp_path):
     spec = job["jobSpec"]
     assert spec["serviceAccount"] == "sa@proj.iam.gserviceaccount.com"
     assert spec["network"] == "projects/1/global/networks/vpc"
-    assert spec["scheduling"] == {"timeout": "5400s"}
+    # MWMS workers cannot rejoin the all-reduce: a restarted worker restarts the whole job.
+    assert spec["scheduling"] == {"timeout": "5400s", "restartJobOnWorkerRestart": True}
     assert spec["baseOutputDirectory"]["outputUriPrefix"] == ctx.step_uri("train") + "/vertex"
     assert job["labels"] == {"managed-by": "bertflow", "bertflow-run": vertex_ai.run_label(ctx),
                              "bertflow-dag": "bert_finetune", "bertflow-step": "train"}
@@ -260,9 +261,34 @@ def test_parameter_server_pools_chief_workers_ps(tmp_path):
     assert [p["replicaCount"] for p in found] == ["1", "2", "1"]
     gpu = {"machineType": "g2-standard-24", "acceleratorType": "NVIDIA_L4",
            "acceleratorCount": 2}
-    assert [p["machineSpec"] for p in found] == [gpu, gpu, {"machineType": "n1-standard-8"}]
+    # The chief only coordinates (ParameterServerStrategy's ClusterCoordinator): no GPU.
+    cpu = {"machineType": "n1-standard-8"}
+    assert [p["machineSpec"] for p in found] == [cpu, gpu, cpu]
     assert found[0]["containerSpec"]["imageUri"].endswith(
         "/bertflow-trainer-gpu:" + __import__("tasks").__version__)
+    # Its workers and ps come and go (the coordinator reschedules): no whole-job restart.
+    assert "restartJobOnWorkerRestart" not in render(cfg, ctx)["jobSpec"]["scheduling"]
+
+
+def test_single_process_jobs_do_not_restart_the_job_on_worker_restart(tmp_path):
+    cfg, ctx = make(tmp_path, accelerator="gpu", accelerator_type="NVIDIA_L4",
+                    devices_per_worker=2, strategy="mirrored")
+    for step in ("train", "tokenize"):
+        assert render(cfg, ctx, step)["jobSpec"]["scheduling"] == {"timeout": "86400s"}
+
+
+def test_the_submitted_jobs_carry_the_restart_policy_and_the_cpu_chief(fake, tmp_path):
+    """Through the real client to the fake JobService: what Vertex AI receives."""
+    for overrides, restart, chief in (
+            (dict(num_workers=2), True, {"machineType": "n1-standard-8"}),
+            (dict(num_workers=2, num_ps=1, strategy="parameter_server", accelerator="gpu",
+                  accelerator_type="NVIDIA_L4"), None, {"machineType": "n1-standard-8"})):
+        cfg, ctx = make(tmp_path / str(restart), **overrides)
+        fake.requests.clear()
+        run_controller(cfg, ctx)[0].run()
+        sent = json.loads(next(b for m, p, b in fake.requests if m == "POST"))
+        assert sent["jobSpec"]["scheduling"].get("restartJobOnWorkerRestart") is restart
+        assert sent["jobSpec"]["workerPoolSpecs"][0]["machineSpec"] == chief
 
 
 def test_single_process_steps_render_one_cpu_pool(tmp_path):

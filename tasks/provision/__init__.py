@@ -56,4 +56,8 @@ def dry_run(cfg: RunConfig, ctx: RunContext, warn=print) -> str:
     objects = []
     for step in WORKER_STEPS:
         objects += backend.render(cfg, ctx, step_spec(cfg, step, ctx.run_uri))
-    return to_text(backend, objects)
+    notes = backend.dry_run_notes(cfg, ctx)
+    for note in notes:
+        warn(note)
+    header = "".join(f"# {note}\n" for note in notes) if backend.render_format == "yaml" else ""
+    return header + to_text(backend, objects)

@@ -62,6 +62,10 @@ class Backend:
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
         raise NotImplementedError
 
+    def dry_run_notes(self, cfg: RunConfig, ctx: RunContext) -> list[str]:
+        """What a user must do before applying the dry run's objects (e.g. create a Secret)."""
+        return []
+
     def setup(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
         return {}
 

@@ -7,7 +7,9 @@ One step of a run becomes:
   DNS name `<job>-<index>.<service>` (pods set `subdomain` to it) and is the owner of the
   step's other objects, so deleting it (or anything by the run's labels) removes the step;
 - a Secret `<service>-env` with the run's Airflow connections, only when there are any; pods
-  read it through `envFrom`, so no credential is ever written into a pod spec;
+  read it through `envFrom`, so no credential is ever written into a pod spec. The dry run
+  reads no credential, so it renders no Secret: its pods read `bf-<run hash>-connections`,
+  which the user creates (`connections_secret_command` prints the kubectl command);
 - one Indexed Job per TF_CONFIG role (`<service>-chief`, `-worker`, `-ps`), `completions =
   parallelism = count`. Pods carry their role and the cluster's addresses; Kubernetes adds
   `JOB_COMPLETION_INDEX` and `python -m tasks` builds TF_CONFIG from the three
@@ -18,6 +20,7 @@ Names stay short: a pod's hostname `<job>-<index>` must fit a 63-character DNS l
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from tasks.config import TOLERATION, RunConfig
@@ -53,6 +56,26 @@ TPU_RESOURCE = "google.com/tpu"
 GKE_ACCELERATOR = "cloud.google.com/gke-accelerator"
 GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
 GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+
+# GKE TPU slices by node label cloud.google.com/gke-tpu-accelerator: topology dimensions,
+# chips per VM of a multi-host slice, and the single-host topologies with their chips per VM
+# (GKE "Plan TPUs in GKE" / "TPUs in GKE" topology tables: v4 and v5p are 3D slices of 4-chip
+# VMs, ct4p-/ct5p-hightpu-4t; v5e and v6e are 2D, one VM up to 2x4 = 8 chips,
+# ct5lp-hightpu-1t/4t/8t and ct6e-standard-1t/4t/8t, and 4-chip VMs beyond).
+GKE_TPU_TYPES: dict[str, tuple[int, int, dict[str, int]]] = {
+    "tpu-v4-podslice": (3, 4, {"2x2x1": 4}),
+    "tpu-v5p-slice": (3, 4, {"2x2x1": 4}),
+    "tpu-v5-lite-podslice": (2, 4, {"1x1": 1, "2x2": 4, "2x4": 8}),
+    "tpu-v6e-slice": (2, 4, {"1x1": 1, "2x2": 4, "2x4": 8}),
+}
+
+# NCCL keeps its intra-node buffers in /dev/shm, which a container gets at 64 MB (the
+# container runtime's default), and fails to initialise without room ("failed to extend
+# /dev/shm/nccl-..."): multi-GPU pods mount a memory-backed emptyDir there, sized as NVIDIA's
+# NCCL User Guide, Troubleshooting, "Shared memory", Docker: `--shm-size=1g`. Its pages count
+# against the pod's memory limit (Kubernetes docs, Volumes: emptyDir, sizeLimit).
+SHM_VOLUME = "dshm"
+SHM_SIZE_LIMIT = "1Gi"
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -120,7 +143,7 @@ def accelerator_problems(cfg: RunConfig) -> list[tuple[str, str]]:
                                 "multi-host GKE TPU slice is not supported by the kubernetes "
                                 "backend; use provisioner tpu_vm (a multi-host TPU VM), or "
                                 "num_workers 1 (a single-host slice)")]
-    problems = []
+    problems: list[tuple[str, str]] = []
     if cfg.devices_per_worker <= 0:
         problems.append(("devices_per_worker", "the number of TPU chips per host (google.com/"
                                                "tpu), e.g. 4 for a 2x2 v5e slice; 0 is not "
@@ -134,6 +157,8 @@ def accelerator_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     if cfg.tpu_address != "local":
         problems.append(("tpu_address", f"a single-host GKE TPU slice is attached to the pod: "
                                         f"set 'local' (got {cfg.tpu_address!r})"))
+    if cfg.accelerator_type and cfg.tpu_topology:
+        problems += _tpu_shape_problems(cfg)
     return problems
 
 
@@ -160,6 +185,51 @@ def _node_selector(cfg: RunConfig, kind: str) -> dict[str, str]:
         out[GKE_TPU_TOPOLOGY] = cfg.tpu_topology
     out.update(cfg.node_selector or {})
     return out
+
+
+def gke_tpu_hosts(accelerator_type: str, topology: str) -> tuple[int, int]:
+    """(hosts, chips per host) of a GKE TPU slice, from GKE_TPU_TYPES; ConfigError naming the
+    field for a type or topology GKE does not offer."""
+    if accelerator_type not in GKE_TPU_TYPES:
+        raise ConfigError("accelerator_type", f"{accelerator_type!r} is not a GKE TPU node "
+                                              f"label; use one of {', '.join(GKE_TPU_TYPES)}")
+    dims, host_chips, single_host = GKE_TPU_TYPES[accelerator_type]
+    sizes = [int(d) for d in topology.split("x")]
+    if len(sizes) != dims or not all(sizes):
+        example = "2x2x1" if dims == 3 else "2x2"
+        raise ConfigError("tpu_topology", f"{accelerator_type} slices have {dims}-dimensional "
+                                          f"topologies such as {example}, not {topology!r}")
+    if topology in single_host:
+        return 1, single_host[topology]
+    chips = math.prod(sizes)
+    if chips % host_chips:
+        raise ConfigError("tpu_topology", f"{topology} ({chips} chips) is not a "
+                                          f"{accelerator_type} slice: multi-host slices are "
+                                          f"made of {host_chips}-chip hosts")
+    return chips // host_chips, host_chips
+
+
+def _tpu_shape_problems(cfg: RunConfig) -> list[tuple[str, str]]:
+    """The topology's hosts must be the workers and its chips per host the pod's request."""
+    try:
+        hosts, chips = gke_tpu_hosts(cfg.accelerator_type, cfg.tpu_topology)
+    except ConfigError as err:
+        return [(err.field, err.reason)]
+    singles = ", ".join(GKE_TPU_TYPES[cfg.accelerator_type][2])
+    if hosts != cfg.num_workers:
+        return [("num_workers", f"tpu_topology {cfg.tpu_topology} on {cfg.accelerator_type} is "
+                                f"{hosts * chips} chips on {hosts} hosts of {chips}: it needs "
+                                f"num_workers {hosts} (one pod per host), got "
+                                f"{cfg.num_workers}. The kubernetes backend runs single-host "
+                                f"slices only: choose a topology of one host ({singles}), or "
+                                "provisioner tpu_vm")]
+    if cfg.devices_per_worker and cfg.devices_per_worker != chips:
+        return [("devices_per_worker", f"tpu_topology {cfg.tpu_topology} on "
+                                       f"{cfg.accelerator_type} is one host with {chips} "
+                                       f"chips: the pod must request all of them "
+                                       f"(google.com/tpu {chips}); set devices_per_worker "
+                                       f"{chips}, got {cfg.devices_per_worker}")]
+    return []
 
 
 def _resources(cfg: RunConfig, kind: str) -> dict:
@@ -202,8 +272,23 @@ def _meta(name: str, cfg: RunConfig, labels: dict, owner: dict | None) -> dict:
 
 
 def owner_reference(service: str, uid: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Service", "name": service, "uid": uid,
-            "blockOwnerDeletion": True}
+    """No blockOwnerDeletion: with the OwnerReferencesPermissionEnforcement admission plugin
+    (OpenShift, among others) setting it needs update on services/finalizers, and it only
+    matters to Foreground deletion of the owner; the controller deletes Background."""
+    return {"apiVersion": "v1", "kind": "Service", "name": service, "uid": uid}
+
+
+def connections_secret_name(ctx: RunContext) -> str:
+    """The Secret a user creates for the dry run's pods (one per run, every step reads it)."""
+    return f"bf-{run_hash(ctx)}-connections"
+
+
+def connections_secret_command(cfg: RunConfig, ctx: RunContext, keys: list[str]) -> str:
+    """The kubectl command that creates the dry run's Secret: key names, values from shell
+    variables of the same names (each an Airflow connection as JSON or URI), never printed."""
+    literals = " ".join(f'--from-literal={k}="${k}"' for k in sorted(keys))
+    return (f"kubectl create secret generic {connections_secret_name(ctx)} "
+            f"--namespace {cfg.k8s_namespace} {literals}")
 
 
 def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
@@ -211,9 +296,10 @@ def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
                    owner_uid: str | None = None, base_port: int = BASE_PORT) -> list[dict]:
     """[Service, Secret?, Job per role] for `spec`, in creation order.
 
-    `secret_values` (the controller) become the Secret's data; `secret_keys` alone (the dry
-    run) render a Secret whose values say where they come from. `owner_uid` is the created
-    Service's uid; without it (dry run) no ownerReferences are written.
+    `secret_values` (the controller) become the Secret's data; with `secret_keys` alone (the
+    dry run) no Secret is rendered and pods read connections_secret_name(ctx), which the
+    user creates. `owner_uid` is the created Service's uid; without it (dry run) no
+    ownerReferences are written.
     """
     step = spec.step or "step"
     service = service_name(ctx, step)
@@ -233,19 +319,16 @@ def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
     objects = [{"apiVersion": "v1", "kind": "Service",
                 "metadata": _meta(service, cfg, dict(base), None), "spec": service_spec}]
 
-    keys = sorted(secret_values) if secret_values else sorted(secret_keys)
-    if keys:
-        if secret_values:
-            data = {k: secret_values[k] for k in keys}
-        else:  # dry run: no credential is read, so none can be printed
-            data = {k: f"(set at run time from the Airflow connection "
-                       f"{k.removeprefix('AIRFLOW_CONN_').lower()})" for k in keys}
+    env_from = []
+    if secret_values:
         objects.append({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                         "metadata": _meta(secret_name(ctx, step), cfg, dict(base), owner),
-                        "stringData": data})
+                        "stringData": {k: secret_values[k] for k in sorted(secret_values)}})
+        env_from = [{"secretRef": {"name": secret_name(ctx, step)}}]
+    elif secret_keys:  # dry run: no credential is read; the user creates the Secret
+        env_from = [{"secretRef": {"name": connections_secret_name(ctx)}}]
 
     kind = accelerator_kind(cfg, spec)
-    env_from = [{"secretRef": {"name": secret_name(ctx, step)}}] if keys else []
     roles = [(role, spec.cluster[role]) for role in ("chief", "worker", "ps")
              if spec.cluster.get(role)] or [("worker", 1)]
     first_port = {role: base_port + next(i for i, (r, _) in enumerate(spec.roles) if r == role)
@@ -271,6 +354,10 @@ def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
         if resources:
             container["resources"] = resources
         pod_spec = {"restartPolicy": "Never", "subdomain": service, "containers": [container]}
+        if role_kind == "gpu" and (cfg.devices_per_worker or 1) > 1:
+            container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+            pod_spec["volumes"] = [{"name": SHM_VOLUME, "emptyDir": {
+                "medium": "Memory", "sizeLimit": SHM_SIZE_LIMIT}}]
         if cfg.service_account:
             pod_spec["serviceAccountName"] = cfg.service_account
         if cfg.image_pull_secrets:

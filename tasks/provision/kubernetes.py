@@ -132,6 +132,15 @@ class KubernetesBackend(Backend):
         return render.render_objects(cfg, ctx, spec, secret_keys=keys,
                                      base_port=self.base_port)
 
+    def dry_run_notes(self, cfg: RunConfig, ctx: RunContext) -> list[str]:
+        keys = [credentials.env_name(c) for c in (cfg.gcp_conn_id, cfg.aws_conn_id) if c]
+        if not keys:
+            return []
+        return [f"The pods read the run's Airflow connections from Secret "
+                f"{render.connections_secret_name(ctx)}; create it before applying, each "
+                f"variable holding its connection (JSON or URI): "
+                f"{render.connections_secret_command(cfg, ctx, keys)}"]
+
     def controller(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *, log: Log,
                    secrets: dict[str, str]) -> "JobController":
         self.check(cfg, ctx)

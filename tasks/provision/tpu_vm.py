@@ -4,8 +4,11 @@ commands, the logs and the results.
 
 Lifecycle
 - `setup` (the provision step) creates a queued resource `bertflow-{run hash}` (for a
-  multi-host slice: named `tpu_address`) with one node: `accelerator_type`, the TensorFlow
-  runtime (`tpu_runtime_version`, default tpu-vm-tf-2.20.0-pjrt, -pod-pjrt for multi-host),
+  multi-host slice: named `tpu_address`) with one node: `accelerator_type`, the runtime
+  (`tpu_runtime_version`; for a single host by default the base runtime Google documents for
+  the TPU generation, since TensorFlow and libtpu come with the trainer image; a multi-host
+  slice needs the TensorFlow pod runtime set explicitly), external IPs or not
+  (`tpu_external_ips`),
   labels (managed-by=bertflow, the run's hash and DAG, an expiry time the sweep reads), a
   queueing policy that gives up after `schedule_timeout_seconds`, and a startup script that
   starts the agent (tasks/provision/tpu_agent.py) in the TPU trainer image on worker 0. It
@@ -52,13 +55,28 @@ from tasks.runs.runlayout import RunContext
 
 ENDPOINT_ENV = "BERTFLOW_TPU_ENDPOINT"
 TF_VERSION = "2.20.0"  # the TPU image's lock (tensorflow-tpu stops at 2.20)
-DEFAULT_RUNTIME = f"tpu-vm-tf-{TF_VERSION}-pjrt"
-DEFAULT_POD_RUNTIME = f"tpu-vm-tf-{TF_VERSION}-pod-pjrt"
+# Single-host runtimes by TPU generation (the accelerator type's prefix): the base images of
+# Cloud TPU's "TPU software versions" page (cloud.google.com/tpu/docs/runtimes: v6e
+# v2-alpha-tpuv6e, v5p v2-alpha-tpuv5, v5e v2-alpha-tpuv5-lite, v4 and older
+# tpu-ubuntu2204-base), which "Run TPU workloads in a Docker container" starts from: the
+# container brings the framework. The page's TensorFlow runtimes (tpu-vm-tf-x.y.z[-pod]
+# [-pjrt]) stop before 2.20, the TPU image's TensorFlow.
+BASE_RUNTIMES = {"v2": "tpu-ubuntu2204-base", "v3": "tpu-ubuntu2204-base",
+                 "v4": "tpu-ubuntu2204-base", "v5litepod": "v2-alpha-tpuv5-lite",
+                 "v5e": "v2-alpha-tpuv5-lite", "v5p": "v2-alpha-tpuv5",
+                 "v6e": "v2-alpha-tpuv6e"}
+POD_RUNTIME_EXAMPLE = f"tpu-vm-tf-{TF_VERSION}-pod-pjrt"
+# Multi-host TensorFlow (GoogleCloudPlatform/ml-auto-solutions, dags/solutions_team/configs/
+# tensorflow/common.py, export_env_variables): a pod run sets TPU_LOAD_LIBRARY=0 (the slice's
+# hosts serve the chips) and not the PJRT plug-in the image sets for single hosts;
+# tensorflow-tpu 2.20 loads TF_PLUGGABLE_DEVICE_LIBRARY_PATH only when it is not empty.
+POD_ENV = {"TPU_LOAD_LIBRARY": "0", "NEXT_PLUGGABLE_DEVICE_USE_C_API": "false",
+           "TF_PLUGGABLE_DEVICE_LIBRARY_PATH": ""}
 HOST_CHIPS = 8  # the number in an accelerator type up to which a slice is one host
 MANAGED_BY = "bertflow"
 LABEL_RUN, LABEL_DAG, LABEL_EXPIRES = "bertflow-run", "bertflow-dag", "bertflow-expires"
 TAIL_LINES = 30
-_ACCELERATOR = re.compile(r"^v\d+[a-z]*-(\d+)$")  # v4-8, v5p-16, v5litepod-8, v6e-16
+_ACCELERATOR = re.compile(r"^(v\d+[a-z]*)-(\d+)$")  # v4-8, v5p-16, v5litepod-8, v6e-16
 _TPU_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,47}[a-z0-9])?$")
 _STATE_HINTS = {
     "quota": "request more TPU quota for {type} in {zone}, or pick another tpu_zone or a "
@@ -74,13 +92,26 @@ def is_multi_host(accelerator_type: str) -> bool:
     if not match:
         raise ConfigError("accelerator_type", f"{accelerator_type!r} is not a Cloud TPU type "
                                               "such as v4-8, v5litepod-8 or v6e-16")
-    return int(match.group(1)) > HOST_CHIPS
+    return int(match.group(2)) > HOST_CHIPS
 
 
 def runtime_version(cfg: RunConfig) -> str:
+    """tpu_runtime_version, else the base runtime of a single host's TPU generation."""
     if cfg.tpu_runtime_version:
         return cfg.tpu_runtime_version
-    return DEFAULT_POD_RUNTIME if is_multi_host(cfg.accelerator_type) else DEFAULT_RUNTIME
+    if is_multi_host(cfg.accelerator_type):
+        raise ConfigError("tpu_runtime_version", (
+            f"{cfg.accelerator_type} spans several hosts: TensorFlow on a multi-host slice "
+            f"needs the TensorFlow pod runtime of the image's TensorFlow {TF_VERSION} (named "
+            f"like {POD_RUNTIME_EXAMPLE}), which Google's \"TPU software versions\" page does "
+            f"not list; set tpu_runtime_version to a -pod- runtime that `gcloud compute tpus "
+            f"versions list --zone {cfg.tpu_zone or 'ZONE'}` shows"))
+    generation = _ACCELERATOR.match(cfg.accelerator_type).group(1)
+    if generation not in BASE_RUNTIMES:
+        raise ConfigError("tpu_runtime_version", (
+            f"no default runtime for TPU generation {generation}: set tpu_runtime_version "
+            f"(known generations: {', '.join(BASE_RUNTIMES)})"))
+    return BASE_RUNTIMES[generation]
 
 
 def run_hash(ctx: RunContext) -> str:
@@ -143,9 +174,10 @@ def queued_resource(cfg: RunConfig, ctx: RunContext, project: str, now: float | 
         accelerator_type=cfg.accelerator_type, runtime_version=runtime_version(cfg),
         description=f"bertflow run {ctx.run_uri}", labels=labels(cfg, ctx, now),
         metadata={"startup-script": startup_script(cfg, ctx)},
-        # External IPs, as gcloud's default, so the VM can pull the image; with a network
-        # that has Private Google Access and an Artifact Registry image they are not needed.
-        network_config=tpu_v2.NetworkConfig(network=cfg.network, enable_external_ips=True))
+        # NetworkConfig.enable_external_ips (Cloud TPU API): "If set to false, the specified
+        # subnetwork or network should have Private Google Access enabled" (tpu_external_ips).
+        network_config=tpu_v2.NetworkConfig(network=cfg.network,
+                                             enable_external_ips=cfg.tpu_external_ips))
     if cfg.service_account:
         node.service_account = tpu_v2.ServiceAccount(
             email=cfg.service_account, scope=["https://www.googleapis.com/auth/cloud-platform"])
@@ -245,13 +277,13 @@ class TpuVmBackend(Backend):
                                              "(lowercase letters, digits, -; e.g. "
                                              "bertflow-sst2); the worker on host 0 connects "
                                              "to the slice by that name")
-        version = cfg.tpu_runtime_version
-        if version.startswith("tpu-vm-tf-") and ("-pod" in version) != multi:
+        version = runtime_version(cfg)
+        if (version.startswith("tpu-vm-tf-") or multi) and ("-pod" in version) != multi:
             raise ConfigError("tpu_runtime_version", (
                 f"{cfg.accelerator_type} is multi-host and needs a -pod- runtime such as "
-                f"{DEFAULT_POD_RUNTIME}") if multi else (
-                f"{version} is for multi-host slices; use {DEFAULT_RUNTIME} for "
-                f"{cfg.accelerator_type}"))
+                f"{POD_RUNTIME_EXAMPLE}") if multi else (
+                f"{version} is for multi-host slices; leave tpu_runtime_version empty for "
+                f"{cfg.accelerator_type} (the base runtime of its generation)"))
         if not (cfg.worker_image or cfg.image_registry):
             reason = ("the TPU VM pulls the trainer image from a registry: set image_registry "
                       "(or worker_image)")
@@ -474,6 +506,8 @@ def step_request(cfg: RunConfig, spec: WorkerSpec, request_id: str) -> dict:
     gets that connection without a key, so its storage uses the VM's service account."""
     env = {**spec.env, **credentials.keyless_google_env(
         cfg.gcp_conn_id, cfg.tpu_project or cfg.gcp_project)}
+    if is_multi_host(cfg.accelerator_type):
+        env.update(POD_ENV)
     return {"id": request_id, "step": spec.step, "command": list(spec.command), "env": env,
             "timeout_seconds": cfg.worker_timeout_minutes * 60}
 

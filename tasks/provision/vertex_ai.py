@@ -12,8 +12,11 @@ Vertex AI writes each replica's TF_CONFIG itself (pool 0 is the task type "chief
 "worker", pool 2 "ps"), and `python -m tasks` takes it as it is (tasks/provision/launcher.py).
 MultiWorkerMirroredStrategy accepts a chief task: it joins the all-reduce as task 0 and is
 the writer (tasks/training/strategy.is_chief). Every replica runs the spec's command in the worker
-image; train/evaluate pools 0-1 get the configured accelerators, ps pools and the other
-steps a CPU machine.
+image; train/evaluate pools 0-1 get the configured accelerators, ps pools, the
+parameter_server chief (a coordinator that computes nothing) and the other steps a CPU
+machine. A MultiWorkerMirrored job sets `scheduling.restart_job_on_worker_restart`: a worker
+Vertex AI restarts cannot rejoin the collective, so the whole job restarts (from the latest
+checkpoint) instead of hanging.
 
 Credentials and secrets: the workers run as the job's service account (`service_account`),
 so the run's Airflow connections (`secrets`) are not passed to Vertex AI. When `gcp_conn_id`
@@ -178,6 +181,11 @@ def pool_replicas(spec: WorkerSpec) -> list[int]:
     return counts
 
 
+def pool_computes(spec: WorkerSpec, role: str) -> bool:
+    """ps tasks and the parameter_server chief (it only coordinates) need no accelerator."""
+    return not (role == "ps" or (role == "chief" and spec.strategy == "parameter_server"))
+
+
 def run_label(ctx: RunContext) -> str:
     return run_hash(ctx.run_uri, 16)
 
@@ -205,14 +213,20 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
     container = {"image_uri": worker_image(cfg), "command": list(spec.command), "env": env}
     pools = []
     for i, replicas in enumerate(pool_replicas(spec)):
-        accelerated = spec.accelerated and POOL_ROLES[i] != "ps"
+        accelerated = spec.accelerated and pool_computes(spec, POOL_ROLES[i])
         pools.append({"machine_spec": machine_spec(cfg, accelerated),
                       "replica_count": replicas, "container_spec": container}
                      if replicas else {})  # an empty pool keeps the later ones in place
     step = spec.step or "worker"
+    scheduling = {"timeout": dt.timedelta(minutes=cfg.worker_timeout_minutes)}
+    if spec.strategy == "multi_worker_mirrored" and len(spec.roles) > 1:
+        # Scheduling.restart_job_on_worker_restart (Vertex AI API reference, CustomJobSpec
+        # Scheduling): "Restarts the entire CustomJob if a worker gets restarted ... for
+        # distributed training jobs that are not resilient to workers leaving and joining".
+        scheduling["restart_job_on_worker_restart"] = True
     job_spec = {
         "worker_pool_specs": pools,
-        "scheduling": {"timeout": dt.timedelta(minutes=cfg.worker_timeout_minutes)},
+        "scheduling": scheduling,
         "base_output_directory": {"output_uri_prefix": join_uri(ctx.step_uri(step), "vertex")},
     }
     if cfg.service_account:
