@@ -78,6 +78,7 @@ class WorkerStepOperator(BaseOperator):
         from tasks.io import credentials, storage
         from tasks import provision
         from tasks.errors import WorkerError
+        from tasks.provision import attempts
 
         cfg, ctx = load_run(self.run_uri)
         if self.distributed:
@@ -91,8 +92,11 @@ class WorkerStepOperator(BaseOperator):
                       spec.cluster or "single")
         # Workers cannot reach Airflow's connections; the backend hands them over without
         # writing them into any spec, object or log.
-        self._controller = provision.backend_for(cfg).controller(
-            cfg, ctx, spec, log=self.log.info, secrets=credentials.worker_env(cfg))
+        # Preempted or lost workers are provisioned again inside this try, up to
+        # max_preemptions (tasks/provision/attempts.py): Airflow's retries stay for failures.
+        self._controller = attempts.run_step(
+            provision.backend_for(cfg), cfg, ctx, spec, log=self.log.info,
+            secrets=credentials.worker_env(cfg))
         self._controller.run()
         manifest_uri = ctx.manifest_uri(self.step)
         if not storage.exists(manifest_uri):

@@ -33,6 +33,7 @@ Strategy = Literal[
 ]
 Accelerator = Literal["auto", "cpu", "gpu", "tpu"]
 Provisioner = Literal["local", "kubernetes", "vertex_ai", "tpu_vm"]
+Capacity = Literal["on_demand", "spot", "flex_start", "reservation"]
 # A Kubernetes toleration written as key=value:Effect or key:Effect.
 TOLERATION = re.compile(r"^([A-Za-z0-9./_-]+)(?:=([A-Za-z0-9._-]*))?:"
                         r"(NoSchedule|PreferNoSchedule|NoExecute)$")
@@ -211,6 +212,32 @@ class RunConfig(BaseModel):
         description="How long remote workers may wait for a machine (unschedulable pods, "
                     "a queued TPU) before the step fails with the platform's reason.")
 
+    # --- capacity: spot, flex-start, reservations (docs/spot.md) -------------------------------
+    capacity: Capacity = Field(
+        default="on_demand", title="Capacity",
+        description="Machines the remote workers run on. on_demand: the default. spot: spot "
+                    "VMs (60-90% cheaper; taken back at short notice: the step re-provisions "
+                    "up to max_preemptions times and resumes from its checkpoint). "
+                    "flex_start: vertex_ai's Dynamic Workload Scheduler (waits up to "
+                    "schedule_timeout_seconds). reservation: the reservation named in "
+                    "reservation.")
+    reservation: str = Field(
+        default="", title="Reservation",
+        description="With capacity reservation. kubernetes (GKE): the reservation's name. "
+                    "vertex_ai: projects/P/zones/Z/reservations/NAME. tpu_vm: a name in "
+                    "tpu_zone, or projects/P/locations/Z/reservations/NAME.")
+    k8s_platform: Literal["gke", "eks", "karpenter"] = Field(
+        default="gke", title="Kubernetes node labels",
+        description="Whose node labels select spot or reserved nodes (kubernetes): gke "
+                    "(cloud.google.com/gke-spot), eks managed node groups "
+                    "(eks.amazonaws.com/capacityType) or karpenter (karpenter.sh/"
+                    "capacity-type).")
+    max_preemptions: int = Field(
+        default=5, ge=0, le=100, title="Re-provisions after preemption",
+        description="How often a step's workers are provisioned again after a preemption or "
+                    "a lost machine, without failing the Airflow task (Airflow's retries are "
+                    "kept for real failures). 5, as Vertex AI restarts a worker in place.")
+
     # --- training ----------------------------------------------------------------------------
     training_loop: Literal["fit", "custom"] = Field(
         default="fit", title="Training loop",
@@ -326,7 +353,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "worker_cpu", "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",
         "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
         "network", "tpu_runtime_version", "tpu_external_ips", "worker_timeout_minutes",
-        "schedule_timeout_seconds"),
+        "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
+        "max_preemptions"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "checkpoint_every_steps", "eval_batch_size"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id"),
@@ -373,6 +401,7 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     except ValidationError as err:
         raise _error_from_validation(err) from None
     uri_templates.check(cleaned)  # unknown date placeholders name their field
+    check_capacity(cfg)
     if cfg.provisioner == "tpu_vm" and cfg.accelerator not in ("auto", "tpu"):
         raise ConfigError("accelerator", f"provisioner tpu_vm runs on TPUs; set accelerator "
                                          f"to tpu or auto, not {cfg.accelerator}")
@@ -380,6 +409,18 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     strategy = resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
     check_training_loop(cfg, strategy)
     return cfg
+
+
+def check_capacity(cfg: "RunConfig") -> None:
+    """capacity and reservation go together; which backend takes which is checked in
+    tasks/provision/capacity.py."""
+    if cfg.capacity == "reservation" and not cfg.reservation:
+        raise ConfigError("reservation", "capacity reservation needs the reservation's name; "
+                                         "set reservation, or another capacity")
+    if cfg.reservation and cfg.capacity != "reservation":
+        raise ConfigError("capacity", f"reservation {cfg.reservation!r} is set but capacity "
+                                      f"is {cfg.capacity}; set capacity to reservation, or "
+                                      "clear reservation")
 
 
 def check_training_loop(cfg: RunConfig, strategy: str) -> None:

@@ -35,3 +35,6 @@ class StorageError(BertflowError):
 
 class WorkerError(BertflowError):
     """A training/evaluation worker process failed."""
+
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: a worker saved at a step boundary after a preemption notice

@@ -8,6 +8,7 @@ with `backend_for(cfg).controller(...)`; `dry_run` prints what the backend would
 from __future__ import annotations
 
 from tasks.config import RunConfig
+from tasks.provision import capacity
 from tasks.provision.backends import Backend, backend_for, to_text
 from tasks.provision.local import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.local_backend import pid_record_uri
@@ -31,6 +32,7 @@ def step_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
     backend = backend_for(cfg)
+    capacity.check(cfg)
     backend.check(cfg, ctx)
     specs = {step: distributed_spec(cfg, step, ctx.run_uri) for step in DISTRIBUTED_STEPS}
     first = specs[DISTRIBUTED_STEPS[0]]
@@ -51,6 +53,7 @@ def dry_run(cfg: RunConfig, ctx: RunContext, warn=print) -> str:
     (Kubernetes YAML for `kubectl apply -f`, JSON for Vertex AI and TPU VMs). Touches no
     cloud and writes nothing."""
     backend = backend_for(cfg)
+    capacity.check(cfg)
     for message in backend.check(cfg, ctx, dry_run=True):
         warn(message)
     objects = []

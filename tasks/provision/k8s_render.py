@@ -25,6 +25,7 @@ import re
 
 from tasks.config import TOLERATION, RunConfig
 from tasks.errors import ConfigError
+from tasks.provision import capacity
 from tasks.provision.images import default_image, image_kind
 from tasks.provision.launcher import CLUSTER_ENV, ROLE_ENV
 from tasks.provision.spec import WorkerSpec
@@ -168,6 +169,7 @@ def _tolerations(cfg: RunConfig, kind: str) -> list[dict]:
         out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     elif kind == "tpu":
         out.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    out += capacity.k8s_tolerations(cfg)
     for entry in cfg.tolerations or ():
         key, value, effect = TOLERATION.match(entry).groups()
         out.append({"key": key, "operator": "Equal", "value": value, "effect": effect}
@@ -183,6 +185,7 @@ def _node_selector(cfg: RunConfig, kind: str) -> dict[str, str]:
     elif kind == "tpu":
         out[GKE_TPU_ACCELERATOR] = cfg.accelerator_type
         out[GKE_TPU_TOPOLOGY] = cfg.tpu_topology
+    out.update(capacity.k8s_node_selector(cfg))
     out.update(cfg.node_selector or {})
     return out
 

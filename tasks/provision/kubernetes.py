@@ -25,6 +25,7 @@ from tasks.io import credentials
 from tasks.config import RunConfig
 from tasks.errors import WorkerError
 from tasks.provision import k8s_render as render
+from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote
 from tasks.provision.local import TAIL_LINES
 from tasks.provision.spec import WorkerSpec
@@ -386,6 +387,7 @@ class JobController:
         self.finished = threading.Event()
         self._lock = threading.RLock()
         self._logs: dict[str, _PodLog] = {}
+        self.running_at: float | None = None  # every pod running (attempts.py)
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -522,8 +524,12 @@ class JobController:
             gone = [k for k in missing if k in seen]
             if gone:
                 role, index = gone[0]
-                raise WorkerError(f"{role}:{index} pod disappeared before the step finished "
-                                  f"(deleted outside bertflow, or its Job was removed)")
+                raise WorkerLost(f"{role}:{index} pod disappeared before the step finished "
+                                 f"(its node was removed, or it was deleted outside "
+                                 f"bertflow, or its Job was removed)")
+            if self.running_at is None and not missing and all(
+                    _phase(pods[k]) in ("Running", "Succeeded") for k in expected):
+                self.running_at = time.time()  # every pod runs: the attempt's running_at
             if missing and time.monotonic() > schedule_deadline:
                 self._job_failure()
                 role, index = missing[0]
@@ -571,8 +577,9 @@ class JobController:
             stream.thread.join(timeout=5)  # the last lines (the error) first
             tail = list(stream.tail)
         last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
-        raise WorkerError(f"{task} (pod {pod.metadata.name}) failed: {reason}; last line: "
-                          f"{last}\n--- last output of {task} ---\n" + "\n".join(tail))
+        raise _failure_class(pod)(f"{task} (pod {pod.metadata.name}) failed: {reason}; last "
+                                  f"line: {last}\n--- last output of {task} ---\n" +
+                                  "\n".join(tail))
 
 
 # --- pod status -------------------------------------------------------------------------
@@ -611,6 +618,29 @@ def _failure(pod) -> str | None:
             text += ": out of memory; raise worker_memory or lower per_replica_batch_size"
         parts.append(text)
     return "; ".join(parts) or "failed"
+
+
+# Pod status reasons of a pod its node took away: Evicted (node pressure), and graceful node
+# shutdown's Terminated / NodeShutdown (Kubernetes "Node Shutdowns"; GKE spot reclaims).
+LOST_REASONS = ("Evicted", "Terminated", "NodeShutdown", "Shutdown")
+
+
+def _phase(pod) -> str | None:
+    return pod.status.phase if pod.status else None
+
+
+def _failure_class(pod) -> type[WorkerError]:
+    """Exit code 75: preempted and saved. A disruption (DisruptionTarget condition, node
+    shutdown, eviction) without it: lost. Anything else: a failure."""
+    container = _container_status(pod)
+    terminated = container.state.terminated if container and container.state else None
+    if terminated is not None and outcome_of_exit(terminated.exit_code) is not WorkerError:
+        return outcome_of_exit(terminated.exit_code)
+    disruption = _condition(pod, "DisruptionTarget")
+    if (disruption is not None and disruption.status == "True") or \
+            (pod.status is not None and pod.status.reason in LOST_REASONS):
+        return WorkerLost
+    return WorkerError
 
 
 def _unschedulable(pod) -> str | None:

@@ -25,6 +25,7 @@ from typing import Callable
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT
 from tasks.errors import WorkerError
+from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.spec import WorkerSpec, run_hash
 
 TAIL_LINES = 30
@@ -103,6 +104,7 @@ class LocalCluster:
         # run in a signal handler (Airflow's on_kill on SIGTERM) on the thread holding it.
         self._lock = threading.RLock()
         self._stopped = threading.Event()
+        self.running_at: float | None = None
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -153,6 +155,7 @@ class LocalCluster:
                 proc.reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
                 proc.reader.start()
                 self._procs.append(proc)
+        self.running_at = time.time()  # all started: the attempt's running_at (attempts.py)
         self._record()
 
     def _env(self, role: str, index: int, addresses: dict[str, list[str]]) -> dict[str, str]:
@@ -212,8 +215,8 @@ class LocalCluster:
         if self.spec.cluster and any(marker in text for marker in _PORT_TAKEN):
             raise _PortTaken(f"{proc.name}: {proc.tail[-1] if proc.tail else code}")
         last = next((ln for ln in reversed(proc.tail) if ln.strip()), "(no output)")
-        raise WorkerError(f"{proc.name} exited with code {code}: {last}\n--- last output of "
-                          f"{proc.name} ---\n{text}")
+        raise _exit_error(code)(f"{proc.name} exited with code {code}: {last}\n--- last "
+                                f"output of {proc.name} ---\n{text}")
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -248,6 +251,11 @@ class LocalCluster:
         storage.write_json(self.record_uri, {"pids": [
             {"pid": p.popen.pid, "role": p.role, "index": p.index,
              "start_ticks": process_start_ticks(p.popen.pid)} for p in self._procs]})
+
+
+def _exit_error(code: int) -> type[WorkerError]:
+    """75: preempted and saved; killed by SIGKILL (no notice): lost; else a failure."""
+    return WorkerLost if code == -signal.SIGKILL else outcome_of_exit(code)
 
 
 def _signal_group(pgid: int, sig: int) -> None:

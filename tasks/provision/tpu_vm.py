@@ -44,9 +44,10 @@ import time
 from typing import Any
 
 from tasks.io import credentials, storage
-from tasks.provision import images
+from tasks.provision import capacity, images
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
+from tasks.provision.attempts import outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.local_backend import LocalBackend
 from tasks.provision.spec import WorkerSpec
@@ -185,6 +186,12 @@ def queued_resource(cfg: RunConfig, ctx: RunContext, project: str, now: float | 
         tpu_v2.QueuedResource.Tpu.NodeSpec(parent=parent, node_id=resource_id(cfg, ctx),
                                            node=node)]))
     resource.queueing_policy.valid_until_duration = {"seconds": int(cfg.schedule_timeout_seconds)}
+    # QueuedResource tier (tpu_v2): `spot` is the Spot tier; a reservation is named by
+    # reservation_name; on_demand leaves both unset (the API's default tier).
+    if cfg.capacity == "spot":
+        resource.spot = tpu_v2.QueuedResource.Spot()
+    elif cfg.capacity == "reservation":
+        resource.reservation_name = capacity.tpu_reservation_name(cfg, project)
     return resource
 
 
@@ -531,6 +538,7 @@ class TpuStepController:
         self._stopped = threading.Event()
         self._seen: set[str] = set()
         self._tail: list[str] = []
+        self.running_at: float | None = None
 
     def _uri(self, *parts: str) -> str:
         return agent_uri(self.ctx, *parts)
@@ -566,6 +574,8 @@ class TpuStepController:
             if agent is not None and agent != heartbeat:
                 heartbeat, heartbeat_seen = agent, time.monotonic()
                 picked_up = picked_up or agent.get("running") == self.request_id
+                if picked_up and self.running_at is None:
+                    self.running_at = time.time()  # the step started on the VM (attempts.py)
             now = time.monotonic()
             if not picked_up and now - started > pickup:
                 raise WorkerError(
@@ -622,5 +632,7 @@ class TpuStepController:
         last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
         why = " (cancelled)" if status.get("cancelled") else (
             " (timed out)" if status.get("timed_out") else "")
-        raise WorkerError(f"tpu:0 exited with code {code}{why}: {last}\n--- last output of "
-                          f"tpu:0 ---\n" + "\n".join(tail))
+        # 75: preempted and saved (a maintenance event on a live VM); attempts.py runs the
+        # step again on the same VM. A VM that is gone is not re-created here (docs/spot.md).
+        raise outcome_of_exit(code)(f"tpu:0 exited with code {code}{why}: {last}\n--- last "
+                                    f"output of tpu:0 ---\n" + "\n".join(tail))

@@ -48,6 +48,7 @@ import urllib.parse
 from tasks.io import credentials, storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import ConfigError, WorkerError
+from tasks.provision import capacity
 from tasks.provision.images import default_image, image_kind
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.spec import WorkerSpec, run_hash
@@ -214,7 +215,7 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
     pools = []
     for i, replicas in enumerate(pool_replicas(spec)):
         accelerated = spec.accelerated and pool_computes(spec, POOL_ROLES[i])
-        pools.append({"machine_spec": machine_spec(cfg, accelerated),
+        pools.append({"machine_spec": _with_reservation(cfg, machine_spec(cfg, accelerated)),
                       "replica_count": replicas, "container_spec": container}
                      if replicas else {})  # an empty pool keeps the later ones in place
     step = spec.step or "worker"
@@ -224,6 +225,7 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
         # Scheduling): "Restarts the entire CustomJob if a worker gets restarted ... for
         # distributed training jobs that are not resilient to workers leaving and joining".
         scheduling["restart_job_on_worker_restart"] = True
+    scheduling.update(capacity.vertex_scheduling(cfg))  # spot / flex-start (docs/spot.md)
     job_spec = {
         "worker_pool_specs": pools,
         "scheduling": scheduling,
@@ -235,6 +237,13 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
         job_spec["network"] = cfg.network
     return {"display_name": f"bertflow-{ctx.dag_id}-{ctx.run_key}-{step}"[:128],
             "labels": labels(ctx, step), "job_spec": job_spec}
+
+
+def _with_reservation(cfg: RunConfig, spec: dict) -> dict:
+    """MachineSpec.reservation_affinity for capacity reservation (every pool: the reservation
+    must hold each pool's machine type)."""
+    affinity = capacity.vertex_reservation_affinity(cfg)
+    return {**spec, "reservation_affinity": affinity} if affinity else spec
 
 
 def custom_job(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, project: str = ""):
@@ -346,6 +355,7 @@ class VertexJobController:
         self._client = None
         self._stopped = threading.Event()
         self._lock = threading.Lock()
+        self.running_at: float | None = None
 
     def run(self) -> None:
         from google.api_core import exceptions
@@ -390,6 +400,8 @@ class VertexJobController:
             if self._stopped.is_set():
                 _cancel(client, self.name)
                 raise WorkerError(f"stopped: Vertex AI job {self.name} cancelled")
+            if state == "JOB_STATE_RUNNING" and self.running_at is None:
+                self.running_at = time.time()  # every replica provisioned (attempts.py)
             if state == "JOB_STATE_SUCCEEDED":
                 return state
             if state == "JOB_STATE_FAILED":
