@@ -109,6 +109,7 @@ class FakePod:
         self.name = name
         self.deleted = threading.Event()
         self._on_delete: list[Callable[[], None]] = []
+        self._on_terminate: list[Callable[[float], None]] = []
         obj = fake.get("pods", namespace, name)
         labels = obj["metadata"]["labels"]
         self.role = labels.get("bertflow.dev/role", "")
@@ -166,6 +167,14 @@ class FakePod:
             {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
              "message": "Preempted in order to admit critical pod"}],
             state={"terminated": {"exitCode": 137, "reason": "Error"}})
+
+    def on_terminate(self, callback: Callable[[float], None]) -> None:
+        """The kubelet's graceful stop of the container (SIGTERM, grace, SIGKILL)."""
+        self._on_terminate.append(callback)
+
+    def terminate(self, grace_seconds: float) -> None:
+        for callback in self._on_terminate:
+            callback(grace_seconds)
 
     def wait_deleted(self, timeout: float = 30) -> bool:
         return self.deleted.wait(timeout)
@@ -442,6 +451,36 @@ class FakeKube:
             self.store[("jobs", namespace, name)]["status"]["conditions"] = [
                 {"type": kind, "status": "True", "reason": reason or kind}]
 
+    # --- disruptions --------------------------------------------------------------------
+    def delete_pod_gracefully(self, name: str, namespace: str = "default",
+                              grace_seconds: float = 30.0, linger_seconds: float = 1.0) -> None:
+        """`kubectl delete pod --grace-period`, or graceful node shutdown of a spot node: the
+        pod gets a deletionTimestamp, the kubelet sends SIGTERM, waits the grace period, then
+        SIGKILL; the ended pod stays readable for `linger_seconds` (the Job controller's
+        tracking finalizer) with its exit code, then goes. Returns at once."""
+        pod = self.pods[name]
+
+        def mark(obj):
+            obj["metadata"]["deletionTimestamp"] = _now()
+            obj["metadata"]["deletionGracePeriodSeconds"] = int(grace_seconds)
+        self._change_pod(namespace, name, mark)
+
+        def kubelet():
+            pod.terminate(grace_seconds)
+            self.wait_for(lambda: (self.get("pods", namespace, name) or {}).get(
+                "status", {}).get("phase") in ("Succeeded", "Failed", None), timeout=5)
+            time.sleep(linger_seconds)
+            with contextlib.suppress(LookupError):
+                self._delete("pods", namespace, name, "Background")
+        threading.Thread(target=kubelet, daemon=True).start()
+
+    def remove_node(self, pod_names: list[str], namespace: str = "default") -> None:
+        """A node taken away (deleted, or a spot VM reclaimed without graceful shutdown): its
+        pods' processes are killed and the pods vanish at once (pod garbage collection)."""
+        for name in pod_names:
+            with contextlib.suppress(LookupError):
+                self._delete("pods", namespace, name, "Background")
+
     def _delete_request(self, plural, namespace, name, query, body) -> None:
         policy = (body or {}).get("propagationPolicy") or query.get("propagationPolicy")
         with self.cond:
@@ -590,6 +629,7 @@ class ProcessKubelet:
         with self._lock:
             self._procs.append(proc)
         pod.on_delete(lambda: _kill_group(proc))
+        pod.on_terminate(lambda grace: _stop_group(proc, grace))
         pod.run()
         for line in proc.stdout:
             pod.log(line.rstrip("\n"))
@@ -624,3 +664,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _stop_group(proc: subprocess.Popen, grace_seconds: float) -> None:
+    """What a kubelet does to a container it stops: SIGTERM, the grace period, SIGKILL."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        proc.wait()

@@ -424,3 +424,23 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_step_exiting_75_on_the_vm_runs_again_on_the_same_vm(agent, fake_tpu):
+    """A maintenance event on a live TPU VM: the step (a stand-in that exits 75, the
+    contract's "preempted, saved" code, on its first attempt) is run again by the attempt loop
+    on the same VM, within one Airflow try; attempts.json records both attempts."""
+    from tasks.provision import attempts
+
+    ctx, _ = agent
+    cfg = tpu_config(ctx.artifact_root)
+    code = ("import os, sys; n = os.environ['BERTFLOW_ATTEMPT']; print('attempt', n); "
+            "sys.exit(75 if n == '1' else 0)")
+    log: list[str] = []
+    loop = attempts.AttemptLoop(lambda spec: _controller(cfg, ctx, spec, log.append), cfg,
+                                ctx, _spec("train", code), log.append)
+    loop.run()
+    assert "[tpu:0] attempt 1" in log and "[tpu:0] attempt 2" in log
+    records = attempts.read_attempts(ctx, "train")
+    assert [r["outcome"] for r in records] == ["preempted", "success"]
+    assert all(r["running_at"] is not None for r in records)
