@@ -463,3 +463,47 @@ def test_the_dag_operator_rides_out_a_preemption_within_one_try(tmp_path):
     assert op.execute(context={}) == ctx.manifest_uri("train")
     assert [r["outcome"] for r in attempts.read_attempts(ctx, "train")] == ["preempted",
                                                                             "success"]
+
+
+# --- Kubernetes fake, scripted pods: how the controller reads a pod's end -------------------
+@pytest.mark.parametrize("end, outcome", [
+    (lambda pod: pod.fail(exit_code=PREEMPTED_EXIT_CODE), "preempted"),
+    (lambda pod: pod.preempt(), "lost"),  # DisruptionTarget, exit 137: no save
+    (lambda pod: pod.evict(), "lost"),
+    (lambda pod: pod.fail(exit_code=1), "failed"),
+])
+def test_kubernetes_pod_endings_are_told_apart(tmp_path, monkeypatch, end, outcome):
+    """Scripted pods (no processes): worker 1's first-attempt pod ends as given; later pods
+    succeed. Only a real failure fails the step."""
+    from fake_kubernetes import ScriptedKubelet
+
+    def script(pod):
+        pod.schedule()
+        pod.run()
+        attempt = pod.environment()["BERTFLOW_ATTEMPT"]
+        time.sleep(0.3)
+        if attempt == "1" and pod.index == 1:
+            return end(pod)
+        pod.succeed()
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cfg = RunConfig(provisioner="kubernetes", artifact_root=BUCKET, num_workers=2,
+                    strategy="multi_worker_mirrored", capacity="spot")
+    ctx = RunContext(artifact_root=str(tmp_path), dag_id="bert_finetune", run_key="run1")
+    with FakeKube(ScriptedKubelet(script)) as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
+        backend = KubernetesBackend(poll_seconds=0.05, grace_seconds=5)
+        loop = attempts.run_step(backend, cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
+                                 log=lambda line: None, secrets={})
+        if outcome == "failed":
+            with pytest.raises(WorkerError, match="exit code 1"):
+                loop.run()
+        else:
+            loop.run()
+        pods = kube.created
+    records = attempts.read_attempts(ctx, "train")
+    assert [r["outcome"] for r in records] == [outcome] + ([] if outcome == "failed"
+                                                           else ["success"])
+    spot_pods = [o for o in pods if o["kind"] == "Pod"]
+    assert spot_pods and all(o["spec"]["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
+                             for o in spot_pods)
