@@ -12,10 +12,10 @@ import re
 from tasks.config import RunConfig
 from tasks.errors import ConfigError
 
-# GKE "Use Spot VMs in GKE": spot nodes carry the label cloud.google.com/gke-spot=true, and
-# workloads select them with that nodeSelector; a spot node pool tainted as that page shows
-# (--node-taints cloud.google.com/gke-spot=true:NoSchedule) needs the matching toleration,
-# which is harmless on an untainted pool.
+# GKE "Use Spot VMs in GKE" / "Spot Pods": spot nodes carry the label
+# cloud.google.com/gke-spot=true, and pods select them with that nodeSelector. Autopilot
+# taints Spot Pods' nodes; a Standard pool is tainted when created with --node-taints
+# cloud.google.com/gke-spot=true:NoSchedule. The toleration is harmless on untainted pools.
 GKE_SPOT = "cloud.google.com/gke-spot"
 # GKE "Consuming reserved zonal resources": a pod selects a specific reservation with the
 # nodeSelectors cloud.google.com/reservation-name and cloud.google.com/reservation-affinity.
