@@ -9,7 +9,7 @@ export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 
 KERNELS := tasks/training/cpu_kernels/build/.built
 
-.PHONY: install demo airflow test test-deps lock clean
+.PHONY: install demo airflow test test-deps lock clean bench
 
 install: $(STAMP) $(KERNELS)
 
@@ -53,6 +53,14 @@ test-deps:
 test: install test-deps
 	@$(BIN)/python -m pytest -q --durations=25 -n auto --maxprocesses 4 --dist loadfile tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
+
+# Every benchmark's one command (docs/development.md), each writing benchmarks/results/NAME.json:
+# hours on 2 cores. The data sets come from ../shared/data (or $$BERTFLOW_SHARED_DATA); the
+# peer sides need .venv-peer (benchmarks/requirements.txt). Stops at the first that fails.
+BENCHMARKS := tokenize_throughput train_throughput mfu train_step_ablation e2e_demo scale quality
+bench: install
+	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; \
+	  $(BIN)/python benchmarks/$$b.py || exit 1; done
 
 # Re-resolve the lock from requirements.in (needs network access to PyPI).
 lock:

@@ -18,7 +18,9 @@ from typing import Any, Callable
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
-DATA_ROOT = Path(os.environ.get("BERTFLOW_BENCH_DATA", "/work/shared/data"))
+# The shared data sets (sst2/, snips/, banking77/) live beside the checkout, in ../shared/data.
+DATA_ENV = "BERTFLOW_SHARED_DATA"
+DATA_ROOT = Path(os.environ.get(DATA_ENV) or PROJECT_ROOT.parent / "shared" / "data")
 
 # Flags that matter for dense-math speed on CPU (full list goes into the JSON).
 _INTERESTING_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
@@ -29,13 +31,15 @@ if str(PROJECT_ROOT) not in sys.path:  # so `import tasks` works when run as a s
 
 
 def require_data(*relative: str) -> list[Path]:
-    """Paths under the shared data root; exit 0 with a clear SKIP message if any is absent."""
+    """Paths under the shared data root. A missing one is an error (exit 2) that names it and
+    the variable to set: a benchmark that measured nothing must not look like a success."""
     paths = [DATA_ROOT / r for r in relative]
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
-        print(f"SKIP: benchmark data not found: {', '.join(missing)} "
-              f"(set BERTFLOW_BENCH_DATA to the folder holding sst2/, snips/, banking77/)")
-        sys.exit(0)
+        print(f"benchmark: error: data not found: {', '.join(missing)}; set {DATA_ENV} to the "
+              f"folder holding sst2/, snips/ and banking77/ (default: ../shared/data beside "
+              f"the checkout)", file=sys.stderr)
+        sys.exit(2)
     return paths
 
 

@@ -66,8 +66,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args()
-    if not (common.PROJECT_ROOT / "tasks" / "demo.py").exists():
-        raise SystemExit("SKIP: bertflow_airflow/demo.py does not exist yet")
     work = Path(tempfile.mkdtemp(prefix="bench-demo-"))
     home = common.PROJECT_ROOT / ".airflow"
     if not args.no_warmup:

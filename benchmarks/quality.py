@@ -253,13 +253,11 @@ def summarize(results: dict) -> dict:
             s["quality_target"] = ("met" if b["accuracy"] >= p["accuracy"] and
                                    b["macro_f1"] >= p["macro_f1"] else "MISSED")
             # Wall times compare only where both sides of a seed ran on a quiet machine, and
-            # on one machine kind. A record marked "disturbed" (by hand: the load sampled
-            # before and after missed other work during the run) does not count.
+            # on one machine kind.
             quiet = [seed for seed, r in by_side["bertflow"].items()
                      if seed in by_side["peer"] and "accuracy" in r
                      and "accuracy" in by_side["peer"][seed]
                      and max(_loads(r) + _loads(by_side["peer"][seed])) < QUIET_LOAD
-                     and not r.get("disturbed") and not by_side["peer"][seed].get("disturbed")
                      and r.get("key_cpu_flags") == by_side["peer"][seed].get("key_cpu_flags")]
             if quiet:
                 s["quiet_seeds"] = [int(x) for x in quiet]
@@ -379,7 +377,7 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
         "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
         "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,
         "shared_settings": SHARED, "bertflow_set": args.set, "peer_warmup_ratio": PEER_WARMUP,
-        "peer_set": args.peer_set, "notes": (earlier or {}).get("notes", {}),
+        "peer_set": args.peer_set,
         "summary": summary, "time_to_accuracy": tta,
         "results": results}, quiet=not final)
     if not final:

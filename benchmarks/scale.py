@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATA_ROOT, PROJECT_ROOT, RESULTS_DIR, machine_info, require_data  # noqa: E402
+from common import PROJECT_ROOT, RESULTS_DIR, require_data, write_results  # noqa: E402
 
 GB = 1 << 30
 TARGETS = {"max_rss_bytes": int(1.5 * GB), "throughput_ratio": 0.8,
@@ -279,12 +279,10 @@ def compare_writers(n: int, work: Path, repeats: int = 2) -> int:
     med = {w: {k: statistics.median(x[k] for x in v) for k in v[0]} for w, v in runs.items()}
     ratio = med["library"]["end_to_end"] / med["hand-written"]["end_to_end"]
     print(json.dumps({"medians_seconds": med, "library_over_hand_written": ratio}, indent=2))
-    out = {"benchmark": "scale_writers", "rows": n, "machine": machine_info(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "load_average": os.getloadavg(), "runs": runs, "medians_seconds": med,
-           "library_over_hand_written_end_to_end": ratio,
-           "rule": "keep the hand-written writer only if the library path is > 1.3x slower"}
-    (RESULTS_DIR / "scale_writers.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_results("scale_writers", {
+        "rows": n, "load_average": os.getloadavg(), "runs": runs, "medians_seconds": med,
+        "library_over_hand_written_end_to_end": ratio,
+        "rule": "keep the hand-written writer only if the library path is > 1.3x slower"})
     return 0
 
 
@@ -364,13 +362,9 @@ def main() -> int:
     print(json.dumps(verdict, indent=2))
     for r in results + ([s3] if s3 else []):
         r.pop("tokenize_manifest", None)
-    out = {"benchmark": "scale", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "machine": machine_info(), "load_average": os.getloadavg(), "targets": TARGETS,
-           "results": results, "s3": s3, "input_epoch": epoch, "verdict": verdict}
-    RESULTS_DIR.mkdir(exist_ok=True)
-    tmp = RESULTS_DIR / f"{args.name}.json.tmp"
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    tmp.rename(RESULTS_DIR / f"{args.name}.json")
+    write_results(args.name, {"load_average": os.getloadavg(), "targets": TARGETS,
+                              "results": results, "s3": s3, "input_epoch": epoch,
+                              "verdict": verdict})
     if len(results) >= 2:
         svg_plot(results, RESULTS_DIR / f"{args.name}.svg")
     return 0

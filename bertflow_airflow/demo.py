@@ -26,10 +26,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TextIO
 
-from tasks.config import PROJECT_ROOT, join_uri
+from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
 
 DAG_ID = "bert_finetune"
-DEMO_CONF = {"max_seq_length": 64, "epochs": 2, "per_replica_batch_size": 16,
+# The demo evaluates on its own hand-written eval file (RunConfig's eval_uri is empty: a train
+# file given alone is split).
+DEMO_CONF = {"train_uri": str(DEMO_DIR / "train.tsv"), "eval_uri": str(DEMO_DIR / "eval.tsv"),
+             "max_seq_length": 64, "epochs": 2, "per_replica_batch_size": 16,
              "learning_rate": 1e-4, "checkpoint_every_steps": 20}
 
 # Runs in a fresh interpreter: proves the SavedModel serves raw strings with nothing but

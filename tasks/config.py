@@ -24,6 +24,7 @@ DEMO_DIR = PROJECT_ROOT / "examples" / "demo"
 
 
 def default_artifact_root() -> str:
+    """`$BERTFLOW_ARTIFACT_ROOT`, else `.artifacts/` in the checkout"""
     return os.environ.get("BERTFLOW_ARTIFACT_ROOT", str(PROJECT_ROOT / ".artifacts"))
 
 
@@ -50,12 +51,12 @@ class RunConfig(BaseModel):
         description="CSV, TSV or JSON Lines file with a text and a label column: local path, "
                     "gs:// or s3:// URI; or a folder ending in / (all data files under "
                     "it) or a glob such as gs://bucket/data/part-*.csv. May hold the run's "
-                    "date: gs://bucket/reviews/{ds}/*.jsonl (see README, Date "
-                    "placeholders).")
+                    "date: gs://bucket/reviews/{ds}/*.jsonl (see README, Backfills).")
+    # Empty by default: a train file given alone is split (the demo passes its eval file).
     eval_uri: Optional[str] = Field(
-        default=str(DEMO_DIR / "eval.tsv"), title="Evaluation data",
-        description="Same format as the training data. Leave empty to hold out a seeded, "
-                    "stratified split of the training data (see eval_fraction).")
+        default=None, title="Evaluation data",
+        description="Same format as the training data. Empty: a seeded, stratified "
+                    "eval_fraction of the training data is held out for evaluation.")
     file_format: Literal["auto", "csv", "tsv", "jsonl"] = Field(
         default="auto", title="File format",
         description="auto picks from the file extension (.csv, .tsv/.tab, .jsonl/.json).")
@@ -374,7 +375,7 @@ def _error_from_validation(err: ValidationError) -> ConfigError:
     field = ".".join(str(x) for x in first["loc"]) or "(config)"
     reason = first["msg"]
     if first["type"] == "extra_forbidden":
-        reason = "unknown field; check the spelling (see README, Params)"
+        reason = "unknown field; check the spelling (see docs/params.md)"
     if "input" in first and first["type"] != "extra_forbidden" and not isinstance(
             first["input"], dict):
         reason += f" (got {first['input']!r})"

@@ -10,12 +10,42 @@ import common  # noqa: E402
 import trainbench_data  # noqa: E402
 
 
-def test_missing_data_skips_cleanly(monkeypatch, tmp_path, capsys):
+def test_missing_data_is_an_error_naming_the_path_to_set(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(common, "DATA_ROOT", tmp_path / "nowhere")
     with pytest.raises(SystemExit) as exit_:
         common.require_data("sst2/train.tsv")
-    assert exit_.value.code == 0
-    assert "SKIP" in capsys.readouterr().out
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nowhere" / "sst2" / "train.tsv") in err
+    assert "BERTFLOW_SHARED_DATA" in err
+
+
+def test_the_data_root_is_beside_the_checkout_unless_set():
+    import subprocess
+
+    code = "import common; print(common.DATA_ROOT)"
+    bench = Path(common.__file__).parent
+    env = {k: v for k, v in __import__("os").environ.items() if k != "BERTFLOW_SHARED_DATA"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=bench, env=env, text=True,
+                         capture_output=True, check=True).stdout.strip()
+    assert out == str(common.PROJECT_ROOT.parent / "shared" / "data")
+    out = subprocess.run([sys.executable, "-c", code], cwd=bench, text=True, check=True,
+                         capture_output=True,
+                         env={**env, "BERTFLOW_SHARED_DATA": "/data/x"}).stdout.strip()
+    assert out == "/data/x"
+
+
+@pytest.mark.parametrize("script", ["tokenize_throughput", "train_throughput", "mfu",
+                                    "train_step_ablation", "scale", "quality"])
+def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(Path(common.__file__).parent / f"{script}.py")],
+                          env={**os.environ, "BERTFLOW_SHARED_DATA": str(tmp_path)},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "BERTFLOW_SHARED_DATA" in done.stderr and str(tmp_path) in done.stderr
 
 
 def test_results_written_atomically_with_machine_info(monkeypatch, tmp_path):

@@ -97,7 +97,55 @@ def test_param_schemas_validate_their_own_defaults():
         jsonschema.validate(schema["default"], body)
 
 
-def test_readme_documents_every_param():
-    readme = (PROJECT_ROOT / "README.md").read_text()
-    missing = [name for name in RunConfig.model_fields if f"| `{name}` |" not in readme]
-    assert not missing, f"README's Params table lacks {missing}"
+def test_params_reference_is_the_generated_one_and_documents_every_param():
+    """docs/params.md is what `python -m tasks.params_doc` writes from RunConfig: a field
+    added, renamed or re-described without regenerating the page fails here."""
+    from tasks import params_doc
+
+    page = (PROJECT_ROOT / "docs" / "params.md").read_text()
+    missing = [name for name in RunConfig.model_fields if f"| `{name}` |" not in page]
+    assert not missing, f"docs/params.md lacks {missing}"
+    assert page == params_doc.render(), (
+        "docs/params.md is stale: run .venv/bin/python -m tasks.params_doc")
+    assert "params.md" in (PROJECT_ROOT / "README.md").read_text()  # linked from the README
+
+
+def test_params_reference_shows_titles_types_defaults_and_ranges():
+    page = (PROJECT_ROOT / "docs" / "params.md").read_text()
+    assert ("| `epochs` | integer | `3` | Epochs. Range: >= 1, <= 1000. |" in page)
+    assert "| `eval_fraction` | number | `0.1` | Held-out fraction." in page
+    assert "Range: > 0.0, < 0.5. |" in page
+    assert "| `accelerator` | `auto` \\| `cpu` \\| `gpu` \\| `tpu` | `auto` |" in page
+    # no path of this machine: the demo file as the checkout names it, the root as a rule
+    assert "| `train_uri` | string | `examples/demo/train.tsv` |" in page
+    assert str(PROJECT_ROOT) not in page and "$BERTFLOW_ARTIFACT_ROOT" in page
+    sections = [line[3:] for line in page.splitlines() if line.startswith("## ")]
+    from tasks.config import SECTIONS
+    assert sections == list(SECTIONS)
+
+
+def test_params_doc_check_fails_on_a_stale_page(tmp_path, monkeypatch, capsys):
+    from tasks import params_doc
+
+    stale = tmp_path / "params.md"
+    stale.write_text(params_doc.render().replace("Range: >= 1, <= 1000.", "Range: >= 1."))
+    monkeypatch.setattr(params_doc, "DOC", stale)
+    monkeypatch.setattr(params_doc, "PROJECT_ROOT", tmp_path)
+    assert params_doc.main(["--check"]) == 1
+    assert "stale" in capsys.readouterr().err
+    assert params_doc.main([]) == 0 and params_doc.main(["--check"]) == 0
+
+
+def test_a_train_file_alone_is_split_in_the_cli_the_form_and_the_dag_alike(tmp_path):
+    """No eval file by default: the trigger form's default, the CLI's and the DAG's Param
+    defaults all leave eval_uri empty, so the data step holds out eval_fraction of the train
+    file (make demo passes the demo's own eval file)."""
+    from bertflow_airflow.demo import DEMO_CONF
+    from tasks.config import DEMO_DIR
+
+    assert RunConfig().eval_uri is None
+    defaults = {name: schema["default"] for name, schema in param_schemas().items()}
+    assert defaults["eval_uri"] is None  # what the trigger form shows
+    assert parse_config({**defaults, "train_uri": str(tmp_path / "mine.tsv")}).eval_uri is None
+    assert DEMO_CONF["eval_uri"] == str(DEMO_DIR / "eval.tsv")
+    assert parse_config(DEMO_CONF).train_uri == str(DEMO_DIR / "train.tsv")

@@ -65,6 +65,17 @@ def test_params_come_from_run_config_with_titles_and_enums(dag):
     assert dag.params["epochs"] == RunConfig().epochs
 
 
+def test_a_run_given_only_a_train_file_holds_out_a_split(dag):
+    """The DAG's Params leave eval_uri empty: a conf (trigger form, backfill, data event) with
+    only train_uri evaluates on a split of it, not on the demo's eval file."""
+    from tasks.config import parse_config
+
+    assert dag.params["eval_uri"] is None
+    conf = {**{name: dag.params[name] for name in dag.params.keys()},
+            "train_uri": "gs://bucket/reviews/{ds}/train.tsv"}
+    assert parse_config(conf).eval_uri is None
+
+
 def test_heavy_steps_run_in_worker_controllers(dag):
     for task_id in ("tokenize", "train", "evaluate", "export"):
         op = dag.get_task(task_id)

@@ -222,8 +222,23 @@ def test_run_without_eval_file_splits(tmp_path):
         1 for _ in open(DEMO_DIR / "train.tsv")) - 1
 
 
+def test_make_demo_evaluates_on_the_demo_eval_file(tmp_path):
+    """RunConfig's eval_uri is empty (a train file alone is split); make demo passes its own
+    eval file, so the demo's run is the one it always was: 90 hand-written eval rows."""
+    from bertflow_airflow.demo import DEMO_CONF
+
+    cfg = parse_config({**DEMO_CONF, "artifact_root": str(tmp_path / "art")})
+    manifest = storage.read_json(data.run(cfg, _ctx(tmp_path)))
+    assert manifest["eval_source"] == "file"
+    assert manifest["sources"]["eval"]["uri"] == str(DEMO_DIR / "eval.tsv")
+    assert manifest["splits"]["eval"]["num_examples"] == sum(
+        1 for _ in open(DEMO_DIR / "eval.tsv")) - 1
+
+
 def test_demo_dataset_is_valid():
-    cfg = parse_config({})
+    from bertflow_airflow.demo import DEMO_CONF
+
+    cfg = parse_config(DEMO_CONF)  # make demo's data: the demo's train and eval files
     data.check_inputs(cfg)
     train = data.load_source(cfg, cfg.train_uri).examples
     evals = data.load_source(cfg, cfg.eval_uri).examples

@@ -262,8 +262,10 @@ def test_backfill_runs_each_date_on_its_own_partition(server, partitions, backfi
         folder = run_folder(server, EXP_A, day)
         data = manifest(folder, "data")
         assert data["sources"]["train"]["uri"] == f"{partitions}/{day}/train.tsv"
-        # the demo's eval file is the default eval_uri: the partition is the train split
-        assert data["splits"]["train"]["num_examples"] == ROWS[day], (day, data["splits"])
+        # no eval_uri in the conf: each date holds out a split of its own partition
+        assert data["eval_source"] == "split", data
+        assert sum(s["num_examples"] for s in data["splits"].values()) == ROWS[day], (
+            day, data["splits"])
         exported = manifest(folder, "export")
         assert exported["experiment"] == EXP_A
         assert exported["logical_date"].startswith(f"{day}T00:00:00")

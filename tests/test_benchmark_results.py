@@ -1,0 +1,83 @@
+"""Nothing under benchmarks/results/ is edited by hand: each results file names the command that
+wrote it, and validates against the JSON Schema of that script (benchmarks/schemas/), which
+allows no field the script does not write. Files the current scripts cannot reproduce are in
+benchmarks/results/archive/, outside this check."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+RESULTS = BENCH / "results"
+SCHEMAS = BENCH / "schemas"
+COMMAND = re.compile(r"^\./\.venv/bin/python benchmarks/(\w+)\.py( |$)")
+
+
+def validator_for(script: str) -> jsonschema.protocols.Validator:
+    schema = json.loads((SCHEMAS / f"{script}.schema.json").read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def problems(path: Path) -> list[str]:
+    """Why a results file is not what its script writes (empty: it is)."""
+    data = json.loads(path.read_text())
+    match = COMMAND.match(data.get("command") or "")
+    if not match:
+        return [f"no `command` naming a benchmark script: {data.get('command')!r}"]
+    script = match.group(1)
+    if not (BENCH / f"{script}.py").exists():
+        return [f"its command names benchmarks/{script}.py, which does not exist"]
+    if not (SCHEMAS / f"{script}.schema.json").exists():
+        return [f"benchmarks/schemas/{script}.schema.json is missing"]
+    out = [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+           for e in validator_for(script).iter_errors(data)]
+    if data.get("benchmark") != path.stem:
+        out.append(f"benchmark {data.get('benchmark')!r} is not the file's name {path.stem!r}")
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.json")), ids=lambda p: p.name)
+def test_results_file_is_what_its_script_writes(path):
+    assert not problems(path), f"{path.name}: {problems(path)}"
+
+
+def test_every_benchmark_that_writes_results_has_a_schema():
+    writers = {p.stem for p in BENCH.glob("*.py") if "write_results(" in p.read_text()} - {
+        "common"}
+    assert writers == {p.name.split(".")[0] for p in SCHEMAS.glob("*.schema.json")}
+
+
+def test_only_results_files_and_their_plots_outside_the_archive():
+    assert {p.suffix for p in RESULTS.iterdir() if p.is_file()} <= {".json", ".svg"}
+
+
+def test_a_hand_edited_or_hand_assembled_file_fails(tmp_path):
+    """A field the script never writes (quality.json's `notes`, a per-run `code`), a side it
+    does not have, a command naming a script that does not exist: each fails the check."""
+    good = json.loads((RESULTS / "train_throughput.json").read_text())
+    assert not problems(RESULTS / "train_throughput.json")
+
+    def check(data, name="train_throughput") -> list[str]:
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(data))
+        return problems(path)
+
+    assert any("notes" in p for p in check({**good, "notes": {"x": "by hand"}}))
+    run = good["runs"]["bertflow"][0]
+    edited = json.loads(json.dumps(good))
+    edited["runs"]["bertflow"][0] = {**run, "code": "abc123"}
+    assert check(edited)
+    unfinished = json.loads(json.dumps(good))
+    unfinished["summary"]["peer_bf16_unfinished"] = good["summary"]["peer_bf16"]
+    assert any("peer_bf16_unfinished" in p for p in check(unfinished))
+    assert check({**good, "command": "./.venv/bin/python benchmarks/train_sweep1.py"})
+    assert check({k: v for k, v in good.items() if k != "command"})
+    assert any("file's name" in p for p in check(good, name="train_throughput_renamed"))
+    archived = RESULTS / "archive" / "quality.json"
+    assert problems(archived), "the hand-assembled quality.json passes"
