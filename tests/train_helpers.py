@@ -200,7 +200,9 @@ def main(argv: list[str]) -> None:
     cfg = read_run_config(f"{run_dir}/config.json")
     ctx = RunContext(**json.loads(Path(run_dir, "context.json").read_text()))
     for step in steps:
-        module = __import__(f"tasks.{step}", fromlist=["run"])
+        # A bare step name is one of tasks/steps/ (train, evaluate, ...).
+        name = f"tasks.{step}" if "." in step else f"tasks.steps.{step}"
+        module = __import__(name, fromlist=["run"])
         print(f"{step} manifest: {module.run(cfg, ctx)}", flush=True)
 
 
