@@ -62,9 +62,9 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
     """A TFBertForSequenceClassification with one output per label, encoder weights from
     `model_dir`. Call inside `strategy.scope()` so the variables are distributed.
 
-    The encoder always comes from `model_dir`. Its classification head is kept only when
-    `model_dir` is a classifier fine-tuned on the same labels in the same order (its
-    config.json id2label); otherwise the head starts fresh, and a line says why. `float32_gelu` computes the feed-forward GELU in float32
+    The encoder always comes from `model_dir`. A classification head in `model_dir` of the
+    right size is kept unless its config.json names other labels (or another order) than
+    `labels`; then the head starts fresh (`describe_head` says which). `float32_gelu` computes the feed-forward GELU in float32
     under mixed precision (faster on CPUs; tasks/training/float32_gelu.py). `cpu_kernels` runs dropout,
     LayerNorm and GELU on bertflow's CPU kernels instead (tasks/training/cpu_layers.py); only for
     training and evaluation on CPU, never for a model that is exported.
@@ -75,7 +75,9 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
 
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
-    keep_head = head_labels(model_dir) == list(labels)
+    # Named labels that differ: the head would map outputs to the wrong classes.
+    found = head_labels(model_dir)
+    keep_head = found is None or found == list(labels)
     config = BertConfig.from_pretrained(
         model_dir, num_labels=len(labels),
         id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
@@ -96,8 +98,8 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
 
 
 def head_labels(model_dir: Path) -> list[str] | None:
-    """The labels of the classifier `model_dir` holds, in output order; None for a model
-    without a trained head (a pretrained encoder, whose id2label is the LABEL_i default)."""
+    """The labels of the classifier `model_dir` holds, in output order; None when they are
+    unnamed (id2label absent or the LABEL_i default, as in a pretrained encoder)."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     id2label = config.get("id2label") or {}
     names = [id2label.get(str(i), id2label.get(i)) for i in range(len(id2label))]
@@ -112,7 +114,8 @@ def describe_head(model_dir: Path, labels: list[str]) -> str:
     if found == list(labels):
         return f"base_model: encoder and classifier head reused (labels {found})"
     if found is None:
-        return "base_model: encoder reused; classifier head initialised (pretrained encoder)"
+        return ("base_model: encoder reused; classifier head from the checkpoint if it has "
+                "one of this size (its labels are unnamed), else initialised")
     return (f"base_model: encoder reused; classifier head initialised: the checkpoint's "
             f"labels {found} differ from this run's {list(labels)}")
 

@@ -351,7 +351,8 @@ def _hub_errors(value: str, src: Source, call):
                             f"(hf_conn_id, or HF_TOKEN on the workers)") from None
     except RepositoryNotFoundError:
         raise _error(value, f"no model {src.location} on {where} (or it is private: set "
-                            f"hf_conn_id or HF_TOKEN); check the id") from None
+                            f"hf_conn_id or HF_TOKEN); check the id (a local folder must "
+                            f"exist; write it as ./{src.location} or an absolute path)") from None
     except RevisionNotFoundError:
         raise _error(value, f"{src.location} has no revision {src.revision!r} on {where}; "
                             f"use a branch, tag or commit that exists") from None
