@@ -103,6 +103,14 @@ def test_local_bad_values_are_refused(tmp_path, tiny, cache):
                 f"is a {other} checkpoint", "model_type must be bert")
 
 
+def test_a_local_path_of_remote_workers_is_left_to_them(tmp_path):
+    """For remote backends a local path names a folder in the worker image, which the
+    validate task (on the Airflow worker) cannot see: the workers check it when they load."""
+    cfg = RunConfig(base_model=str(tmp_path / "in-the-image"), provisioner="kubernetes")
+    assert checkpoint_sources.check(cfg) == cfg.base_model
+    refused(cfg.model_copy(update={"provisioner": "local"}), "not found")
+
+
 # --- buckets -------------------------------------------------------------------------------
 @pytest.fixture(params=["gs", "s3"])
 def bucket(request, tmp_path, tiny):

@@ -98,6 +98,8 @@ def check(cfg) -> str:
     needs and is a BERT. Returns base_model pinned for the rest of the run (a champion becomes
     `champion:<name>@<version>`, so every step starts from the same version)."""
     src = parse(cfg.base_model)
+    if src.kind in ("default", "local") and cfg.provisioner != "local":
+        return cfg.base_model  # a path in the worker image: checked where it is loaded
     if src.kind == "champion":
         version, version_uri = _champion_version(cfg, src)
         _check_folder(src.value, version_uri, champion=True)
