@@ -140,41 +140,17 @@ def test_versions_differ_between_runs_and_sort_by_time(tmp_path):
     assert export.version_for(RunContext(str(tmp_path), "d", "run-a", "run-a")) == first
 
 
-# Runs in .venv-torch (tests/torch_env.py): PyTorch transformers, no TensorFlow, no project.
-_TORCH_LOAD = """
-import json, sys
-import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
-try:
-    import tensorflow  # noqa: F401
-    sys.exit("tensorflow is importable in the torch environment")
-except ImportError:
-    pass
-folder, texts = sys.argv[1], json.loads(sys.argv[2])
-model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-tokenizer = AutoTokenizer.from_pretrained(folder)
-batch = tokenizer(texts, padding=True, return_tensors="pt")
-with torch.no_grad():
-    probabilities = torch.softmax(model(**batch).logits, dim=-1)
-print(json.dumps({"probabilities": probabilities.tolist(), "id2label": model.config.id2label,
-                  "tokenizer": type(tokenizer).__name__,
-                  "input_ids": batch["input_ids"].tolist()}))
-"""
-
-
 def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
     """The version folder's root is a standard HF checkpoint: PyTorch transformers loads it
     (in a venv with the torch CPU wheel and no TensorFlow) and gives the SavedModel's
     probabilities on the same texts, within 1e-5 (float32 on both sides). Weights drawn
     wide (initializer_range 1) so that the probabilities are far from uniform."""
-    import subprocess
-
     import numpy as np
 
     import torch_env
 
     try:
-        python = torch_env.python()
+        torch_env.python()
     except torch_env.Unavailable as err:
         pytest.skip(str(err))
     ctx = fake_run(tmp_path, write_model(tmp_path / "wide", initializer_range=1.0))
@@ -189,10 +165,7 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
     assert config["architectures"] == ["BertForSequenceClassification"]
 
     texts = ["a good movie", "the second one , and a bad exported model", "different"]
-    done = subprocess.run([str(python), "-c", _TORCH_LOAD, version, json.dumps(texts)],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = torch_env.predict(version, texts)
     assert got["tokenizer"] == "BertTokenizerFast"
     assert got["id2label"] == {"0": "negative", "1": "positive"}
     want = predict(f"{version}/saved_model", text=texts)["probabilities"].numpy()

@@ -10,7 +10,9 @@ Runnable as a script to build it ahead of the tests: `python tests/torch_env.py`
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import tempfile
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +64,39 @@ def python() -> Path:
                            f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
     stamp.write_text(stamp_text)
     return interpreter
+
+
+# PyTorch transformers only: no TensorFlow (checked), no project.
+_PREDICT = """
+import json, sys
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+try:
+    import tensorflow  # noqa: F401
+    sys.exit("tensorflow is importable in the torch environment")
+except ImportError:
+    pass
+folder, texts = sys.argv[1], json.loads(sys.argv[2])
+model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+tokenizer = AutoTokenizer.from_pretrained(folder)
+batch = tokenizer(texts, padding=True, return_tensors="pt")
+with torch.no_grad():
+    probabilities = torch.softmax(model(**batch).logits, dim=-1)
+print(json.dumps({"probabilities": probabilities.tolist(), "id2label": model.config.id2label,
+                  "tokenizer": type(tokenizer).__name__}))
+"""
+
+
+def predict(folder: str, texts: list[str]) -> dict:
+    """`{"probabilities", "id2label", "tokenizer"}` from AutoModelForSequenceClassification and
+    AutoTokenizer loading `folder` in .venv-torch."""
+    with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
+        done = subprocess.run([str(python()), "-c", _PREDICT, str(folder), json.dumps(texts)],
+                              capture_output=True, text=True, timeout=600, cwd=cwd,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if done.returncode:
+        raise AssertionError(f"PyTorch could not load {folder}:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":
