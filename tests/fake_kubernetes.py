@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets as _random
+import shlex
 import signal
 import subprocess
 import sys
@@ -578,9 +579,15 @@ class ProcessKubelet:
     /etc/hosts bind-mounted over the real one (test-only; needs root, see `available()`).
     GRPC_DNS_RESOLVER=native makes TensorFlow's gRPC resolve through getaddrinfo (and so
     /etc/hosts) rather than its own DNS client.
+
+    `hidden`: folders the pods' image does not have (an empty tmpfs is mounted over each in
+    the pod's private mount namespace). `own_cache`: each pod gets its own XDG_CACHE_HOME,
+    empty at start, as a new container's is.
     """
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, hidden: tuple[Path, ...] = (), own_cache: bool = False):
+        self.hidden = tuple(Path(p) for p in hidden)
+        self.own_cache = own_cache
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._procs: list[subprocess.Popen] = []
@@ -592,6 +599,11 @@ class ProcessKubelet:
                                 "mount --bind /etc/hostname /etc/hosts"],
                                capture_output=True)
         return probe.returncode == 0
+
+    def mounts(self) -> str:
+        """The shell commands a pod runs first: its /etc/hosts ($0), the hidden folders."""
+        return " && ".join(['mount --bind "$0" /etc/hosts'] + [
+            f"mount -t tmpfs -o size=1m tmpfs {shlex.quote(str(p))}" for p in self.hidden])
 
     def _hosts_file(self, pod: FakePod, env: dict[str, str]) -> Path:
         names = {pod.hostname}
@@ -620,9 +632,11 @@ class ProcessKubelet:
         full_env = {**{k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, **env,
                     "PYTHONPATH": str(ROOT), "GRPC_DNS_RESOLVER": "native",
                     "HOSTNAME": pod.hostname, "TMPDIR": str(tmp)}
+        if self.own_cache:
+            full_env["XDG_CACHE_HOME"] = str(tmp / "cache")
         hosts = self._hosts_file(pod, env)
         proc = subprocess.Popen(
-            ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"',
+            ["unshare", "--mount", "sh", "-c", self.mounts() + ' && exec "$@"',
              str(hosts), *argv], env=full_env, cwd=ROOT, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
             start_new_session=True)

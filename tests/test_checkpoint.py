@@ -1,5 +1,5 @@
 """Loading base checkpoints: the real offline default (PyTorch safetensors, no torch) and
-the errors for incomplete folders."""
+the errors for incomplete folders (other sources: test_checkpoint_sources.py)."""
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -40,10 +40,5 @@ def test_missing_files_are_named_with_the_folder(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(BertflowError, match=f"{tmp_path}.*vocab.txt.*model.safetensors"):
         checkpoint.resolve_base_model(RunConfig(base_model=str(tmp_path)))
-    with pytest.raises(BertflowError, match="checkpoint folder not found"):
+    with pytest.raises(BertflowError, match="base_model.*nope not found"):
         checkpoint.resolve_base_model(RunConfig(base_model=str(tmp_path / "nope")))
-
-
-def test_remote_base_model_is_refused_with_a_hint():
-    with pytest.raises(BertflowError, match="must be a local folder"):
-        checkpoint.resolve_base_model(RunConfig(base_model="gs://bucket/bert"))

