@@ -206,3 +206,31 @@ def test_worker_side_writer_returns_the_exit_code_and_names_the_replica(tmp_path
     assert done.returncode == 4 and done.stdout == "ps up\n"
     assert read(log_uri(ctx.run_uri, "evaluate", "ps", 1)) == "ps up\n"
     assert worker_identity({}) == ("worker", 0)
+
+
+def test_uploads_never_land_out_of_order(tmp_path, monkeypatch):
+    """A slow periodic upload of an older copy must not overwrite the final one: uploads run
+    one at a time, each of the newest text."""
+    from tasks.provision import worker_logs
+
+    uri = str(tmp_path / "train" / "logs" / "worker-0.log")
+    spool = worker_logs.Spool(uri)
+    real_upload = storage.upload_file
+    first = threading.Event()
+
+    def slow_upload(path, dest):
+        if not first.is_set():  # the periodic flush: it copied "line 1" only
+            first.set()
+            time.sleep(0.5)
+        real_upload(path, dest)
+
+    monkeypatch.setattr(storage, "upload_file", slow_upload)
+    spool.line("line 1")
+    periodic = threading.Thread(target=spool.flush)
+    periodic.start()
+    first.wait(5)
+    spool.line("line 2")
+    spool.flush(force=True)  # the final flush, while the older upload is still running
+    periodic.join(5)
+    spool.close()
+    assert read(uri) == "line 1\nline 2\n"

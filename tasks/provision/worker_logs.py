@@ -59,12 +59,16 @@ class Spool:
         handle, self.path = tempfile.mkstemp(prefix="bertflow-log-", suffix=".log")
         self._file = os.fdopen(handle, "w", encoding="utf-8", errors="replace")
         self._lock = threading.Lock()
+        # One upload at a time, each of the newest text: an older copy never lands last.
+        self._upload_lock = threading.Lock()
         self._dirty = False
         if text:
             self.write(text)
 
     def write(self, text: str) -> None:
         with self._lock:
+            if self._file.closed:
+                return  # a late line after the last upload
             self._file.write(text)
             self._dirty = True
 
@@ -75,25 +79,26 @@ class Spool:
         """Upload the log if it changed since the last upload (or `force`)."""
         from tasks.io import storage
 
-        with self._lock:
-            if not (self._dirty or force) or self._file.closed:
-                return
-            self._file.flush()
-            handle, copy = tempfile.mkstemp(prefix="bertflow-log-", suffix=".upload")
-            os.close(handle)
-            shutil.copyfile(self.path, copy)
-            self._dirty = False
-        try:
-            storage.upload_file(copy, self.uri)  # moves the copy
-        except BaseException:
-            self._dirty = True
-            raise
-        finally:
-            if os.path.exists(copy):
-                os.unlink(copy)
+        with self._upload_lock:
+            with self._lock:
+                if not (self._dirty or force) or self._file.closed:
+                    return
+                self._file.flush()
+                handle, copy = tempfile.mkstemp(prefix="bertflow-log-", suffix=".upload")
+                os.close(handle)
+                shutil.copyfile(self.path, copy)
+                self._dirty = False
+            try:
+                storage.upload_file(copy, self.uri)  # moves the copy
+            except BaseException:
+                self._dirty = True
+                raise
+            finally:
+                if os.path.exists(copy):
+                    os.unlink(copy)
 
     def close(self) -> None:
-        with self._lock:
+        with self._upload_lock, self._lock:
             if not self._file.closed:
                 self._file.close()
                 os.unlink(self.path)
@@ -130,7 +135,8 @@ class StepLogs:
             return spool
 
     def line(self, role: str, index: int, text: str) -> None:
-        self.open(role, index).line(text)
+        if not self._closed.is_set():  # a late line after close() is dropped
+            self.open(role, index).line(text)
 
     def flush(self) -> None:
         with self._lock:
