@@ -67,7 +67,7 @@ def result_uri(ctx: RunContext) -> str:
     return join_uri(ctx.step_uri("provision"), "preflight.json")
 
 
-def run(cfg: RunConfig, ctx: RunContext, backend=None, *, write: bool = True) -> dict:
+def run(cfg: RunConfig, ctx: RunContext, backend=None) -> dict:
     """Run every check for cfg.provisioner (`backend`: the Backend the run uses, for its
     clients); write and return the result. Raises PreflightError naming every failure."""
     checks = storage_checks(cfg, ctx)
@@ -81,11 +81,10 @@ def run(cfg: RunConfig, ctx: RunContext, backend=None, *, write: bool = True) ->
     result = {"ok": not failures, "backend": cfg.provisioner,
               "checked_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "checks": [asdict(c) for c in checks], "failures": failures}
-    if write:
-        try:
-            storage.write_json(result_uri(ctx), result)
-        except StorageError:
-            pass  # the storage check already says why
+    try:
+        storage.write_json(result_uri(ctx), result)
+    except StorageError:
+        pass  # the storage check already says why
     if failures:
         raise PreflightError(failures, result)
     return result
