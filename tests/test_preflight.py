@@ -269,3 +269,36 @@ def test_local_runs_check_only_the_buckets(tmp_path):
     assert {c["area"] for c in result["checks"]} == {"storage"}
     assert isinstance(preflight.PreflightError(["x"]), BertflowError)
     assert json.loads(json.dumps(result)) == result
+
+
+def test_the_reviewed_access_is_every_call_the_kubernetes_backend_makes():
+    """ACCESS is read off tasks/provision/kubernetes.py: a new client call there without its
+    access review here fails this test."""
+    import re
+
+    from tasks.config import PROJECT_ROOT
+
+    source = (PROJECT_ROOT / "tasks" / "provision" / "kubernetes.py").read_text()
+    calls = set(re.findall(r"\.(core|batch)\.(create|list|delete|read)_namespaced_(\w+)",
+                           source))
+    verbs = {"create": "create", "list": "list", "delete": "delete", "read": "get"}
+    used = set()
+    for api, verb, kind in calls:
+        resource, sub = ("pods", "log") if kind == "pod_log" else (kind + "s", "")
+        used.add((verbs[verb], "batch" if api == "batch" else "", resource, sub))
+    reviewed = {(verb, group, resource, sub) for group, resource, sub, verb_list
+                in preflight.ACCESS for verb in verb_list}
+    assert used == reviewed
+
+
+def test_provision_queues_no_tpu_when_the_zone_lacks_the_type(fake_tpu,
+                                                              gcs_emulator):  # noqa: F811
+    fake_tpu.accelerator_types = ["v5litepod-4"]
+    root = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    cfg, ctx = tpu_config(root), context(root)
+    init_run(cfg, ctx)
+    with pytest.raises(preflight.PreflightError, match="does not offer accelerator type "
+                                                       "v5litepod-8"):
+        provision_run(cfg, ctx)
+    assert not fake_tpu.queued and not any(r["method"] == "POST" for r in fake_tpu.requests)
+    assert storage.read_json(preflight.result_uri(ctx))["ok"] is False
