@@ -20,8 +20,7 @@ from fake_iam import FakeIam
 from fake_kubernetes import FakeKube
 from fake_tpu import FakeTpu
 from fake_vertex import FakeVertex
-from storage_servers import (BUCKET, S3_KEY_ID, S3_SECRET, connections,  # noqa: F401
-                             gcs_emulator, root, s3_server)
+from storage_servers import BUCKET, connections, gcs_emulator, root, s3_server  # noqa: F401
 from tasks.config import parse_config
 from tasks.errors import BertflowError
 from tasks.io import storage
@@ -302,3 +301,12 @@ def test_provision_queues_no_tpu_when_the_zone_lacks_the_type(fake_tpu,
         provision_run(cfg, ctx)
     assert not fake_tpu.queued and not any(r["method"] == "POST" for r in fake_tpu.requests)
     assert storage.read_json(preflight.result_uri(ctx))["ok"] is False
+
+
+def test_vertex_without_credentials_says_so(tmp_path, monkeypatch):
+    monkeypatch.delenv(vertex_ai.ENDPOINT_ENV, raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-key.json"))
+    cfg = vertex_config(str(tmp_path / "art"))
+    [message] = failures(cfg, context(cfg.artifact_root))
+    assert message.startswith("Vertex AI: no credentials (DefaultCredentialsError: ")
+    assert message.endswith("set gcp_conn_id or configure application-default credentials")

@@ -206,6 +206,10 @@ def vertex_checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
         client = vertex_ai.job_client(cfg)
     except BertflowError as err:
         return [Check("vertex_ai", "project and region", False, f"Vertex AI: {err}")]
+    except Exception as err:  # noqa: BLE001 (google.auth's DefaultCredentialsError)
+        return [Check("vertex_ai", "credentials", False, (
+            f"Vertex AI: no credentials ({type(err).__name__}: {str(err)[:200]}); set "
+            f"gcp_conn_id or configure application-default credentials"))]
     checks = []
     what = f"list CustomJobs in {location}"
     try:
@@ -223,6 +227,9 @@ def vertex_checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
             f"Vertex AI: project {project} in region {cfg.gcp_region} does not answer: "
             f"{_api_message(err)} (check gcp_project and gcp_region, and that the Vertex AI "
             f"API aiplatform.googleapis.com is enabled in the project)")))
+    except Exception as err:  # noqa: BLE001 (credentials refused, no network)
+        checks.append(Check("vertex_ai", what, False, (
+            f"Vertex AI: cannot reach {location}: {type(err).__name__}: {str(err)[:200]}")))
     if cfg.service_account:
         checks.append(_act_as(cfg, cfg.service_account))
     else:
@@ -332,6 +339,10 @@ def tpu_checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
                 f"Cloud TPU: zone {cfg.tpu_zone} of project {project} does not answer: "
                 f"{_api_message(err)} (check tpu_zone and tpu_project, and that "
                 f"tpu.googleapis.com is enabled)")))
+            continue
+        except Exception as err:  # noqa: BLE001 (credentials refused, no network)
+            checks.append(Check("tpu_vm", label, False, (
+                f"Cloud TPU: cannot reach {parent}: {type(err).__name__}: {str(err)[:200]}")))
             continue
         if wanted in offered:
             checks.append(Check("tpu_vm", label, True))
