@@ -185,11 +185,13 @@ def test_a_stopped_vertex_replica_keeps_its_log(tmp_path):
     replicas = VertexReplicas(_vertex_job(cfg, ctx, code), lines.append, grace_seconds=20)
     thread = threading.Thread(target=lambda: pytest.raises(WorkerError, replicas.run))
     thread.start()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     while sum("step 1 of 100" in ln for ln in lines) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert sum("step 1 of 100" in ln for ln in lines) == 2, lines
     replicas.stop()  # SIGTERM to each replica, as Vertex AI sends when it cancels a job
     thread.join(30)
+    assert not thread.is_alive(), lines
     for role in ("chief", "worker"):
         text = read(log_uri(ctx.run_uri, "train", role, 0))
         assert text.startswith("step 1 of 100\n") and "received signal 15" in text, text
@@ -234,3 +236,30 @@ def test_uploads_never_land_out_of_order(tmp_path, monkeypatch):
     periodic.join(5)
     spool.close()
     assert read(uri) == "line 1\nline 2\n"
+
+
+def test_sigterm_amid_a_flood_of_output_is_passed_on_and_the_log_kept(tmp_path):
+    """SIGTERM while the worker floods its output (the handler may interrupt the writer's own
+    write to the log, so it takes no lock): passed to the worker, the writer exits with
+    128 + 15 and the log ends with what happened."""
+    import signal as signals
+
+    cfg, ctx = _vertex_run(tmp_path)
+    flood = "import itertools\nfor i in itertools.count(): print('line', i, flush=True)"
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tasks.provision.worker_logs", "--run-dir", ctx.run_uri,
+             "--step", "train", "--", "python", "-c", flood], cwd=PROJECT_ROOT,
+            env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}, stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL)
+        assert proc.stdout.readline().startswith(b"line ")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep it flowing
+        time.sleep(0.3)
+        proc.send_signal(signals.SIGTERM)
+        try:
+            assert proc.wait(timeout=30) == 128 + signals.SIGTERM
+        finally:
+            proc.kill()
+        text = read(log_uri(ctx.run_uri, "train", "worker", 0))
+        assert text.startswith("line 0\n") and text.rstrip().endswith(
+            "[bertflow] received signal 15; passed to the worker, which exited with code -15")

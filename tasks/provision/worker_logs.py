@@ -58,9 +58,11 @@ class Spool:
         self.uri = uri
         handle, self.path = tempfile.mkstemp(prefix="bertflow-log-", suffix=".log")
         self._file = os.fdopen(handle, "w", encoding="utf-8", errors="replace")
-        self._lock = threading.Lock()
+        # Re-entrant: a controller's stop() may run in a signal handler (Airflow's on_kill)
+        # on the very thread that is inside a write or a flush.
+        self._lock = threading.RLock()
         # One upload at a time, each of the newest text: an older copy never lands last.
-        self._upload_lock = threading.Lock()
+        self._upload_lock = threading.RLock()
         self._dirty = False
         if text:
             self.write(text)
@@ -198,22 +200,27 @@ def tee(command: list[str], uri: str, *, flush_seconds: float = FLUSH_SECONDS,
     if argv and argv[0] == "python":
         argv[0] = sys.executable
     spool = Spool(uri)
+    state: dict = {"popen": None, "signal": None}
+
+    def forward(signum, _frame):  # takes no lock: it may interrupt a write to the spool
+        state["signal"] = signum
+        if state["popen"] is not None and state["popen"].poll() is None:
+            state["popen"].send_signal(signum)
+
+    # Before the worker starts: a signal that comes while it starts is passed on too.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, forward)
     try:
-        popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, errors="replace")
+        popen = state["popen"] = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, errors="replace")
     except OSError as err:
         spool.line(f"cannot start {argv[0]}: {err}")
         spool.flush()
         spool.close()
         return 127
-
-    def forward(signum, _frame):
-        spool.line(f"[bertflow] received signal {signum}; passed to the worker")
-        if popen.poll() is None:
-            popen.send_signal(signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
+    if state["signal"] is not None:
+        popen.send_signal(state["signal"])
     done = threading.Event()
 
     def periodic() -> None:
@@ -230,6 +237,9 @@ def tee(command: list[str], uri: str, *, flush_seconds: float = FLUSH_SECONDS,
             out.flush()
             spool.write(line)
         code = popen.wait()
+        if state["signal"] is not None:
+            spool.line(f"[bertflow] received signal {state['signal']}; passed to the worker, "
+                       f"which exited with code {code}")
     finally:
         done.set()
         spool.flush(force=True)
