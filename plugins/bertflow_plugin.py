@@ -7,6 +7,8 @@ the UI's navigation bar.
 - `/bertflow/runs/{dag_id}/{run_key}`: one run: key config, training curves (loss, accuracy,
   learning rate against step, from train/history.json) and the confusion matrix as inline SVG,
   per-class metrics and the command that opens the run's TensorBoard logs.
+- `/bertflow/runs/{dag_id}/{run_key}/logs/{step}/{role}-{index}.log`: a worker's log, as kept
+  in the run folder (tasks/provision/worker_logs.py); the run page links every one.
 - `/bertflow/models/{model}/{version}/card[?location={location_id}]`: a version's model card,
   from `{artifact_root}/models` or, with `location`, from another export location.
 
@@ -396,7 +398,34 @@ def run_page(dag_id: str, run_key: str) -> str:
         f"<p>TensorBoard logs: <code>{esc(tb_dir)}</code><br>view them with "
         f"<code class='tensorboard'>tensorboard --logdir {esc(tb_dir)}</code></p>"
         f"<h3>Evaluation</h3>{_metrics_html(run['metrics'])}"
-        f"<h3>Model</h3>{model}"))
+        f"<h3>Model</h3>{model}"
+        f"<h3>Worker logs</h3>{_logs_html(run_key, run['logs'])}"))
+
+
+def _logs_html(run_key: str, logs: list[tuple[str, str]]) -> str:
+    if not logs:
+        return "<p>No worker logs kept yet.</p>"
+    items = "".join(f"<li><a class='log' href='{quote(run_key)}/logs/{quote(step)}/"
+                    f"{quote(name)}'>{esc(step)} / {esc(name)}</a></li>" for step, name in logs)
+    return f"<ul class='logs'>{items}</ul>"
+
+
+@app.get("/runs/{dag_id}/{run_key}/logs/{step}/{name}", response_class=PlainTextResponse)
+def worker_log(dag_id: str, run_key: str, step: str, name: str) -> str:
+    """A worker's log; only one the run folder lists (run_summary.worker_logs)."""
+    _checked(dag_id, run_key)
+    if step not in run_summary.LOG_STEPS or not run_summary.LOG_NAME.fullmatch(name):
+        raise HTTPException(400, "bad log name")
+    root = default_artifact_root()
+    if (dag_id, run_key) not in run_summary.list_runs(root):
+        raise HTTPException(404, "no such run folder")
+    uri = run_summary.worker_log_uri(root, dag_id, run_key, step, name)
+    if uri is None:
+        raise HTTPException(404, "no such worker log")
+    try:
+        return storage.read_text(uri)
+    except StorageError as err:
+        raise HTTPException(404, str(err)) from None
 
 
 @app.get("/models/{model}/{version}/card", response_class=PlainTextResponse)

@@ -131,6 +131,24 @@ def _init_run_command(args: argparse.Namespace) -> str:
     return init_run(cfg, _run_context(args.run_dir, args.dag_id, args.run_key, cfg))
 
 
+def _preflight_command(run_dir: str) -> int:
+    from tasks.provision import backend_for, preflight
+
+    cfg, ctx = load_run(run_dir)
+    backend = backend_for(cfg)
+    backend.check(cfg, ctx)
+    try:
+        result = preflight.run(cfg, ctx, backend)
+    except preflight.PreflightError as err:
+        print(preflight.summary(err.result))
+        print(f"bertflow: error: {err}", file=sys.stderr)
+        return 2
+    print(preflight.summary(result))
+    print(f"preflight: {len(result['checks'])} checks passed; result in "
+          f"{preflight.result_uri(ctx)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m tasks", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dry-run", action="store_true",
                            help="print what the configured backend (provisioner) would "
                                 "create, touching no cloud and writing nothing")
+    check = sub.add_parser("preflight", help="check buckets and platform permissions of a run "
+                                             "without creating anything that costs money")
+    check.add_argument("--run-dir", required=True, help="run folder URI")
     init = sub.add_parser("init-run", help="create a run folder (config.json, context.json)")
     init.add_argument("--run-dir", required=True,
                       help="the run folder to create: any local path or gs:// / s3:// URI "
@@ -157,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "init-run":
             print(_init_run_command(args))
+        elif args.command == "preflight":
+            return _preflight_command(args.run_dir)
         elif getattr(args, "dry_run", False):
             from tasks.provision import dry_run
             print(dry_run(*load_run(args.run_dir), warn=lambda msg: print(

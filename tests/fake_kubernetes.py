@@ -15,6 +15,10 @@ annotation). A pluggable kubelet then plays each pod in a thread: `ScriptedKubel
 calls `script(pod)` with a `FakePod` whose methods drive phases (unschedulable, running with
 log lines, succeeded, OOMKilled, image pull errors, ...); `ProcessKubelet` runs the pod's
 container command as a local process (see its docstring).
+
+SelfSubjectAccessReviews (`POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`) are
+answered allowed, except for what `deny(verb, resource, group="", subresource="")` names;
+each review's resourceAttributes is kept in `access_reviews`.
 """
 from __future__ import annotations
 
@@ -42,6 +46,7 @@ from urllib.parse import parse_qs, urlparse
 ROOT = Path(__file__).resolve().parent.parent
 INDEX = "batch.kubernetes.io/job-completion-index"
 KINDS = {"services": "Service", "pods": "Pod", "secrets": "Secret", "jobs": "Job"}
+_ACCESS_REVIEW = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _PATH = re.compile(r"^/(?:api/v1|apis/batch/v1)/namespaces/([^/]+)/(services|pods|secrets|jobs)"
                    r"(?:/([^/]+))?(?:/(log))?$")
 
@@ -247,6 +252,8 @@ class FakeKube:
         self.deletes: list[dict] = []
         self.created: list[dict] = []  # every object as created (deep copies)
         self.pods: dict[str, FakePod] = {}
+        self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, sub)
+        self.access_reviews: list[dict] = []
         self.cond = threading.Condition()
         self._rv = itertools.count(1)
         self._closing = False
@@ -314,6 +321,20 @@ class FakeKube:
                 self.store[(plural, namespace, name)]["status"]["startTime"] = \
                     meta["creationTimestamp"]
 
+    def deny(self, verb: str, resource: str, group: str = "", subresource: str = "") -> None:
+        """SelfSubjectAccessReviews for this verb on this resource answer not allowed (the
+        fake enforces nothing else: it only answers reviews)."""
+        self.denied.add((verb, group, resource, subresource))
+
+    def _access_review(self, body: dict) -> dict:
+        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        self.access_reviews.append(dict(attrs))
+        key = (attrs.get("verb", ""), attrs.get("group", ""), attrs.get("resource", ""),
+               attrs.get("subresource", ""))
+        allowed = key not in self.denied
+        reason = "" if allowed else "RBAC: no rule allows it (fake)"
+        return {**body, "status": {"allowed": allowed, "reason": reason}}
+
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10) -> bool:
         with self.cond:
             return self.cond.wait_for(predicate, timeout)
@@ -324,6 +345,8 @@ class FakeKube:
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         length = int(handler.headers.get("Content-Length") or 0)
         body = json.loads(handler.rfile.read(length) or b"null") if length else None
+        if url.path == _ACCESS_REVIEW and method == "POST":
+            return handler.send_json(201, self._access_review(body or {}))
         match = _PATH.match(url.path)
         if not match:
             return handler.send_json(404, _status(404, "NotFound", f"no route {url.path}"))

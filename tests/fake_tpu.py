@@ -9,6 +9,8 @@ transports/rest_base.py):
 - `DELETE /v2/projects/*/locations/*/queuedResources/ID[?force=true]` -> Operation (done)
 - `GET    /v2/projects/*/locations/*/nodes/ID`, `DELETE` the same -> Operation (done)
 - `GET    /v2/projects/*/locations/*/operations/ID`
+- `GET    /v2/projects/*/locations/*/acceleratorTypes`, `.../runtimeVersions`: what the zone
+  offers (`accelerator_types`, `runtime_versions`; a zone not in `zones` answers 404)
 
 Long-running operations are done at once, with the resource (or Empty) as response. A queued
 resource's state follows a script: each GET of it moves one step along `states` (the last
@@ -30,8 +32,8 @@ NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
 EMPTY_TYPE = "type.googleapis.com/google.protobuf.Empty"
 META_TYPE = "type.googleapis.com/google.cloud.tpu.v2.OperationMetadata"
 
-_PATH = re.compile(r"^/v2/(projects/[^/]+/locations/[^/]+)/(queuedResources|nodes|operations)"
-                   r"(?:/([^/:]+))?$")
+_PATH = re.compile(r"^/v2/(projects/[^/]+/locations/[^/]+)/(queuedResources|nodes|operations|"
+                   r"acceleratorTypes|runtimeVersions)(?:/([^/:]+))?$")
 
 
 class FakeTpu:
@@ -46,6 +48,13 @@ class FakeTpu:
         self.requests: list[dict] = []
         self.states = ["WAITING_FOR_RESOURCES", "PROVISIONING", "ACTIVE"]
         self.failure = "Quota limit 'TPUV5sLitepodServingPerProjectPerZoneForTPUAPI' exceeded"
+        # What every zone offers (zones=None: any zone answers).
+        self.accelerator_types = ["v4-8", "v4-16", "v5litepod-1", "v5litepod-4", "v5litepod-8",
+                                  "v5litepod-16", "v6e-8"]
+        self.runtime_versions = ["tpu-vm-tf-2.20.0-pjrt", "tpu-vm-tf-2.20.0-pod-pjrt",
+                                 "tpu-vm-tf-2.18.0-pjrt", "v2-alpha-tpuv5-lite",
+                                 "tpu-ubuntu2204-base"]
+        self.zones: set[str] | None = None
         self.lock = threading.Lock()
         fake = self
 
@@ -106,6 +115,15 @@ class FakeTpu:
             return _error(404, f"no route {method} {path}")
         parent, kind, rid = match.groups()
         name = f"{parent}/{kind}/{rid}" if rid else None
+        if kind in ("acceleratorTypes", "runtimeVersions") and method == "GET" and not rid:
+            zone = parent.rsplit("/", 1)[1]
+            if self.zones is not None and zone not in self.zones:
+                return _error(404, f"Location {parent} is not found or access is unauthorized.")
+            if kind == "acceleratorTypes":
+                return 200, {"acceleratorTypes": [{"name": f"{parent}/acceleratorTypes/{t}",
+                                                   "type": t} for t in self.accelerator_types]}
+            return 200, {"runtimeVersions": [{"name": f"{parent}/runtimeVersions/{v}",
+                                              "version": v} for v in self.runtime_versions]}
         if kind == "operations":
             op = self.operations.get(name)
             return (200, op) if op else _error(404, f"operation {name} not found")

@@ -10,7 +10,8 @@ It serves the REST paths of google-cloud-aiplatform's v1 JobService for CustomJo
 - `POST /v1/{name}:cancel`: recorded in `cancels`; an alive job becomes JOB_STATE_CANCELLED,
   a finished one answers FAILED_PRECONDITION as Vertex AI does.
 - `GET /v1/projects/*/locations/*/customJobs?filter=...`: jobs matching `labels.K="V"` and
-  `state="S"` terms joined by AND.
+  `state="S"` terms joined by AND; `list_error = (code, status, message)` makes it fail
+  (e.g. 403 PERMISSION_DENIED, for the preflight).
 
 Every request (method, path, body) is kept in `requests`, so tests can scan what was sent.
 """
@@ -39,6 +40,7 @@ class FakeVertex:
         self.script: list = ["JOB_STATE_PENDING", "JOB_STATE_RUNNING", "JOB_STATE_SUCCEEDED"]
         self.requests: list[tuple[str, str, str]] = []
         self.cancels: list[str] = []
+        self.list_error: tuple[int, str, str] | None = None
         self.lock = threading.Lock()
         self._next_id = 1000
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -112,6 +114,8 @@ class FakeVertex:
             return 200, {}
 
     def list(self, location: str, query: dict) -> tuple[int, dict]:
+        if self.list_error:
+            return self.list_error[0], _error(*self.list_error)
         terms = [t.strip() for t in (query.get("filter", [""])[0]).split(" AND ") if t.strip()]
         wanted = []
         for term in terms:

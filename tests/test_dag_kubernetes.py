@@ -83,6 +83,12 @@ def test_every_task_succeeds_with_pods_doing_the_work(k8s_run):
         assert any(f"-{step}-" in name for name in jobs), (step, jobs)
     # The pods' own output reached the controllers' task logs, prefixed.
     assert "[worker:0]" in k8s_run.log
+    # ... and each pod's log is kept in the run folder, although its pod is gone; the
+    # preflight ran first and passed.
+    for step in ("tokenize", "train", "evaluate", "export"):
+        kept = storage.read_text(join_uri(k8s_run.run_uri, step, "logs", "worker-0.log"))
+        assert kept.strip() and f"{step}/manifest.json" in kept, (step, kept[-2000:])
+    assert storage.read_json(join_uri(k8s_run.run_uri, "provision", "preflight.json"))["ok"]
     exported = storage.read_json(join_uri(k8s_run.run_uri, "export", "manifest.json"))
     assert storage.is_complete(exported["version_uri"])
 

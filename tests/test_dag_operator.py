@@ -1,5 +1,5 @@
 """The DAG's worker controller operator against real processes (tiny scripts, no TensorFlow):
-it fails with the worker's error and on_kill stops every worker."""
+it fails with the worker's error and on_kill stops every worker, keeping their logs."""
 from __future__ import annotations
 
 import threading
@@ -54,7 +54,9 @@ def test_worker_failure_fails_the_task_with_its_error(operator_class, run_with_w
 
 
 def test_on_kill_stops_the_workers(operator_class, run_with_worker):
-    run_uri = run_with_worker("import time; print('ready', flush=True); time.sleep(600)")
+    run_uri = run_with_worker(
+        "import os, pathlib, time; print('ready', flush=True); "
+        "pathlib.Path(os.environ['TMPDIR'], 'ready').touch(); time.sleep(600)")
     op = operator_class(task_id="train", step="train", run_uri=run_uri, distributed=True)
     errors = []
 
@@ -67,7 +69,9 @@ def test_on_kill_stops_the_workers(operator_class, run_with_worker):
     runner = threading.Thread(target=execute)
     runner.start()
     record_uri = provision.pid_record_uri(run_uri, "train")
-    while not storage.exists(record_uri):
+    ready = [provision.local_tmp_root(run_uri) / f"worker-{i}" / "ready" for i in (0, 1)]
+    deadline = time.monotonic() + 60
+    while not all(p.exists() for p in ready) and time.monotonic() < deadline:
         time.sleep(0.05)
     op.on_kill()
     runner.join(timeout=30)
@@ -75,3 +79,6 @@ def test_on_kill_stops_the_workers(operator_class, run_with_worker):
     # Both workers were killed and reaped by the controller.
     pids = [entry["pid"] for entry in storage.read_json(record_uri)["pids"]]
     assert len(pids) == 2 and not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    # Their output is kept in the run folder (tasks/provision/worker_logs.py).
+    for index in (0, 1):
+        assert storage.read_text(f"{run_uri}/train/logs/worker-{index}.log") == "ready\n"

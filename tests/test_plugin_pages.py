@@ -176,6 +176,34 @@ def test_traversal_and_unlisted_names_are_refused(logged_in, tree, path):
     assert resp.status_code in (400, 404), (path, resp.status_code, resp.text[:200])
 
 
+def test_run_page_links_the_worker_logs_and_serves_them(logged_in, api_server, tree):
+    """Logs kept in the run folder (tasks/provision/worker_logs.py) are linked from the run
+    page and served as text, to logged-in users only; nothing else under the run is."""
+    from tasks.io import storage
+
+    run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    storage.write_text(f"{run}/train/logs/chief-0.log", "step 1 <loss> 0.7\n")
+    storage.write_text(f"{run}/train/logs/worker-1.log", "worker 1 up\n")
+    storage.write_text(f"{run}/tokenize/logs/worker-0.log", "tokenized 120 rows\n")
+    storage.write_text(f"{run}/train/logs/notes.txt", "not a log")
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text
+    hrefs = re.findall(r"<a class='log' href='([^']+)'", page)
+    assert hrefs == [f"{RUN_KEY}/logs/tokenize/worker-0.log",
+                     f"{RUN_KEY}/logs/train/chief-0.log", f"{RUN_KEY}/logs/train/worker-1.log"]
+    served = logged_in.get(f"/bertflow/runs/{DAG_ID}/{hrefs[1]}")
+    assert served.status_code == 200 and served.text == "step 1 <loss> 0.7\n"
+    assert served.headers["content-type"].startswith("text/plain")
+    for path, codes in ((f"{RUN_KEY}/logs/train/notes.txt", {400}),
+                        (f"{RUN_KEY}/logs/train/worker-2.log", {404}),
+                        (f"{RUN_KEY}/logs/manifest/worker-0.log", {400}),
+                        (f"{RUN_KEY}/logs/train/..%2Fmanifest.json", {400, 404}),
+                        ("nope/logs/train/chief-0.log", {404})):
+        assert logged_in.get(f"/bertflow/runs/{DAG_ID}/{path}").status_code in codes, path
+    client, _ = api_server
+    client.cookies.clear()
+    assert client.get(f"/bertflow/runs/{DAG_ID}/{hrefs[1]}").status_code == 401
+
+
 # --- models exported outside {artifact_root}/models ---------------------------------------------
 
 @pytest.fixture

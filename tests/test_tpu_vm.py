@@ -18,7 +18,7 @@ from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT, parse_config
 from tasks.errors import BertflowError, ConfigError, WorkerError
-from tasks.provision import backend_for, tpu_vm
+from tasks.provision import backend_for, tpu_vm, worker_logs
 from tasks.provision.spec import WorkerSpec
 from tasks.runs.runlayout import RunContext
 from test_cli import cli
@@ -165,6 +165,23 @@ def test_release_deletes_the_node_then_the_queued_resource(fake_tpu, gs_root):
 
     again = backend.release(cfg, ctx, log=lambda _: None)  # already gone: no error
     assert again["deleted"] == [] and len(again["already_gone"]) == 2
+
+
+def test_release_keeps_the_log_of_a_step_the_agent_never_finished(fake_tpu, gs_root,
+                                                                 monkeypatch):
+    """The VM's agent died mid-step (no status): release writes the step's log from the
+    chunks the agent had uploaded, before the VM is deleted."""
+    cfg, ctx = tpu_config(gs_root), run_context(gs_root)
+    monkeypatch.setattr(tpu_vm.TpuVmBackend, "release_wait_seconds", 0.5)
+    storage.write_json(tpu_vm.agent_uri(ctx, "requests", "train.json"),
+                       tpu_vm.step_request(cfg, _spec("train", "x"), "train-002"))
+    storage.write_text(tpu_vm.agent_uri(ctx, "logs", "train-002", "000001.txt"), "epoch 1\n")
+    storage.write_text(tpu_vm.agent_uri(ctx, "logs", "train-002", "000002.txt"), "epoch 2\n")
+    released = tpu_vm.TpuVmBackend().release(cfg, ctx, log=lambda _: None)
+    uri = worker_logs.log_uri(ctx.run_uri, "train", "worker", 0)
+    assert released["kept_logs"] == [uri]
+    assert storage.read_text(uri) == "epoch 1\nepoch 2\n"
+    assert storage.exists(tpu_vm.agent_uri(ctx, "cancel", "train-002.json"))
 
 
 def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
@@ -345,6 +362,9 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
     streamed = [ln for ln in log if ln.startswith("[tpu:0] ")]
     assert streamed[:2] == ["[tpu:0] step one", "[tpu:0] step two"]
     assert json.loads(streamed[2].split("conn ", 1)[1])["conn_type"] == "google_cloud_platform"
+    # The agent kept the step's whole log in the run folder before its status.
+    train_log = worker_logs.log_uri(ctx.run_uri, "train", "worker", 0)
+    assert storage.read_text(train_log).startswith("step one\nstep two\nconn ")
 
     # Failure: the worker's exit code and last lines.
     bad = _spec("evaluate", "import sys; print('loading'); print('bad label 7'); sys.exit(3)")
@@ -352,6 +372,8 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
         _controller(cfg, ctx, bad, log.append).run()
     assert "tpu:0 exited with code 3: bad label 7" in str(err.value)
     assert "loading" in str(err.value)
+    assert storage.read_text(worker_logs.log_uri(ctx.run_uri, "evaluate", "worker", 0)) == \
+        "loading\nbad label 7\n"
 
     # A retried task while its step still runs on the VM follows it instead of running twice.
     slow = _spec("evaluate", "import time; print('slow start', flush=True); time.sleep(1.5); "
@@ -391,6 +413,7 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
     status = storage.read_json(status_uri)
     assert status["cancelled"] is True and status["exit_code"] != 0
     assert not _alive(pid)
+    assert storage.read_text(train_log) == f"pid {pid}\n"  # the stopped attempt's log
 
     # Release tells the agent to exit; nothing was created on the (fake) TPU API.
     backend_for(cfg).release(cfg, ctx, log=lambda _: None)

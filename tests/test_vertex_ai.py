@@ -239,8 +239,11 @@ def test_mwms_pools_chief_then_workers(tmp_path):
     assert [p["replicaCount"] for p in pools(job)] == ["1", "2"]
     for pool in pools(job):
         assert pool["machineSpec"] == {"machineType": "n1-standard-8"}
-        assert pool["containerSpec"]["command"] == ["python", "-m", "tasks", "train",
-                                                    "--run-dir", ctx.run_uri]
+        # The step's command, under the writer that keeps the replica's log in the run
+        # folder (the controller cannot read Cloud Logging).
+        assert pool["containerSpec"]["command"] == [
+            "python", "-m", "tasks.provision.worker_logs", "--run-dir", ctx.run_uri,
+            "--step", "train", "--", "python", "-m", "tasks", "train", "--run-dir", ctx.run_uri]
         assert pool["containerSpec"]["imageUri"] == (
             "us-docker.pkg.dev/proj/repo/bertflow-trainer-cpu:" + __import__("tasks").__version__)
     spec = job["jobSpec"]

@@ -24,7 +24,9 @@ import pytest
 from tasks.errors import WorkerError
 from tasks.provision import LocalCluster, WorkerSpec, step_spec
 from tasks.provision.backends import backend_for
+from tasks.io import storage
 from tasks.provision.vertex_ai import POOL_ROLES
+from tasks.provision.worker_logs import log_uri
 from tasks.runs.runlayout import read_manifest
 from test_distributed import COMMON, FIXED, NUM_EVAL, NUM_TRAIN, WEIGHT_ATOL
 from train_helpers import h5_weights, make_run, run_cluster, write_tiny_model
@@ -100,6 +102,12 @@ def test_mwms_chief_plus_worker_trains_what_two_local_workers_train(tmp_path, ti
         assert manifest["num_replicas"] == 2 and manifest["steps"] == 24
     assert any(ln.startswith("[chief:0] ") for ln in lines)
     assert any(ln.startswith("[worker:0] ") for ln in lines)
+    # Each replica kept its own log in the run folder (the worker-side writer); the chief's
+    # ends with the step's manifest URI, which `python -m tasks train` prints last.
+    logs = {role: storage.read_text(log_uri(vertex[1].run_uri, "train", role, 0))
+            for role in ("chief", "worker")}
+    assert logs["chief"].rstrip().endswith(vertex[1].manifest_uri("train"))
+    assert logs["worker"].strip()
     base = h5_weights(Path(tiny_model))
     moved = max(float(np.abs(b[k] - base[k]).max()) for k in b)
     diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)

@@ -1,7 +1,8 @@
 """Worker provisioning: the setup step of the pipeline (`release` is its teardown).
 
 `run(cfg, ctx)` resolves the strategy and cluster shape, checks the config against the chosen
-backend (`provisioner`), creates what the backend makes at setup (a TPU VM), and writes the
+backend (`provisioner`), checks permissions on a non-local run (tasks/provision/preflight.py),
+creates what the backend makes at setup (a TPU VM), and writes the
 worker specs of every worker step to `provision/manifest.json`. Controllers run those specs
 with `backend_for(cfg).controller(...)`; `dry_run` prints what the backend would create.
 """
@@ -34,6 +35,10 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     backend = backend_for(cfg)
     capacity.check(cfg)
     backend.check(cfg, ctx)
+    if cfg.provisioner != "local":  # permissions, before anything costs money
+        from tasks.provision import preflight
+
+        preflight.run(cfg, ctx, backend)
     specs = {step: distributed_spec(cfg, step, ctx.run_uri) for step in DISTRIBUTED_STEPS}
     first = specs[DISTRIBUTED_STEPS[0]]
     resources = backend.setup(cfg, ctx)

@@ -29,6 +29,7 @@ from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote
 from tasks.provision.local import TAIL_LINES
 from tasks.provision.spec import WorkerSpec
+from tasks.provision.worker_logs import StepLogs, log_uri
 from tasks.runs.runlayout import RunContext
 
 PROPAGATION = "Background"  # the Job's pods go with it (the default for Jobs orphans them)
@@ -148,13 +149,15 @@ class KubernetesBackend(Backend):
         return JobController(self, cfg, ctx, spec, log=log, secrets=secrets)
 
     def release(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
-        """Delete everything of the run by its labels, whatever its controllers did."""
-        counts = self.api(cfg).delete_selected(cfg.k8s_namespace, render.run_selector(ctx),
-                                               pods=True)
+        """Delete everything of the run by its labels, whatever its controllers did. Pods
+        still there (their controller died) first have their logs kept in the run folder."""
+        api = self.api(cfg)
+        kept = _keep_pod_logs(api, cfg, ctx, log)
+        counts = api.delete_selected(cfg.k8s_namespace, render.run_selector(ctx), pods=True)
         if any(counts.values()):
             log(f"[cluster] released {counts} in namespace {cfg.k8s_namespace}")
         return {"namespace": cfg.k8s_namespace, "selector": render.run_selector(ctx),
-                "deleted": counts}
+                "deleted": counts, "kept_logs": kept}
 
     def sweep(self, cfg: RunConfig, log: Log = print) -> list[str]:
         """Delete bertflow objects of steps that no longer run: steps whose Jobs all finished
@@ -197,6 +200,35 @@ class KubernetesBackend(Backend):
         for name in removed:
             log(f"[sweep] deleted {name} in namespace {ns}")
         return removed
+
+
+def _keep_pod_logs(api: _Api, cfg: RunConfig, ctx: RunContext, log: Log) -> list[str]:
+    """Write the whole log of every pod of the run still on the cluster (its controller
+    died, so nothing else writes these files) to the run folder; the URIs written."""
+    from tasks.io import storage
+
+    kept = []
+    for pod in api.core.list_namespaced_pod(cfg.k8s_namespace,
+                                            label_selector=render.run_selector(ctx)).items:
+        meta = pod.metadata
+        labels = meta.labels or {}
+        index = (meta.annotations or {}).get(render.COMPLETION_INDEX) or \
+            labels.get(render.COMPLETION_INDEX)
+        if not (labels.get(render.STEP) and labels.get(render.ROLE) and index):
+            continue
+        uri = log_uri(ctx.run_uri, labels[render.STEP], labels[render.ROLE], int(index))
+        try:
+            # Raw bytes: the client would otherwise deserialize the text as a Python literal.
+            resp = api.core.read_namespaced_pod_log(meta.name, cfg.k8s_namespace,
+                                                    container=render.CONTAINER,
+                                                    _preload_content=False)
+            text = resp.data.decode("utf-8", errors="replace")
+            storage.write_text(uri, text if not text or text.endswith("\n") else text + "\n")
+        except Exception as err:  # noqa: BLE001 (a pod that never started has no log)
+            log(f"[cluster] no log kept for pod {meta.name}: {str(err).splitlines()[0][:200]}")
+            continue
+        kept.append(uri)
+    return kept
 
 
 def _step_key(obj) -> tuple:
@@ -327,6 +359,8 @@ class _PodLog:
         elif not self._last.is_new(us):
             return  # delivered before the stream was reopened
         self.tail.append(line)
+        role, _, index = self.task.rpartition(":")
+        self._controller.logs.line(role, int(index), line)
         self._controller.log(f"[{self.task}] {line}")
 
 
@@ -388,6 +422,8 @@ class JobController:
         self._lock = threading.RLock()
         self._logs: dict[str, _PodLog] = {}
         self.running_at: float | None = None  # every pod running (attempts.py)
+        # Every pod's log in the run folder (worker_logs), kept before the pods are deleted.
+        self.logs = StepLogs(ctx.run_uri, spec.step, log)
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -411,6 +447,7 @@ class JobController:
 
     # --- internals ------------------------------------------------------------------------
     def _teardown(self) -> None:
+        self.logs.flush()  # what the pods said so far is kept even if deleting hangs
         try:
             self.api.delete_selected(self.cfg.k8s_namespace, self.selector)
         except Exception as err:  # noqa: BLE001 (the release step deletes by label again)
@@ -420,6 +457,7 @@ class JobController:
         for stream in list(self._logs.values()):
             stream.thread.join(timeout=max(0.0, deadline - time.monotonic()))
             stream.close()
+        self.logs.close()
 
     def _clear_leftovers(self) -> None:
         """A retry: objects of a dead earlier attempt share our names; delete and wait."""

@@ -89,8 +89,10 @@ class LocalCluster:
     def __init__(self, spec: WorkerSpec, log: Callable[[str], None] = print, *,
                  grace_seconds: float = 10.0, record_uri: str | None = None,
                  tmp_root: Path | None = None, port_attempts: int = 3,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, logs=None):
         self.spec = spec
+        # worker_logs.StepLogs: every process's output kept in the run folder.
+        self.logs = logs
         # Secrets (e.g. credentials.worker_env): passed at process start only, never part
         # of the spec, which is written to the provision manifest and logged.
         self._extra_env = dict(extra_env or {})
@@ -108,20 +110,26 @@ class LocalCluster:
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:
-        for attempt in range(1, self.port_attempts + 1):
-            try:
-                self._run_once()
-                return
-            except _PortTaken as err:
-                if attempt == self.port_attempts:
-                    raise WorkerError(f"could not bind worker ports after {attempt} "
-                                      f"attempts: {err}") from None
-                self.log(f"[cluster] port taken ({err}); retrying with new ports")
+        try:
+            for attempt in range(1, self.port_attempts + 1):
+                try:
+                    self._run_once()
+                    return
+                except _PortTaken as err:
+                    if attempt == self.port_attempts:
+                        raise WorkerError(f"could not bind worker ports after {attempt} "
+                                          f"attempts: {err}") from None
+                    self.log(f"[cluster] port taken ({err}); retrying with new ports")
+        finally:
+            if self.logs is not None:
+                self.logs.close()
 
     def stop(self) -> None:
         """Stop every process (e.g. from an Airflow task's on_kill); run() then raises."""
         self._stopped.set()
         self._shutdown()
+        if self.logs is not None:
+            self.logs.flush()
 
     # --- internals ---------------------------------------------------------------------------
     def _run_once(self) -> None:
@@ -178,6 +186,8 @@ class LocalCluster:
         for line in proc.popen.stdout:
             line = line.rstrip("\n")
             proc.tail.append(line)
+            if self.logs is not None:
+                self.logs.line(proc.role, proc.index, line)
             self.log(f"[{proc.name}] {line}")
 
     def _watch(self) -> None:

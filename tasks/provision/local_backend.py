@@ -9,6 +9,7 @@ from tasks.config import RunConfig, join_uri
 from tasks.provision.backends import Backend, Log
 from tasks.provision.local import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.spec import WorkerSpec
+from tasks.provision.worker_logs import StepLogs
 from tasks.runs.runlayout import RunContext
 
 
@@ -34,7 +35,8 @@ class LocalBackend(Backend):
             kill_recorded(storage.read_json(record_uri))
         # Secrets reach the processes' environment at start only, never the spec.
         return LocalCluster(spec, log=log, record_uri=record_uri,
-                            tmp_root=local_tmp_root(ctx.run_uri), extra_env=secrets)
+                            tmp_root=local_tmp_root(ctx.run_uri), extra_env=secrets,
+                            logs=StepLogs(ctx.run_uri, spec.step, log))
 
     def release(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
         """Kill processes whose controller died (a killed Airflow worker), then remove the

@@ -10,6 +10,8 @@ see tasks/provision/tpu_vm.py) polls `{run}/provision/tpu_vm/` through tasks.io.
   appended to), so the controller streams them in order.
 - `status/{id}.json`  `{"id", "exit_code", "tail", "cancelled", "timed_out", "chunks"}`,
   written after the last chunk.
+- `{run}/{step}/logs/worker-0.log`  the step's whole log (tasks/provision/worker_logs.py),
+  uploaded every LOG_SECONDS and before the status: the agent is its only writer.
 - `cancel/{id}.json`  from the controller's stop(): the step's process group is terminated.
 - `agent.json`  heartbeat (changes every beat; `running` names the current request).
 - `shutdown.json`  from the release step: the agent exits (deleting the VM would stop it
@@ -31,9 +33,11 @@ import time
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT, join_uri
 from tasks.errors import BertflowError
+from tasks.provision.worker_logs import Spool, log_uri
 
 TAIL_LINES = 30
 GRACE_SECONDS = 10.0
+LOG_SECONDS = 30.0  # how often the step's whole log is uploaded while it runs
 
 
 def _say(message: str) -> None:
@@ -42,8 +46,10 @@ def _say(message: str) -> None:
 
 class Agent:
     def __init__(self, run_dir: str, *, poll_seconds: float = 2.0, flush_seconds: float = 1.0,
-                 heartbeat_seconds: float = 15.0):
+                 heartbeat_seconds: float = 15.0, log_seconds: float = LOG_SECONDS):
+        self.run_dir = run_dir
         self.folder = join_uri(run_dir, "provision", "tpu_vm")
+        self.log_seconds = log_seconds
         self.poll_seconds = poll_seconds
         self.flush_seconds = flush_seconds
         self.heartbeat_seconds = heartbeat_seconds
@@ -99,7 +105,17 @@ class Agent:
         rid = request["id"]
         logs = self.uri("logs", rid)
         # A request interrupted by a VM restart continues its log after the chunks it wrote.
-        chunk = len([u for u in storage.list_uris(logs + "/") if u.endswith(".txt")])
+        earlier = sorted(u for u in storage.list_uris(logs + "/") if u.endswith(".txt"))
+        chunk = len(earlier)
+        # One process per TPU slice: the spec's single role (WorkerSpec.roles).
+        spool = Spool(log_uri(self.run_dir, request.get("step") or "worker", "worker", 0),
+                      "".join(storage.read_text(u) for u in earlier))
+        try:
+            self._run(request, rid, logs, chunk, spool)
+        finally:
+            spool.close()
+
+    def _run(self, request: dict, rid: str, logs: str, chunk: int, spool: Spool) -> None:
         _say(f"running {rid}: {' '.join(request['command'])}")
         self.heartbeat(rid, force=True)
         argv = list(request["command"])
@@ -118,7 +134,8 @@ class Agent:
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, errors="replace", start_new_session=True)
         except OSError as err:
-            self.finish(rid, 127, [f"cannot start {argv[0]}: {err}"], chunk)
+            spool.line(f"cannot start {argv[0]}: {err}")
+            self.finish(rid, 127, [f"cannot start {argv[0]}: {err}"], chunk, spool=spool)
             return
 
         def pump() -> None:
@@ -135,6 +152,7 @@ class Agent:
         deadline = time.monotonic() + timeout if timeout else None
         cancelled = timed_out = False
         next_check = 0.0
+        next_upload = time.monotonic() + self.log_seconds
         exited_at = None
         while popen.poll() is None or reader.is_alive():
             reader.join(timeout=self.flush_seconds)
@@ -143,8 +161,14 @@ class Agent:
                 exited_at = exited_at or time.monotonic()
                 if time.monotonic() - exited_at > GRACE_SECONDS:
                     break
-            chunk = self._flush(logs, chunk, pending, lock)
+            chunk = self._flush(logs, chunk, pending, lock, spool)
             now = time.monotonic()
+            if now >= next_upload:
+                next_upload = now + self.log_seconds
+                try:
+                    spool.flush()
+                except (BertflowError, OSError) as err:
+                    _say(f"error keeping the step's log: {err}; continuing")
             if popen.poll() is None and now >= next_check:
                 next_check = now + self.poll_seconds
                 try:
@@ -159,22 +183,28 @@ class Agent:
                     _say(f"{rid} ran past its timeout; stopping it")
                     timed_out = True
                     _terminate(popen)
-        chunk = self._flush(logs, chunk, pending, lock)
+        chunk = self._flush(logs, chunk, pending, lock, spool)
         self.finish(rid, popen.returncode, tail, chunk, cancelled=cancelled,
-                    timed_out=timed_out)
+                    timed_out=timed_out, spool=spool)
 
-    def _flush(self, logs: str, chunk: int, pending: list[str], lock: threading.Lock) -> int:
+    def _flush(self, logs: str, chunk: int, pending: list[str], lock: threading.Lock,
+               spool: Spool) -> int:
         with lock:
             lines = list(pending)
             pending.clear()
         if not lines:
             return chunk
         chunk += 1
-        storage.write_text(join_uri(logs, f"{chunk:06d}.txt"), "\n".join(lines) + "\n")
+        text = "\n".join(lines) + "\n"
+        storage.write_text(join_uri(logs, f"{chunk:06d}.txt"), text)
+        spool.write(text)
         return chunk
 
     def finish(self, rid: str, code: int, tail: list[str], chunks: int, *,
-               cancelled: bool = False, timed_out: bool = False) -> None:
+               cancelled: bool = False, timed_out: bool = False,
+               spool: Spool | None = None) -> None:
+        if spool is not None:  # the whole log first: a status means the log is complete
+            spool.flush(force=True)
         storage.write_json(self.uri("status", f"{rid}.json"), {
             "id": rid, "exit_code": code, "tail": tail[-TAIL_LINES:], "cancelled": cancelled,
             "timed_out": timed_out, "chunks": chunks})
@@ -210,9 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-seconds", type=float, default=2.0)
     parser.add_argument("--flush-seconds", type=float, default=1.0)
     parser.add_argument("--heartbeat-seconds", type=float, default=15.0)
+    parser.add_argument("--log-seconds", type=float, default=LOG_SECONDS)
     args = parser.parse_args(argv)
     agent = Agent(args.run_dir, poll_seconds=args.poll_seconds,
-                  flush_seconds=args.flush_seconds, heartbeat_seconds=args.heartbeat_seconds)
+                  flush_seconds=args.flush_seconds, heartbeat_seconds=args.heartbeat_seconds,
+                  log_seconds=args.log_seconds)
     try:
         return agent.serve()
     except KeyboardInterrupt:

@@ -44,7 +44,7 @@ import time
 from typing import Any
 
 from tasks.io import credentials, storage
-from tasks.provision import capacity, images
+from tasks.provision import capacity, images, worker_logs
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision.attempts import outcome_of_exit
@@ -454,8 +454,9 @@ class TpuVmBackend(Backend):
             return released
         try:  # the agent exits when it sees this; deleting the VM stops it anyway
             storage.write_json(agent_uri(ctx, "shutdown.json"), {"at": time.time()})
+            released["kept_logs"] = self._keep_unfinished_logs(ctx, log)
         except BertflowError as err:
-            log(f"[tpu] could not write the agent's shutdown marker: {err}")
+            log(f"[tpu] could not write the agent's shutdown marker or keep logs: {err}")
         client, found = tpu_client(cfg)
         project = _project(cfg, found)
         parent = f"projects/{project}/locations/{cfg.tpu_zone}"
@@ -470,6 +471,35 @@ class TpuVmBackend(Backend):
             key = "deleted" if self._delete(client, what, target, log, force) else "already_gone"
             released[key].append(target)
         return released
+
+    release_wait_seconds = 60.0  # for the agent to finish a cancelled step's log
+
+    def _keep_unfinished_logs(self, ctx: RunContext, log: Log) -> list[str]:
+        """Steps still running on the VM (their controller died): cancel them and let the
+        agent, their log's writer, finish; for an agent that does not answer, write the log
+        from its chunks before the VM goes."""
+        unfinished = []
+        for uri in storage.list_uris(agent_uri(ctx, "requests") + "/"):
+            request = storage.read_json(uri) if uri.endswith(".json") else None
+            if request and not storage.exists(agent_uri(ctx, "status", f"{request['id']}.json")):
+                storage.write_json(agent_uri(ctx, "cancel", f"{request['id']}.json"),
+                                   {"at": time.time()})
+                unfinished.append(request)
+        deadline = time.monotonic() + self.release_wait_seconds
+        while unfinished and time.monotonic() < deadline and not all(
+                storage.exists(agent_uri(ctx, "status", f"{r['id']}.json")) for r in unfinished):
+            time.sleep(1.0)
+        kept = []
+        for request in unfinished:
+            if storage.exists(agent_uri(ctx, "status", f"{request['id']}.json")):
+                continue  # the agent finished it, log included
+            chunks = sorted(u for u in storage.list_uris(agent_uri(ctx, "logs", request["id"])
+                                                         + "/") if u.endswith(".txt"))
+            uri = worker_logs.log_uri(ctx.run_uri, request["step"], "worker", 0)
+            storage.write_text(uri, "".join(storage.read_text(c) for c in chunks))
+            log(f"[tpu] {request['id']} never finished on the VM; its log is kept in {uri}")
+            kept.append(uri)
+        return kept
 
     def sweep(self, cfg: RunConfig, log: Log = print) -> list[str]:
         if not cfg.tpu_zone:

@@ -31,7 +31,9 @@ for machines longer than `schedule_timeout_seconds` or when stopped (on_kill), a
 Vertex AI's own error message. `release` cancels every job of the run still alive (found
 through the records and the `bertflow-run` label); `sweep` cancels bertflow-labelled jobs
 alive longer than `worker_timeout_minutes` (Vertex AI also enforces that timeout itself).
-Worker logs go to Cloud Logging; the controller logs a link to them instead of streaming.
+Worker logs go to Cloud Logging, which the controller links to instead of streaming; each
+replica also keeps its own log in `{run}/{step}/logs/{role}-{index}.log`
+(tasks/provision/worker_logs.py).
 
 `BERTFLOW_VERTEX_ENDPOINT=http://HOST:PORT` points the client at an emulator or a test fake
 (REST transport, anonymous credentials); never set it in production.
@@ -48,7 +50,7 @@ import urllib.parse
 from tasks.io import credentials, storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import ConfigError, WorkerError
-from tasks.provision import capacity
+from tasks.provision import capacity, worker_logs
 from tasks.provision.images import default_image, image_kind
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.spec import WorkerSpec, run_hash
@@ -211,14 +213,17 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
                     project: str = "") -> dict:
     """The CustomJob as a proto-plus dict (snake_case field names)."""
     env = [{"name": k, "value": v} for k, v in worker_env(cfg, spec, project).items()]
-    container = {"image_uri": worker_image(cfg), "command": list(spec.command), "env": env}
+    step = spec.step or "worker"
+    # The controller cannot read Cloud Logging: each replica keeps its own log in the run
+    # folder (tasks/provision/worker_logs.py).
+    command = worker_logs.wrap(spec.command, ctx.run_uri, step)
+    container = {"image_uri": worker_image(cfg), "command": command, "env": env}
     pools = []
     for i, replicas in enumerate(pool_replicas(spec)):
         accelerated = spec.accelerated and pool_computes(spec, POOL_ROLES[i])
         pools.append({"machine_spec": _with_reservation(cfg, machine_spec(cfg, accelerated)),
                       "replica_count": replicas, "container_spec": container}
                      if replicas else {})  # an empty pool keeps the later ones in place
-    step = spec.step or "worker"
     scheduling = {"timeout": dt.timedelta(minutes=cfg.worker_timeout_minutes)}
     if spec.strategy == "multi_worker_mirrored" and len(spec.roles) > 1:
         # Scheduling.restart_job_on_worker_restart (Vertex AI API reference, CustomJobSpec

@@ -28,6 +28,9 @@ LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may n
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
 CHAMPION = "CHAMPION.json"  # tasks.steps.promote.CHAMPION (not imported: promote pulls in more)
 HISTORY = "history.json"    # train/history.json, written by tasks.steps.train.Progress
+# Worker log files, {run}/{step}/logs/{role}-{index}.log (tasks/provision/worker_logs.py).
+LOG_STEPS = ("data", "tokenize", "train", "evaluate", "export")
+LOG_NAME = re.compile(r"(chief|worker|ps|evaluator)-\d{1,5}\.log")
 
 
 def valid_name(name: str) -> bool:
@@ -194,6 +197,24 @@ def experiments(root: str) -> dict[str, list[dict[str, Any]]]:
     return dict(sorted(groups.items()))
 
 
+def worker_logs(root: str, dag_id: str, run_key: str) -> list[tuple[str, str]]:
+    """(step, file name) of every worker log the run kept, in pipeline order."""
+    run = join_uri(runs_uri(root), dag_id, run_key)
+    found = []
+    for step in LOG_STEPS:
+        base = join_uri(run, step, "logs") + "/"
+        names = [uri[len(base):] for uri in storage.list_uris(base) if uri.startswith(base)]
+        found += [(step, n) for n in sorted(names) if LOG_NAME.fullmatch(n)]
+    return found
+
+
+def worker_log_uri(root: str, dag_id: str, run_key: str, step: str, name: str) -> str | None:
+    """The URI of a log `worker_logs` lists; None for anything else."""
+    if (step, name) not in worker_logs(root, dag_id, run_key):
+        return None
+    return join_uri(runs_uri(root), dag_id, run_key, step, "logs", name)
+
+
 def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
     """A run's summary plus what its page draws: the training history, the evaluation metrics
     (confusion matrix, per class), the train manifest and which steps have finished."""
@@ -208,6 +229,7 @@ def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "steps_done": [s for s in ("data", "tokenize", "provision", "train", "evaluate",
                                    "release", "export", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],
+        "logs": worker_logs(root, dag_id, run_key),
     })
     return detail
 

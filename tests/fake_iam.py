@@ -1,0 +1,62 @@
+"""A fake IAM API (v1, REST) on loopback for the preflight's service-account check:
+`POST /v1/projects/*/serviceAccounts/{email}:testIamPermissions` answers the asked permissions
+the caller holds on that account (`grants[email]`), 404 for an account not in `grants`, as
+https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions
+describes. Point the preflight at it with `BERTFLOW_IAM_ENDPOINT`. Requests are kept in
+`requests` as (path, body)."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+_TEST = re.compile(r"^/v1/projects/[^/]+/serviceAccounts/([^/:]+):testIamPermissions$")
+
+
+class FakeIam:
+    def __init__(self):
+        self.grants: dict[str, set[str]] = {}
+        self.requests: list[tuple[str, dict]] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_POST(self):  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                fake.requests.append((self.path, body))
+                match = _TEST.match(self.path)
+                if not match:
+                    code, payload = 404, {"error": {"code": 404, "message": "no route",
+                                                    "status": "NOT_FOUND"}}
+                elif match[1] not in fake.grants:
+                    code, payload = 404, {"error": {
+                        "code": 404, "status": "NOT_FOUND",
+                        "message": f"Unknown service account {match[1]}"}}
+                else:
+                    held = fake.grants[match[1]]
+                    code = 200
+                    payload = {"permissions": [p for p in body.get("permissions", [])
+                                               if p in held]}
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       daemon=True)
+
+    def start(self) -> "FakeIam":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
