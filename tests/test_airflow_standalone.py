@@ -15,7 +15,8 @@ throwaway AIRFLOW_HOME, and driven only through its REST API and a real headless
   sends to POST /api/v2/backfills, each run asking for approval; the first is approved and
   the second rejected through the REST hitlDetails endpoints (a second answer gets 409): the
   first version becomes the champion and stays it; its lineage (card, lineage.json, asset
-  event extra, the plugin's version and data pages) matches the run that produced it;
+  event extra, the plugin's version and data pages) matches the run that produced it; a run
+  left unanswered for its approval timeout (1 minute) counts as rejected;
 - last (the tests run in file order): with a second run's tasks and TensorFlow workers
   running, Ctrl-C stops everything: make exits, and no process started for it is left.
 
@@ -529,6 +530,27 @@ def test_lineage_matches_the_run_that_produced_the_version(server, finished_run,
     for version in (first["version"], approved["export"]["version"],
                     rejected["export"]["version"]):
         assert f"bert-classifier {version}</a>" in found, version
+
+
+def test_no_answer_in_time_counts_as_a_rejection(server, approved, rejected,
+                                                 tiny_model_dir):  # noqa: F811
+    """A run left unanswered for its approval_timeout_minutes (1): the scheduler's timeout sweep
+    answers with the default, Reject, and the run says it timed out."""
+    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {
+        **APPROVAL_CONF, "base_model": str(tiny_model_dir), "approval_timeout_minutes": 1}})
+    assert resp.status_code == 200, resp.text
+    run = resp.json()
+    _await_approval(server, run)
+    done = _finish(server, run)
+    assert done["state"] == "success", done["states"]
+    assert done["promote"]["promoted"] is False
+    assert done["promote"]["reason"] == ("no approval within approval_timeout_minutes 1: "
+                                         "counted as rejected; the champion stays")
+    assert done["promote"]["approval"]["timed_out"] is True
+    detail = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{done['quoted']}/hitlDetails").json()
+    answer = detail["hitl_details"][0]
+    assert answer["chosen_options"] == ["Reject"] and answer["responded_by_user"] is None
+    assert _champion(server)["version"] == approved["export"]["version"]
 
 
 # --- last: Ctrl-C ---------------------------------------------------------------------------
