@@ -1,5 +1,5 @@
 """bert_finetune: validate -> data -> tokenize -> [provision] train -> evaluate [release]
--> export -> promote.
+-> export -> gate -> [approval] -> promote.
 
 Thin wiring only: every step is `tasks.<step>.run(cfg, ctx)`. Steps that read the data or
 import TensorFlow (data, tokenize, train, evaluate, export) run as `python -m tasks <step>`
@@ -7,14 +7,18 @@ worker processes started and watched by a controller task; the Airflow task proc
 imports TensorFlow nor holds the data, and this file imports nothing heavy at parse time.
 Tasks pass run-folder / manifest URIs through XCom.
 
-Schedule: manual by default; set BERTFLOW_SCHEDULE (a cron expression or preset such as
-"@weekly") for scheduled retraining and backfills (Airflow backfills only periodic DAGs); runs
-get real data intervals. Scheduled and backfill runs are keyed by experiment and logical date,
-so `airflow backfill create --dag-id bert_finetune --from-date ... --to-date ...` writes one
-run folder per date and re-running a date of an experiment reuses it (and the tokenized-data
-cache). Data URIs may name the run's date: `gs://bucket/reviews/{ds}/*.jsonl`.
+Schedule: by default no run of its own, but backfills over @daily data intervals from the
+UI's Backfill form or `airflow backfill create` (bertflow_airflow/timetables.py); set
+BERTFLOW_SCHEDULE (a cron expression or preset such as "@weekly") for scheduled retraining
+(and backfills over its intervals); runs get real data intervals. Scheduled and backfill runs
+are keyed by experiment and logical date, so `airflow backfill create --dag-id bert_finetune
+--from-date ... --to-date ...` writes one run folder per date and re-running a date of an
+experiment reuses it (and the tokenized-data cache). Data URIs may name the run's date:
+`gs://bucket/reviews/{ds}/*.jsonl`.
 Promoted models are asset events on the alias "bertflow-promoted-model" (schedule on it to
-react to a new champion).
+react to a new champion); the event's extra holds the version's lineage.
+After export: gate (the quality gate's decision) -> approval (a person approves, only with
+require_approval and when the gate passed; skipped otherwise) -> promote.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ if _PROJECT_ROOT not in sys.path:
 
 from airflow.sdk import Asset, AssetAlias, Param, dag, task  # noqa: E402
 
+from bertflow_airflow.approval import CandidateApproval  # noqa: E402
+from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
 from bertflow_airflow.worker_operator import WorkerStepOperator, load_run  # noqa: E402
 from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
 
@@ -41,11 +47,14 @@ def _schedule():
     """BERTFLOW_SCHEDULE (a cron expression or preset such as @weekly), the one place the
     schedule is set, as a data-interval timetable: each scheduled or backfill run covers
     [previous tick, this tick), which date placeholders such as {data_interval_start:%Y-%m-%d}
-    resolve from. Unset: manual only. catchup stays off; backfills fill history."""
+    resolve from. Unset: @daily intervals for backfills only, never a run by itself (the UI's
+    Backfill option needs a periodic timetable). catchup stays off; backfills fill history."""
     from airflow.sdk.definitions.timetables.interval import CronDataIntervalTimetable
 
     expression = os.environ.get("BERTFLOW_SCHEDULE")
-    return CronDataIntervalTimetable(expression, timezone="UTC") if expression else None
+    if expression:
+        return CronDataIntervalTimetable(expression, timezone="UTC")
+    return BackfillOnlyTimetable("@daily", timezone="UTC")
 
 
 @dag(
@@ -107,27 +116,43 @@ def bert_finetune():
 
         return release_step.run(*load_run(run_uri))
 
+    @task
+    def gate(run_uri: str, export_manifest_uri: str) -> dict:
+        """The quality gate's decision and both sides' metrics (the pointer does not move)."""
+        from tasks.steps import promote as promote_step
+
+        result = promote_step.check(*load_run(run_uri))
+        print(f"gate {'passed' if result['passed'] else 'refused'}: {result['reason']}")
+        return result
+
     # One promote at a time across runs (a backfill finishes several together): the first
     # event for a new model name makes Airflow create its asset, and two such creations at
     # once break the unique (name, uri) index and fail a task that had succeeded (seen on
     # Postgres, Airflow 3.3). The gate itself is safe either way (CHAMPION.json is written
     # conditionally); serial promotes also record a clean champion history.
-    @task(outlets=[PROMOTED], max_active_tis_per_dag=1)
+    # none_failed: after the approval task whether it answered or was skipped.
+    @task(outlets=[PROMOTED], max_active_tis_per_dag=1, trigger_rule="none_failed")
     def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
-        """Quality gate; a promoted model becomes an asset event consumers can schedule on."""
+        """Champion pointer (gate re-applied, approval honoured); a promoted model becomes an
+        asset event consumers can schedule on, with the version's lineage as its extra."""
         from tasks.steps import promote as promote_step
         from tasks.io import storage
         from tasks.config import join_uri
+        from tasks.runs import lineage
 
         cfg, ctx = load_run(run_uri)
-        result = storage.read_json(promote_step.run(cfg, ctx))
+        answer = context["ti"].xcom_pull(task_ids="approval")  # None when skipped
+        approval = promote_step.Approval(**answer) if answer else None
+        result = storage.read_json(promote_step.run(cfg, ctx, approval))
+        print(f"{'promoted' if result['promoted'] else 'not promoted'}: {result['reason']}")
         if result["promoted"]:
             exported = storage.read_json(export_manifest_uri)
             location = join_uri(cfg.resolved_export_uri(), cfg.model_name)
             uri = location if "://" in location else "file://" + location
             context["outlet_events"][PROMOTED].add(
                 Asset(name=f"bertflow-model-{cfg.model_name}", uri=uri),
-                extra={"version_uri": exported["version_uri"], "version": exported["version"]})
+                extra={**(lineage.read(exported["version_uri"]) or {}),
+                       "version_uri": exported["version_uri"], "version": exported["version"]})
         return result
 
     run_uri = validate()
@@ -147,7 +172,9 @@ def bert_finetune():
     released.as_teardown(setups=provisioned)
     # export needs evaluate's success explicitly: a teardown succeeds even when its work failed.
     [evaluated, released] >> exported
-    promote(run_uri, exported.output)
+    gated = gate(run_uri, exported.output)
+    approval = CandidateApproval(task_id="approval", gate_task_id="gate")
+    gated >> approval >> promote(run_uri, exported.output)
 
 
 bert_finetune()

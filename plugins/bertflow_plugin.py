@@ -11,6 +11,10 @@ the UI's navigation bar.
   in the run folder (tasks/provision/worker_logs.py); the run page links every one.
 - `/bertflow/models/{model}/{version}/card[?location={location_id}]`: a version's model card,
   from `{artifact_root}/models` or, with `location`, from another export location.
+- `/bertflow/models/{model}/{version}[?location=...]`: a version's lineage (lineage.json: data
+  URIs and hashes, token cache key, base checkpoint, code version, DAG run, metrics, config).
+- `/bertflow/data?q=...`: the versions whose data has that sha256, URI (or URI part) or token
+  cache key: "which versions came from this data".
 
 Models are listed from every export location: `{artifact_root}/models` and each distinct
 resolved `export_uri` the runs recorded in their config.json (tasks.runs.run_summary). A link
@@ -41,7 +45,8 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
     sys.path.insert(0, _PROJECT_ROOT)
 
-from tasks.runs import run_summary  # noqa: E402
+from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
+from tasks.runs import lineage, run_summary  # noqa: E402
 from tasks.io import storage
 from tasks.config import default_artifact_root, join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
@@ -154,7 +159,9 @@ def _models_html(models: list[dict]) -> str:
             f"<td>{_fmt(v['accuracy'])}</td><td>{_fmt(v['macro_f1'])}</td>"
             f"<td class='l'><a href='"
             f"{_card_href('', m['model'], v['version'], m['location_id'], m['default_location'])}"
-            f"'>model card</a></td><td class='l'><code>{esc(v['uri'])}</code></td></tr>"
+            f"'>model card</a> <a class='lineage' href='models/"
+            f"{_link(m['model'], v['version'])}{_location_query(m)}'>lineage</a></td>"
+            f"<td class='l'><code>{esc(v['uri'])}</code></td></tr>"
             for v in m["versions"])
         where = "" if m["default_location"] else \
             f" <small>in <code>{esc(m['location'])}</code></small>"
@@ -434,15 +441,7 @@ def model_card(model: str, version: str, location: str | None = None) -> str:
     looked up among the export locations the server knows (never a path); without it,
     {artifact_root}/models."""
     _checked(model, version)
-    root = default_artifact_root()
-    if location is None:
-        where = run_summary.default_location(root)
-    elif not run_summary.LOCATION_ID.fullmatch(location):
-        raise HTTPException(400, "bad location")
-    else:
-        where = run_summary.locations_by_id(root).get(location)
-        if where is None:
-            raise HTTPException(404, "no such export location")
+    where = _location(default_artifact_root(), location)
     if (model, version) not in run_summary.list_versions_at(where):
         raise HTTPException(404, "no such complete model version")
     try:
@@ -451,8 +450,114 @@ def model_card(model: str, version: str, location: str | None = None) -> str:
         raise HTTPException(404, str(err)) from None
 
 
+# --- lineage --------------------------------------------------------------------------------
+
+def _location_query(m: dict) -> str:
+    return "" if m["default_location"] else f"?location={quote(m['location_id'], safe='')}"
+
+
+def _location(root: str, location: str | None) -> str:
+    """The export location a request names by its id (never a path); default {root}/models."""
+    if location is None:
+        return run_summary.default_location(root)
+    if not run_summary.LOCATION_ID.fullmatch(location):
+        raise HTTPException(400, "bad location")
+    where = run_summary.locations_by_id(root).get(location)
+    if where is None:
+        raise HTTPException(404, "no such export location")
+    return where
+
+
+def _data_link(prefix: str, key) -> str:
+    return (f"<a class='data' href='{prefix}data?q={quote(str(key), safe='')}'>"
+            f"<code>{esc(str(key))}</code></a>")
+
+
+@app.get("/models/{model}/{version}", response_class=HTMLResponse)
+def version_page(model: str, version: str, location: str | None = None) -> str:
+    """Which data, config, checkpoint and code produced this version."""
+    _checked(model, version)
+    root = default_artifact_root()
+    where = _location(root, location)
+    if (model, version) not in run_summary.list_versions_at(where):
+        raise HTTPException(404, "no such complete model version")
+    record = lineage.read(join_uri(where, model, version))
+    prefix = "../../"
+    if record is None:
+        body = "<p>No lineage recorded for this version (<code>lineage.json</code>).</p>"
+    else:
+        data = "".join(
+            f"<tr><th class='l'>{esc(str(split))}</th><td class='l'>"
+            f"{_data_link(prefix, src.get('uri'))}</td><td class='l'>"
+            f"{_data_link(prefix, src.get('sha256'))}</td></tr>"
+            for split, src in (record.get("data") or {}).items() if isinstance(src, dict))
+        base, code = record.get("base_model") or {}, record.get("code") or {}
+        metrics = record.get("metrics") or {}
+        revision = f" @ {esc(str(base['revision']))}" if base.get("revision") else ""
+        base_hash = esc(str(base.get("sha256") or base.get("hash")))
+        facts = [("token cache key", _data_link(prefix, record.get("tfrecord_cache_key"))),
+                 ("base checkpoint", f"<code>{esc(str(base.get('source')))}</code>{revision}"
+                                     f" sha256 <code>{base_hash}</code>"),
+                 ("code", f"bertflow {esc(str(code.get('bertflow')))}, git commit "
+                          f"<code>{esc(str(code.get('git_commit')))}</code>"),
+                 ("DAG run", f"{esc(str(record.get('dag_id')))} / "
+                             f"<code class='run-id'>{esc(str(record.get('run_id')))}</code>"),
+                 ("experiment", esc(str(record.get("experiment")))),
+                 ("metrics", f"accuracy {_fmt(metrics.get('accuracy'))}, macro-F1 "
+                             f"{_fmt(metrics.get('macro_f1'))}")]
+        run_key = str(record.get("run_key") or "")
+        if run_summary.valid_name(str(record.get("dag_id"))) and run_summary.valid_name(run_key):
+            facts.append(("run page", f"<a href='{prefix}runs/"
+                                      f"{_link(str(record['dag_id']), run_key)}'>run page</a>"))
+        fact_rows = [f"<tr><th class='l'>{esc(k)}</th><td class='l'>{v}</td></tr>"
+                     for k, v in facts]
+        config = "".join(f"<tr><th class='l'>{esc(str(k))}</th><td class='l'>{_fmt(v)}</td></tr>"
+                         for k, v in sorted((record.get("config") or {}).items()))
+        body = (f"<h3>Data</h3><table class='data'><tr><th class='l'>split</th>"
+                f"<th class='l'>URI</th><th class='l'>sha256</th></tr>{data}</table>"
+                f"<table class='facts'>{''.join(fact_rows)}</table>"
+                f"<h3>Config</h3><table class='config'>{config}</table>")
+    return _page(f"bertflow {model} {version}", (
+        f"<p><a href='{prefix}'>&larr; all runs and models</a></p>"
+        f"<h2>{esc(model)} {esc(version)}</h2><p><code>{esc(join_uri(where, model, version))}"
+        f"</code></p>{body}"))
+
+
+@app.get("/data", response_class=HTMLResponse)
+def data_page(q: str = "") -> str:
+    """The versions at every known export location whose data the query names."""
+    root = default_artifact_root()
+    found = []
+    if q.strip():
+        for m in run_summary.models(root):
+            for v in m["versions"]:
+                record = lineage.read(v["uri"])
+                if record and lineage.matches(record, q):
+                    found.append((m, v, record))
+    def hashes(record: dict) -> str:
+        return ", ".join(esc(str(src.get("sha256", ""))[:12])
+                         for src in (record.get("data") or {}).values() if isinstance(src, dict))
+
+    rows = "".join(
+        f"<tr class='version'><td class='l'><a href='models/{_link(m['model'], v['version'])}"
+        f"{_location_query(m)}'>{esc(m['model'])} {esc(v['version'])}</a></td>"
+        f"<td class='l'><code>{esc(str(r.get('run_id')))}</code></td>"
+        f"<td>{_fmt(v['accuracy'])}</td><td class='l'>{hashes(r)}</td></tr>"
+        for m, v, r in found)
+    table = (f"<table class='versions'><tr><th class='l'>version</th><th class='l'>DAG run"
+             f"</th><th>accuracy</th><th class='l'>data sha256</th></tr>{rows}</table>"
+             if found else "<p>No version came from data matching that.</p>" if q.strip()
+             else "")
+    return _page("bertflow data", (
+        "<p><a href='./'>&larr; all runs and models</a></p><h2>Which versions came from this "
+        "data</h2><form method='get'><input name='q' size='80' placeholder='sha256, data URI "
+        f"or token cache key' value='{esc(q)}'> <button>search</button></form>{table}"))
+
+
 class BertflowPlugin(AirflowPlugin):
     name = "bertflow"
     fastapi_apps = [{"app": app, "url_prefix": "/bertflow", "name": "bertflow artifacts"}]
+    # bert_finetune's default schedule: the scheduler and api-server deserialize it by name.
+    timetables = [BackfillOnlyTimetable]
     external_views = [{"name": "bertflow models", "href": "/bertflow/", "destination": "nav",
                        "url_route": "bertflow"}]

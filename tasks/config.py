@@ -310,6 +310,15 @@ class RunConfig(BaseModel):
     gate_max_regression: float = Field(
         default=0.02, ge=0, le=1, title="Maximum regression",
         description="A model more than this below the current champion is not promoted.")
+    require_approval: bool = Field(
+        default=False, title="Require approval",
+        description="After the gate passes, wait for a person to approve the model (the "
+                    "approval task shows its metrics next to the champion's) before it is "
+                    "promoted. Reject or no answer in time: the champion stays.")
+    approval_timeout_minutes: int = Field(
+        default=1440, ge=1, le=100800, title="Approval timeout (minutes)",
+        description="How long the approval task waits for an answer; then it counts as a "
+                    "rejection.")
 
     @field_validator("tolerations")
     @classmethod
@@ -357,7 +366,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Training": ("training_loop", "per_replica_batch_size", "max_steps", "learning_rate",
                  "warmup_ratio", "weight_decay", "mixed_precision"),
     "Export and quality gate": ("export_uri", "model_name", "gate_metric", "gate_min_value",
-                                "gate_max_regression"),
+                                "gate_max_regression", "require_approval",
+                                "approval_timeout_minutes"),
     "Remote workers (advanced)": (
         "worker_image", "image_registry", "accelerator_type", "tpu_topology", "machine_type",
         "worker_cpu", "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",

@@ -10,6 +10,13 @@ throwaway AIRFLOW_HOME, and driven only through its REST API and a real headless
 - the "bertflow run" extra links of train/evaluate/export (read over REST) open the run's page
   with the JWT and not without it; the plugin page lists the model; the React trigger form
   shows the Params with their titles, in sections;
+- the UI's Backfill option is offered (the default timetable is periodic but never runs by
+  itself): a backfill of one experiment over 2 dates, created with the body the UI's form
+  sends to POST /api/v2/backfills, each run asking for approval; the first is approved and
+  the second rejected through the REST hitlDetails endpoints (a second answer gets 409): the
+  first version becomes the champion and stays it; its lineage (card, lineage.json, asset
+  event extra, the plugin's version and data pages) matches the run that produced it; a run
+  left unanswered for its approval timeout (1 minute) counts as rejected;
 - last (the tests run in file order): with a second run's tasks and TensorFlow workers
   running, Ctrl-C stops everything: make exits, and no process started for it is left.
 
@@ -22,6 +29,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
@@ -38,7 +46,7 @@ from ui_helpers import CHROMIUM, Browser, MakeAirflow
 
 DAG_ID = "bert_finetune"
 TASK_IDS = {"validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
-            "export", "promote"}
+            "export", "gate", "promote"}  # and approval: skipped unless require_approval
 TINY = {"max_steps": 2, "max_seq_length": 32, "epochs": 1, "per_replica_batch_size": 8}
 RUN_TIMEOUT = 12 * 60
 # Titles from RunConfig (tasks/config.py) that the trigger form must show.
@@ -226,7 +234,8 @@ def test_trigger_form_can_be_submitted_with_the_defaults(trigger_form):
 
 
 def test_run_succeeds_with_every_task(finished_run):
-    assert finished_run["states"] == {t: "success" for t in TASK_IDS}, finished_run["states"]
+    assert finished_run["states"] == {**{t: "success" for t in TASK_IDS},
+                                      "approval": "skipped"}, finished_run["states"]
     assert finished_run["state"] == "success"
 
 
@@ -312,6 +321,236 @@ def test_plugin_page_lists_the_exported_model(server, finished_run):
     assert "<h3>Models</h3>" in dom
     assert exported["version_uri"] in dom, dom[:2000]
     assert f"/{exported['version']}/card" in dom
+
+
+# --- backfill from the UI's form, approval, lineage ------------------------------------------
+
+BACKFILL_DATES = ["2024-03-01T00:00:00Z", "2024-03-02T00:00:00Z"]
+APPROVAL_CONF = {**TINY, "experiment": "approval", "require_approval": True,
+                 "gate_max_regression": 1.0}  # the gate passes: the person decides
+
+
+@pytest.fixture(scope="module")
+def backfill(server, finished_run, tiny_model_dir) -> dict:  # noqa: F811
+    """After the first run (its version is the champion), the backfill the UI's Backfill form
+    creates: the fields its createBackfill call sends (airflow/ui, max_active_runs 1 as the
+    form's default), one experiment over 2 dates, each run asking for approval."""
+    dag = server.api("GET", f"/dags/{DAG_ID}").json()
+    body = {"dag_id": DAG_ID, "from_date": BACKFILL_DATES[0], "to_date": BACKFILL_DATES[1],
+            "dag_run_conf": {**APPROVAL_CONF, "base_model": str(tiny_model_dir)},
+            "max_active_runs": 1, "reprocess_behavior": "none", "run_backwards": False,
+            "run_on_latest_version": True}
+    # On SQLite (what make airflow runs on) Airflow answers 503 "Database is locked" when
+    # another process writes at that moment, having rolled back what it began: a user clicks
+    # Run Backfill again. Count the attempts; any other answer fails at once.
+    refusals = []
+    for _ in range(10):
+        resp = server.api("POST", "/backfills", json=body)
+        if resp.status_code != 503:
+            break
+        refusals.append(resp.json()["detail"])
+        time.sleep(3)
+    print(f"\nbackfill created after {len(refusals)} 503 answer(s): {refusals[:1]}")
+    assert resp.status_code == 200, (resp.text, refusals)
+    runs = [r for r in server.api("GET", f"/dags/{DAG_ID}/dagRuns",
+                                  params={"limit": 100}).json()["dag_runs"]]
+    return {"dag": dag, "backfill": resp.json(), "all_runs": runs,
+            "runs": sorted((r for r in runs if r["run_type"] == "backfill"),
+                           key=lambda r: r["logical_date"])}
+
+
+def test_backfill_is_offered_and_makes_one_run_per_date(backfill):
+    dag = backfill["dag"]
+    assert dag["is_backfillable"] is True and dag["timetable_periodic"] is True, dag
+    assert "backfills only" in dag["timetable_summary"], dag["timetable_summary"]
+    assert dag["next_dagrun_run_after"] is None  # nothing of its own to schedule
+    assert [r["logical_date"][:10] for r in backfill["runs"]] == ["2024-03-01", "2024-03-02"]
+    assert all(r["conf"]["experiment"] == "approval" for r in backfill["runs"])
+    # Unpaused since the first run, minutes ago: the scheduler made no run by itself.
+    assert [r for r in backfill["all_runs"] if r["run_type"] == "scheduled"] == []
+
+
+def _await_approval(server, run: dict) -> dict:
+    """The run's approval request once its approval task waits (GET .../hitlDetails)."""
+    run_id = quote(run["dag_run_id"], safe="")
+
+    def waiting():
+        runs = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}").json()
+        assert runs["state"] not in ("failed", "success"), runs  # it must stop to ask
+        details = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/hitlDetails").json()
+        return next((d for d in details["hitl_details"]
+                     if d["task_instance"]["task_id"] == "approval"), None)
+
+    detail = server.wait_for(f"{run['dag_run_id']} to ask for approval", waiting,
+                             timeout=RUN_TIMEOUT, interval=5)
+    detail["ti_state"] = server.api(
+        "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval").json()["state"]
+    return detail
+
+
+def _answer(server, run: dict, option: str) -> httpx.Response:
+    return server.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
+                               "/taskInstances/approval/-1/hitlDetails",
+                      json={"chosen_options": [option], "params_input": {}})
+
+
+def _finish(server, run: dict) -> dict:
+    run_id = quote(run["dag_run_id"], safe="")
+
+    def terminal():
+        state = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
+        return state if state in ("success", "failed") else None
+
+    state = server.wait_for(f"{run['dag_run_id']} to finish", terminal, timeout=RUN_TIMEOUT,
+                            interval=5)
+    tis = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()
+    states = {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
+    run_uri = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/validate"
+                                "/xcomEntries/return_value").json()["value"]
+    if state != "success":
+        for task_id, ti_state in states.items():
+            if ti_state != "success":
+                print(f"---- {task_id}: {ti_state}\n{task_log(server, run_id, task_id)[-4000:]}")
+    return {"state": state, "states": states, "run_uri": run_uri, "quoted": run_id,
+            "export": storage.read_json(join_uri(run_uri, "export", "manifest.json")),
+            "promote": storage.read_json(join_uri(run_uri, "promote", "manifest.json"))}
+
+
+def _champion(server) -> dict:
+    return storage.read_json(join_uri(str(server.artifact_root), "models", "bert-classifier",
+                                      "CHAMPION.json"))
+
+
+@pytest.fixture(scope="module")
+def approved(server, backfill) -> dict:
+    run = backfill["runs"][0]
+    before = _champion(server)
+    request = _await_approval(server, run)
+    resp = _answer(server, run, "Approve")
+    assert resp.status_code == 200, resp.text
+    return {"run": run, "request": request, "answer": resp.json(),
+            "champion_before": before, **_finish(server, run)}
+
+
+def test_approval_shows_the_candidate_next_to_the_champion(server, approved):
+    request, before = approved["request"], approved["champion_before"]
+    assert request["ti_state"] == "awaiting_input"  # no worker slot while it waits
+    assert request["options"] == ["Approve", "Reject"] and request["defaults"] == ["Reject"]
+    gate = storage.read_json(join_uri(approved["run_uri"], "gate", "manifest.json"))
+    assert request["subject"] == (
+        f"Promote bert-classifier {gate['version']}? accuracy {gate['value']:.4f} vs "
+        f"champion {before['version']} {before['value']:.4f}")
+    body = request["body"]
+    assert f"| accuracy | {gate['metrics']['accuracy']:.4f} | {before['value']:.4f} |" in body
+    run_key = approved["run_uri"].rstrip("/").rsplit("/", 1)[1]
+    assert f"/bertflow/runs/{DAG_ID}/{run_key})" in body  # the run's page
+
+
+def test_an_approved_model_is_promoted(server, approved):
+    assert approved["state"] == "success", approved["states"]
+    assert approved["states"]["approval"] == "success"
+    assert approved["answer"]["chosen_options"] == ["Approve"]
+    promote = approved["promote"]
+    assert promote["promoted"] is True and f"approved by {server.user}" in promote["reason"]
+    assert _champion(server)["version"] == approved["export"]["version"]
+
+
+@pytest.fixture(scope="module")
+def rejected(server, backfill, approved) -> dict:
+    run = backfill["runs"][1]
+    _await_approval(server, run)
+    resp = _answer(server, run, "Reject")
+    assert resp.status_code == 200, resp.text
+    again = _answer(server, run, "Approve")
+    return {"second_answer": again, **_finish(server, run)}
+
+
+def test_a_rejected_model_leaves_the_champion_and_the_run_says_why(server, approved, rejected):
+    assert rejected["second_answer"].status_code == 409, rejected["second_answer"].text
+    assert rejected["state"] == "success", rejected["states"]
+    assert rejected["states"]["promote"] == "success"  # it ran, to record why
+    promote = rejected["promote"]
+    assert promote["promoted"] is False and promote["reason"].startswith(
+        f"rejected by {server.user} at "), promote
+    assert _champion(server)["version"] == approved["export"]["version"]
+    assert "not promoted: rejected by" in task_log(server, rejected["quoted"], "promote")
+    run_key = rejected["run_uri"].rstrip("/").rsplit("/", 1)[1]
+    page = httpx.get(f"{server.base}/bertflow/runs/{DAG_ID}/{run_key}", timeout=60,
+                     headers={"Authorization": f"Bearer {server.token}"}).text
+    assert f"({html.escape(promote['reason'])})" in page  # the run page says why
+
+
+def test_lineage_matches_the_run_that_produced_the_version(server, finished_run, approved,
+                                                            rejected):
+    from tasks.runs import lineage
+
+    run_uri, version_uri = approved["run_uri"], approved["export"]["version_uri"]
+    record = storage.read_json(join_uri(version_uri, "lineage.json"))
+    data = storage.read_json(join_uri(run_uri, "data", "manifest.json"))
+    tokens = storage.read_json(join_uri(run_uri, "tokenize", "manifest.json"))
+    train = storage.read_json(join_uri(run_uri, "train", "manifest.json"))
+    metrics = storage.read_json(join_uri(run_uri, "evaluate", "metrics.json"))
+    assert record["data"]["train"]["sha256"] == data["sources"]["train"]["sha256"]
+    assert record["data"]["train"]["uri"] == data["sources"]["train"]["uri"]
+    assert record["data"]["eval"]["sha256"] == data["sources"]["eval"]["sha256"]
+    assert record["tfrecord_cache_key"] == tokens["content_hash"]
+    assert record["config"] == storage.read_json(join_uri(run_uri, "config.json"))
+    assert record["config"]["require_approval"] is True
+    weights = next(Path(train["base_model"]) / n for n in lineage.WEIGHT_FILES
+                   if (Path(train["base_model"]) / n).is_file())
+    assert record["base_model"]["sha256"] == storage.sha256_file(weights)
+    # The worker's checkout: this one, at HEAD or an ancestor (a commit made meanwhile).
+    assert record["code"]["bertflow"] == lineage.code_version()["bertflow"]
+    assert subprocess.run(["git", "merge-base", "--is-ancestor", record["code"]["git_commit"],
+                           "HEAD"], cwd=lineage.PROJECT_ROOT).returncode == 0, record["code"]
+    assert record["run_id"] == approved["run"]["dag_run_id"]
+    assert record["metrics"]["accuracy"] == metrics["accuracy"]
+    card = storage.read_text(join_uri(version_uri, "model_card.md"))
+    assert data["sources"]["train"]["sha256"] in card and tokens["content_hash"] in card
+    # The promoted asset event carries the same record.
+    events = server.api("GET", "/assets/events", params={
+        "source_dag_id": DAG_ID, "source_run_id": approved["run"]["dag_run_id"]}).json()
+    versions = [e["extra"]["version"] for e in events["asset_events"]]
+    assert versions == [approved["export"]["version"]], events
+    extra = events["asset_events"][0]["extra"]
+    # Airflow's secrets masker hides values under sensitive key names in the extra: of the
+    # record, only the config's service_account.
+    assert extra["config"] == {**record["config"], "service_account": "***"}
+    assert {k: extra[k] for k in record if k != "config"} == \
+        {k: v for k, v in record.items() if k != "config"}
+    # The page: version N's data, and every version from that data (all three runs here).
+    auth = {"Authorization": f"Bearer {server.token}"}
+    page = httpx.get(f"{server.base}/bertflow/models/bert-classifier/"
+                     f"{approved['export']['version']}", headers=auth, timeout=60).text
+    assert data["sources"]["train"]["sha256"] in page and html.escape(record["run_id"]) in page
+    found = httpx.get(f"{server.base}/bertflow/data", headers=auth, timeout=60,
+                      params={"q": data["sources"]["train"]["sha256"]}).text
+    first = storage.read_json(join_uri(_run_uri(server, finished_run), "export",
+                                       "manifest.json"))
+    for version in (first["version"], approved["export"]["version"],
+                    rejected["export"]["version"]):
+        assert f"bert-classifier {version}</a>" in found, version
+
+
+def test_no_answer_in_time_counts_as_a_rejection(server, approved, rejected,
+                                                 tiny_model_dir):  # noqa: F811
+    """A run left unanswered for its approval_timeout_minutes (1): the scheduler's timeout sweep
+    answers with the default, Reject, and the run says it timed out."""
+    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {
+        **APPROVAL_CONF, "base_model": str(tiny_model_dir), "approval_timeout_minutes": 1}})
+    assert resp.status_code == 200, resp.text
+    run = resp.json()
+    _await_approval(server, run)
+    done = _finish(server, run)
+    assert done["state"] == "success", done["states"]
+    assert done["promote"]["promoted"] is False
+    assert done["promote"]["reason"] == ("no approval within approval_timeout_minutes 1: "
+                                         "counted as rejected; the champion stays")
+    assert done["promote"]["approval"]["timed_out"] is True
+    detail = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{done['quoted']}/hitlDetails").json()
+    answer = detail["hitl_details"][0]
+    assert answer["chosen_options"] == ["Reject"] and answer["responded_by_user"] is None
+    assert _champion(server)["version"] == approved["export"]["version"]
 
 
 # --- last: Ctrl-C ---------------------------------------------------------------------------

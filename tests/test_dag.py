@@ -42,10 +42,46 @@ def test_task_ids_and_dependencies(dag):
         "evaluate": {"train"},
         "release": {"evaluate", "provision"},
         "export": {"evaluate", "release"},
-        "promote": {"export"},
+        "gate": {"export"},
+        "approval": {"gate"},
+        "promote": {"export", "approval"},
     }
-    # Every task reads the run folder that validate created.
-    assert all("validate" in t.upstream_task_ids for t in dag.tasks if t.task_id != "validate")
+    # Every task reads the run folder that validate created (approval reads the gate's XCom).
+    assert all("validate" in t.upstream_task_ids for t in dag.tasks
+               if t.task_id not in ("validate", "approval"))
+
+
+def test_approval_is_the_providers_approval_operator_answered_by_default_with_reject(dag):
+    from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+    approval = dag.get_task("approval")
+    assert isinstance(approval, ApprovalOperator)
+    assert approval.options == ["Approve", "Reject"] and approval.defaults == ["Reject"]
+    # promote runs after an answer and after a skip (no approval asked), not after a failure
+    assert dag.get_task("promote").trigger_rule == "none_failed"
+
+
+def test_an_answer_is_recorded_and_nothing_downstream_is_skipped(dag):
+    """The real operator's resume path with the events Airflow sends: a person's answer and
+    the scheduler's timeout sweep (defaults applied, timedout set). ApprovalOperator itself
+    would skip promote on Reject; ours returns the answer for promote to record."""
+    from datetime import datetime, timezone
+
+    approval = dag.get_task("approval")
+    at = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+    answer = approval.execute_complete({}, {
+        "chosen_options": ["Reject"], "params_input": {}, "responded_at": at,
+        "responded_by_user": {"id": "1", "name": "ana"}})
+    assert answer == {"approved": False, "timed_out": False, "by": "ana",
+                      "at": "2026-01-02T03:04:05+00:00"}
+    answer = approval.execute_complete({}, {
+        "chosen_options": ["Reject"], "params_input": {}, "responded_at": at,
+        "responded_by_user": None, "timedout": True})
+    assert answer["approved"] is False and answer["timed_out"] is True and answer["by"] == ""
+    answer = approval.execute_complete({}, {
+        "chosen_options": ["Approve"], "params_input": {}, "responded_at": at,
+        "responded_by_user": {"id": "1", "name": "ana"}})
+    assert answer["approved"] is True
 
 
 def test_provision_and_release_are_setup_and_teardown(dag):
@@ -131,6 +167,42 @@ print(type(core).__name__, core.periodic, interval.start.date(), interval.end.da
     # Sunday-to-Sunday weeks: the run after 2026-11-10 covers the week before it.
     assert done.stdout.strip().splitlines()[-1] == (
         "CronDataIntervalTimetable True 2026-11-01 2026-11-08")
+
+
+def test_default_schedule_is_backfill_only():
+    """Without BERTFLOW_SCHEDULE: periodic (the UI's Backfill option and backfill creation
+    need it), never a run of its own (the scheduler's restriction: catchup off, no end), and
+    one @daily interval per date for a backfill (backfill's restriction: catchup on, from-to),
+    after a round trip through the serializer the dag processor uses."""
+    code = f"""
+import os
+os.environ.pop("BERTFLOW_SCHEDULE", None)
+from airflow.dag_processing.dagbag import DagBag
+from airflow.serialization.serialized_objects import DagSerialization
+from airflow.timetables.base import TimeRestriction
+from pendulum import datetime
+dag = DagBag(dag_folder={str(DAGS)!r}).dags["bert_finetune"]
+core = DagSerialization.from_dict(DagSerialization.to_dict(dag)).timetable
+print(type(core).__name__, core.periodic, core.summary)
+print(core.next_dagrun_info(last_automated_data_interval=None,
+                            restriction=TimeRestriction(datetime(2024, 1, 1), None, False)))
+backfill = TimeRestriction(datetime(2024, 3, 1), datetime(2024, 3, 2), True)
+first = core.next_dagrun_info(last_automated_data_interval=None, restriction=backfill)
+second = core.next_dagrun_info(last_automated_data_interval=first.data_interval,
+                               restriction=backfill)
+third = core.next_dagrun_info(last_automated_data_interval=second.data_interval,
+                              restriction=backfill)
+print(first.data_interval.start.date(), first.data_interval.end.date(),
+      second.data_interval.start.date(), third)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "BERTFLOW_SCHEDULE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=PROJECT_ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-3:] == [
+        "BackfillOnlyTimetable True backfills only (0 0 * * * intervals)",
+        "None",
+        "2024-03-01 2024-03-02 2024-03-02 None"]
 
 
 def test_janitor_sweeps_the_configured_backend_on_its_schedule():

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 
 import pytest
 
+import tasks
 from storage_servers import (S3_SECRET, connections, gcs_emulator, root,  # noqa: F401
                              s3_server)
+from tasks.runs import lineage
 from tasks.steps import export
 from tasks.runs import runlayout
 from tasks.io import storage
@@ -62,11 +65,22 @@ def fake_run(tmp_path, model_dir, has_pair=False, run_id="manual__1") -> RunCont
     runlayout.write_manifest(ctx.step_uri("train"), {
         "model_dir": str(model_dir), "strategy": "one_device", "num_replicas": 1,
         "global_batch_size": 8, "epochs": 1, "steps": 2, "learning_rate": 5e-5,
-        "final_loss": 0.69})
+        "final_loss": 0.69, "base_model": str(model_dir)})
     runlayout.write_manifest(ctx.step_uri("evaluate"), {
         "metrics_uri": f"{ctx.step_uri('evaluate')}/metrics.json",
         "metrics": {"accuracy": 0.75, "macro_f1": 0.7}, "num_examples": 4})
     return ctx
+
+
+def git_head() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=lineage.PROJECT_ROOT, check=True).stdout.strip()
+
+
+def test_a_recorded_base_checkpoint_is_taken_as_the_train_step_wrote_it():
+    recorded = {"source": "hf://bert-base-uncased", "revision": "86b5e09", "sha256": "ef" * 32}
+    cfg = parse_config({})
+    assert lineage.base_checkpoint(cfg, {"base_model": recorded}) == recorded
 
 
 def predict(saved_model_dir, **inputs):
@@ -104,6 +118,20 @@ def test_export_publishes_a_loadable_version(root, tmp_path, model_dir):
     card = (local / "model_card.md").read_text()
     for fact in ("bert_finetune", "manual__1", "cd" * 32, "ab" * 32, "accuracy: 0.7500"):
         assert fact in card
+    # Lineage: what the run's manifests say produced this version, also in the card.
+    record = json.loads((local / "lineage.json").read_text())
+    assert record["data"] == {"train": {"uri": "s3://data/train.csv", "sha256": "ab" * 32,
+                                        "files": []}}
+    assert record["tfrecord_cache_key"] == "cd" * 32
+    assert record["config"] == json.loads(cfg.to_json())
+    weights = hashlib.sha256((model_dir / "tf_model.h5").read_bytes()).hexdigest()
+    assert record["base_model"] == {"source": lineage.DEFAULT_SOURCE, "path": str(model_dir),
+                                    "weights": "tf_model.h5", "sha256": weights}
+    assert record["code"] == {"bertflow": tasks.__version__, "git_commit": git_head()}
+    assert (record["dag_id"], record["run_id"]) == ("bert_finetune", "manual__1")
+    assert record["metrics"] == {"accuracy": 0.75, "macro_f1": 0.7, "num_examples": 4}
+    assert record["version_uri"] == manifest["version_uri"]
+    assert f"sha256 `{weights}`" in card and git_head() in card and '"model_name": "tiny"' in card
     # The S3 secret reached the client through the Airflow connection only.
     written = [p for d in (local, tmp_path / "artifacts") for p in d.rglob("*") if p.is_file()]
     assert not [p for p in written if S3_SECRET.encode() in p.read_bytes()]

@@ -120,3 +120,61 @@ def test_concurrent_promotions_lose_nothing(root, tmp_path, monkeypatch):
     assert results[f"run-{final['version']}"]["champion_before"]["version"] == loser
     assert storage.is_complete(f"{root}/models/m/v1") and storage.is_complete(
         f"{root}/models/m/v2")
+
+
+# --- with require_approval: check (the gate task), the answer, then run ---------------------
+
+def champion_then_candidate(tmp_path, accuracy, timeout_minutes):
+    """v1 (accuracy 0.80) promoted; v2 exported with require_approval. Returns (cfg, ctx) of v2,
+    the pointer's bytes and the store."""
+    root = str(tmp_path / "store")
+    cfg, ctx = exported_run(root, tmp_path, "v1", 0.80)
+    promote_run(cfg, ctx)
+    before = storage.read_bytes(promote.champion_uri(cfg))
+    cfg, ctx = exported_run(root, tmp_path, "v2", accuracy, require_approval=True,
+                            approval_timeout_minutes=timeout_minutes)
+    return cfg, ctx, before, root
+
+
+def test_check_decides_without_moving_the_pointer_and_shows_both_sides(tmp_path):
+    cfg, ctx, before, root = champion_then_candidate(tmp_path, 0.79, 30)
+    result = promote.check(cfg, ctx)
+    assert result["passed"] and result["require_approval"] and result["version"] == "v2"
+    assert result["metrics"] == {"accuracy": 0.79, "macro_f1": pytest.approx(0.69)}
+    assert result["champion"]["version"] == "v1"
+    assert result["champion_metrics"] == {"accuracy": 0.80, "macro_f1": pytest.approx(0.70)}
+    assert storage.read_bytes(promote.champion_uri(cfg)) == before
+    assert runlayout.read_manifest(ctx.manifest_uri("gate")) == result
+
+    subject, body = promote.approval_request(result, "/bertflow/runs/bert_finetune/run-v2")
+    assert subject == "Promote m v2? accuracy 0.7900 vs champion v1 0.8000"
+    assert "| accuracy | 0.7900 | 0.8000 |" in body and "| macro_f1 | 0.6900 | 0.7000 |" in body
+    assert "(/bertflow/runs/bert_finetune/run-v2)" in body and "30 minutes" in body
+
+    cfg, ctx = exported_run(root, tmp_path, "v3", 0.50)
+    refused = promote.check(cfg, ctx)
+    assert not refused["passed"] and "regresses" in refused["reason"]
+
+
+@pytest.mark.parametrize("answer, reason", [
+    (promote.Approval(False, by="ana", at="2026-01-02T03:04:05+00:00"),
+     "rejected by ana at 2026-01-02T03:04:05+00:00"),
+    (promote.Approval(False, timed_out=True),
+     "no approval within approval_timeout_minutes 5: counted as rejected; the champion stays"),
+])
+def test_a_rejection_or_timeout_keeps_the_champion_and_says_why(tmp_path, answer, reason):
+    cfg, ctx, before, _ = champion_then_candidate(tmp_path, 0.90, 5)
+    result = runlayout.read_manifest(promote.run(cfg, ctx, answer))
+    assert not result["promoted"] and result["reason"] == reason
+    assert result["champion_before"]["version"] == "v1"
+    assert result["approval"]["approved"] is False
+    assert storage.read_bytes(promote.champion_uri(cfg)) == before
+
+
+def test_an_approval_promotes_and_is_recorded(tmp_path):
+    root = str(tmp_path / "store")
+    cfg, ctx = exported_run(root, tmp_path, "v1", 0.80, require_approval=True)
+    result = runlayout.read_manifest(promote.run(cfg, ctx, promote.Approval(True, by="ana")))
+    assert result["promoted"] and result["reason"] == \
+        "accuracy 0.8000; no champion yet; approved by ana"
+    assert champion(cfg)["version"] == "v1"

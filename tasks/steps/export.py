@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.training import checkpoint
-from tasks.runs import runlayout
+from tasks.runs import lineage, runlayout
 from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError
@@ -94,8 +94,12 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
 
     storage.write_json(str(out / "labels.json"), labels)
     storage.write_json(str(out / "metrics.json"), metrics)
+    record = lineage.build(cfg, ctx, cfg.model_name, version,
+                           join_uri(cfg.resolved_export_uri(), cfg.model_name, version))
+    storage.write_json(str(out / lineage.LINEAGE), record)
     storage.write_text(str(out / "model_card.md"),
-                       model_card(cfg, ctx, version, data, tokens, train, metrics))
+                       model_card(cfg, ctx, version, data, tokens, train, metrics)
+                       + lineage.card_lines(record))
 
 
 def write_hf_checkpoint(model, vocab_file: Path, out: Path, lower_case: bool,

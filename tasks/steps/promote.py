@@ -6,10 +6,15 @@
 precondition; S3: If-Match / If-None-Match), so two runs promoting at once cannot lose an
 update: the loser re-reads the new champion, re-applies the gate and records it as previous.
 A version that fails the gate stays published; the manifest says why it was not promoted.
+
+With `require_approval`, the DAG asks a person between `check` (the gate's decision, written
+to `gate/manifest.json`; the pointer does not move) and `run`, which is given the answer as an
+`Approval`: a rejection or a timeout leaves the champion and says so in the manifest.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from tasks.runs import runlayout
@@ -26,14 +31,98 @@ def champion_uri(cfg: RunConfig) -> str:
     return join_uri(cfg.resolved_export_uri(), cfg.model_name, CHAMPION)
 
 
-def run(cfg: RunConfig, ctx: RunContext) -> str:
+@dataclass(frozen=True)
+class Approval:
+    """A person's answer to the approval task (or its timeout)."""
+
+    approved: bool
+    by: str = ""           # the user who answered; empty when nobody did
+    timed_out: bool = False
+    at: str = ""           # when, ISO 8601
+
+    def reason(self, cfg: RunConfig) -> str:
+        if self.timed_out:
+            return (f"no approval within approval_timeout_minutes "
+                    f"{cfg.approval_timeout_minutes}: counted as rejected; the champion stays")
+        verb = "approved" if self.approved else "rejected"
+        return f"{verb} by {self.by or 'an unnamed user'}" + (f" at {self.at}" if self.at else "")
+
+
+def _candidate(cfg: RunConfig, ctx: RunContext) -> tuple[dict, str, dict]:
+    """(export manifest, version URI, its metrics.json) of the run's exported version."""
     exported = runlayout.read_manifest(ctx.manifest_uri("export"))
     version_uri = exported["version_uri"]
     if not storage.is_complete(version_uri):
         raise StorageError(f"{version_uri}: not a completely published version (no "
                            f"{storage.COMPLETE}); re-run the export step")
-    value = float(storage.read_json(join_uri(version_uri, "metrics.json"))[cfg.gate_metric])
+    return exported, version_uri, storage.read_json(join_uri(version_uri, "metrics.json"))
+
+
+def check(cfg: RunConfig, ctx: RunContext) -> dict:
+    """The gate's decision against the current champion, without moving the pointer; also
+    what the approval task shows (both sides' metrics). Written to gate/manifest.json."""
+    exported, version_uri, metrics = _candidate(cfg, ctx)
+    value = float(metrics[cfg.gate_metric])
+    current = storage.read_versioned(champion_uri(cfg))
+    champion = json.loads(current[0]) if current else None
+    if champion and champion["version_uri"] == version_uri:
+        passed, reason = True, f"{exported['version']} is already the champion"
+    else:
+        passed, reason = gate(cfg, value, champion)
+    champion_metrics = None
+    if champion:
+        stored = _metrics_or_none(champion["version_uri"])
+        champion_metrics = {k: (stored or {}).get(k) for k in ("accuracy", "macro_f1")}
+        champion_metrics[champion["metric"]] = champion["value"]
+    result = {"passed": passed, "reason": reason, "version": exported["version"],
+              "version_uri": version_uri, "model_name": cfg.model_name,
+              "metric": cfg.gate_metric, "value": value,
+              "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1")},
+              "champion": _without_history(champion), "champion_metrics": champion_metrics,
+              "require_approval": cfg.require_approval,
+              "approval_timeout_minutes": cfg.approval_timeout_minutes,
+              "dag_id": ctx.dag_id, "run_id": ctx.run_id, "run_uri": ctx.run_uri}
+    runlayout.write_manifest(ctx.step_uri("gate"), result)
+    return result
+
+
+def approval_request(result: dict, run_page: str) -> tuple[str, str]:
+    """(subject, Markdown body) of the approval task, from `check`'s result: the candidate's
+    metrics next to the champion's, and a link to the run's page."""
+    champion = result.get("champion") or {}
+    ours, theirs = result["metrics"], result.get("champion_metrics") or {}
+    subject = (f"Promote {result['model_name']} {result['version']}? "
+               f"{result['metric']} {result['value']:.4f}" +
+               (f" vs champion {champion['version']} {champion['value']:.4f}"
+                if champion else " (no champion yet)"))
+
+    def cell(value) -> str:
+        return "–" if value is None else f"{float(value):.4f}"
+
+    rows = "\n".join(f"| {name} | {cell(ours.get(name))} | {cell(theirs.get(name))} |"
+                     for name in ("accuracy", "macro_f1"))
+    body = (f"The quality gate passed: {result['reason']}.\n\n"
+            f"| metric | candidate {result['version']} | champion "
+            f"{champion.get('version', '(none)')} |\n|---|---|---|\n{rows}\n\n"
+            f"Gate metric: `{result['metric']}`. Run `{result['run_id']}`: "
+            f"[training curves, metrics and confusion matrix]({run_page}).\n\n"
+            f"Approve promotes the model; Reject (or no answer within "
+            f"{result['approval_timeout_minutes']} minutes) keeps the champion.")
+    return subject, body
+
+
+def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> str:
+    """Promote the exported version if the gate passes (and, when asked, a person approved)."""
+    exported, version_uri, metrics = _candidate(cfg, ctx)
+    value = float(metrics[cfg.gate_metric])
     pointer = champion_uri(cfg)
+    if approval is not None and not approval.approved:
+        current = storage.read_versioned(pointer)
+        return runlayout.write_manifest(ctx.step_uri("promote"), {
+            "promoted": False, "reason": approval.reason(cfg), "version_uri": version_uri,
+            "version": exported["version"], "metric": cfg.gate_metric, "value": value,
+            "champion_uri": pointer, "approval": asdict(approval),
+            "champion_before": json.loads(current[0]) if current else None})
 
     for _ in range(ATTEMPTS):
         current = storage.read_versioned(pointer)
@@ -44,6 +133,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         promoted, reason = gate(cfg, value, champion)
         if not promoted:
             break
+        if approval is not None:
+            reason = f"{reason}; {approval.reason(cfg)}"
         record = {"version": exported["version"], "version_uri": version_uri,
                   "metric": cfg.gate_metric, "value": value,
                   "previous": _without_history(champion),
@@ -58,7 +149,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     return runlayout.write_manifest(ctx.step_uri("promote"), {
         "promoted": promoted, "reason": reason, "version_uri": version_uri,
         "version": exported["version"], "metric": cfg.gate_metric, "value": value,
-        "champion_uri": pointer, "champion_before": champion})
+        "champion_uri": pointer, "champion_before": champion,
+        **({"approval": asdict(approval)} if approval is not None else {})})
 
 
 def gate(cfg: RunConfig, value: float, champion: dict | None) -> tuple[bool, str]:
@@ -81,6 +173,13 @@ def _champion_value(champion: dict, metric: str) -> float:
     if champion["metric"] == metric:
         return float(champion["value"])
     return float(storage.read_json(join_uri(champion["version_uri"], "metrics.json"))[metric])
+
+
+def _metrics_or_none(version_uri: str) -> dict | None:
+    try:
+        return storage.read_json(join_uri(version_uri, "metrics.json"))
+    except (StorageError, ValueError):
+        return None
 
 
 def _without_history(champion: dict | None) -> dict | None:
