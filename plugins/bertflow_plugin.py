@@ -9,13 +9,16 @@ the UI's navigation bar.
   per-class metrics and the command that opens the run's TensorBoard logs.
 - `/bertflow/models/{model}/{version}/card[?location={location_id}]`: a version's model card,
   from `{artifact_root}/models` or, with `location`, from another export location.
+- `/bertflow/compare?run={dag_id}/{run_key}&run=...`: two or more runs side by side (the
+  config fields and metrics that differ, overlaid curves, each confusion matrix;
+  tasks.runs.compare), from the index's checkboxes or a run page's "compare with…".
 
 Models are listed from every export location: `{artifact_root}/models` and each distinct
 resolved `export_uri` the runs recorded in their config.json (tasks.runs.run_summary). A link
 names a location only by its `location_id` (a hash the server computes), which the card route
 looks up in that server-side set; a location path never comes from the request.
 
-Server-rendered HTML, no JavaScript. It reads the artifact store through `tasks.io.storage`
+Server-rendered HTML, no JavaScript (the index's Compare button is a plain GET form). It reads the artifact store through `tasks.io.storage`
 (`tasks.runs.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
 processes. A name taken from a request path must match a strict pattern and be listed under
 the artifact root (or the known export location) before it becomes part of a URI: anything
@@ -454,8 +457,11 @@ RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", 
 
 
 def _value(value) -> str:
-    """A config or metric value in a cell: numbers as elsewhere, containers as JSON."""
-    if isinstance(value, (dict, list)):
+    """A config or metric value in a cell, exact (floats as their shortest round-trip repr:
+    two values that differ never read the same), containers as JSON."""
+    if value is compare.ABSENT:
+        return "<i class='absent'>absent</i>"
+    if isinstance(value, (dict, list, float)):
         return esc(json.dumps(value))
     return _fmt(value)
 

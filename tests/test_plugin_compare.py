@@ -121,11 +121,13 @@ def test_real_run_folders_of_different_label_sets(logged_in, artifact_root):
     two = _real_run(artifact_root, "real-a", ["neg", "pos"], [[8, 2], [1, 9]],
                     learning_rate=3e-5)
     three = _real_run(artifact_root, "real-b", ["a<", "b", "c"],
-                      [[5, 1, 0], [0, 6, 1], [2, 0, 7]], learning_rate=5e-5)
+                      [[5, 1, 0], [0, 6, 1], [2, 0, 7]], learning_rate=3.00001e-5)
     page = logged_in.get(_url("real-a", "real-b"))
     assert page.status_code == 200, page.text
     text = page.text
     assert _fields(text, "config", "differs") == ["learning_rate"]
+    row = re.search(r"<tr class='differs' data-field='learning_rate'>.*?</tr>", text)[0]
+    assert re.findall(r"<td>([^<]*)</td>", row) == ["3e-05", "3.00001e-05"]  # exact values
     config = compare.flatten(json.loads(storage.read_text(
         join_uri(artifact_root, "runs", DAG_ID, "real-a", "config.json"))))
     assert len(config) > 20  # the whole RunConfig, not a handful of fields
@@ -148,6 +150,21 @@ def test_compare_reads_gs_and_s3_artifact_roots(logged_in, root, monkeypatch):
     assert "learning_rate" in _fields(page.text, "config", "differs")
     assert page.text.count("<table class='confusion-table'") == 2
     assert logged_in.get(_url(FIRST, "absent")).status_code == 404
+
+
+def test_a_field_one_run_lacks_differs_from_a_recorded_null(logged_in, tree):
+    """An older config.json without a field, against one recording it as null: differing,
+    shown as absent and as '–'."""
+    for run_key, extra in ((FIRST, {"eval_uri": None}), (SECOND, {})):
+        uri = join_uri(tree, "runs", DAG_ID, run_key, "config.json")
+        storage.write_json(uri, {**storage.read_json(uri), "learning_rate": 1e-5, "epochs": 3,
+                                 **extra})
+    text = logged_in.get(_url(FIRST, SECOND)).text
+    assert _fields(text, "config", "differs") == ["eval_uri"]
+    row = re.search(r"<tr class='differs' data-field='eval_uri'>.*?</tr>", text)[0]
+    assert re.findall(r"<td>(.*?)</td>", row) == ["–", "<i class='absent'>absent</i>"]
+    assert compare.split_fields([{"n": 1}, {"n": 1.0}, {"n": True}])[0] == \
+        [("n", [1, 1.0, True])]
 
 
 def test_anonymous_requests_are_refused(api_server, tree):

@@ -18,6 +18,16 @@ from tasks.runs import run_summary
 NOT_CURVES = ("step", "epoch", "elapsed_seconds")
 
 
+class _Absent:
+    """A field a run's file does not have (distinct from a recorded null)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT = _Absent()
+
+
 class CompareError(ValueError):
     """A request the compare view cannot answer; `status` is the HTTP status to give."""
 
@@ -58,16 +68,16 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def split_fields(per_run: list[dict[str, Any]]) -> tuple[list[tuple[str, list]], list[tuple]]:
     """(differing, equal): every field any run has, sorted by name. A differing field carries
-    each run's value (None where a run lacks it); an equal one its single value."""
-    missing = object()
+    each run's value (ABSENT where a run lacks it); an equal one its single value. 1, 1.0 and
+    True are different values here (a changed type is a change in the config file)."""
     names = sorted({name for fields in per_run for name in fields})
     differing, equal = [], []
     for name in names:
-        values = [fields.get(name, missing) for fields in per_run]
+        values = [fields.get(name, ABSENT) for fields in per_run]
         if all(v == values[0] and type(v) is type(values[0]) for v in values):
             equal.append((name, values[0]))
         else:
-            differing.append((name, [None if v is missing else v for v in values]))
+            differing.append((name, values))
     return differing, equal
 
 
