@@ -18,7 +18,8 @@ resolved `export_uri` the runs recorded in their config.json (tasks.runs.run_sum
 names a location only by its `location_id` (a hash the server computes), which the card route
 looks up in that server-side set; a location path never comes from the request.
 
-Server-rendered HTML, no JavaScript (the index's Compare button is a plain GET form). It reads the artifact store through `tasks.io.storage`
+Server-rendered HTML, no JavaScript (the index's Compare button is a plain GET form). It
+reads the artifact store through `tasks.io.storage`
 (`tasks.runs.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
 processes. A name taken from a request path must match a strict pattern and be listed under
 the artifact root (or the known export location) before it becomes part of a URI: anything
@@ -524,10 +525,14 @@ def compare_page(run: list[str] = Query(default=[])) -> str:
         f"<td class='l'>{esc(str(r['summary']['experiment']))}</td>"
         f"<td class='l'>{esc(str(r['summary']['date']))}</td></tr>"
         for i, r in enumerate(runs))
+    legend_line = " ".join(f"<span data-run='{esc(r['ref'])}'>{_swatch(i)}{esc(r['ref'])}"
+                           f"</span>" for i, r in enumerate(runs))
     charts = "".join(
         overlay_chart([(r["ref"], RUN_COLORS[i % len(RUN_COLORS)], r["curves"].get(key, []))
                        for i, r in enumerate(runs)], key.replace("_", " "), key)
         for key in shown["series"])
+    training = (f"<p class='legend'>{legend_line}</p><div class='charts'>{charts}</div>"
+                if charts else "<p>No training history (<code>train/history.json</code>).</p>")
     return _page("bertflow compare", (
         f"<p><a href='./'>&larr; all runs and models</a></p>"
         f"<h2>Comparing {len(runs)} runs</h2>"
@@ -538,7 +543,7 @@ def compare_page(run: list[str] = Query(default=[])) -> str:
         f"<h3>Metrics</h3>"
         f"{_fields_html('metrics', shown['metrics_differing'], shown['metrics_equal'], runs)}"
         f"<h3>Training</h3>"
-        f"{f'<div class=charts>{charts}</div>' if charts else '<p>No training history.</p>'}"
+        f"{training}"
         f"<h3>Confusion matrices</h3>{''.join(_confusion_table(r) for r in runs)}"))
 
 

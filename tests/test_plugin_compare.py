@@ -82,6 +82,10 @@ def test_curves_overlay_one_series_per_run_in_distinct_colours(logged_in, tree):
         assert ends[1] == max(ends) and ends[2] < ends[0] < ends[1]
     legend = re.search(r"<table class='runs'>.*?</table>", text, flags=re.S)[0]
     assert re.findall(r"data-run='([^']+)'", legend) == refs
+    # The charts' legend: each run by the colour its curves are drawn in.
+    key = re.search(r"<p class='legend'>(.*?)</p>", text, flags=re.S)[1]
+    assert re.findall(r"<span data-run='([^']+)'><span class='swatch' style='[^']*"
+                      r"background:([^']+)'>", key) == [(run, colour) for _, run, colour in lines]
 
 
 def _real_run(root: str, run_key: str, labels: list[str], matrix: list[list[int]],
