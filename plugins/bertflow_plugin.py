@@ -15,13 +15,17 @@ the UI's navigation bar.
   URIs and hashes, token cache key, base checkpoint, code version, DAG run, metrics, config).
 - `/bertflow/data?q=...`: the versions whose data has that sha256, URI (or URI part) or token
   cache key: "which versions came from this data".
+- `/bertflow/compare?run={dag_id}/{run_key}&run=...`: two or more runs side by side (the
+  config fields and metrics that differ, overlaid curves, each confusion matrix;
+  tasks.runs.compare), from the index's checkboxes or a run page's "compare with…".
 
 Models are listed from every export location: `{artifact_root}/models` and each distinct
 resolved `export_uri` the runs recorded in their config.json (tasks.runs.run_summary). A link
 names a location only by its `location_id` (a hash the server computes), which the card route
 looks up in that server-side set; a location path never comes from the request.
 
-Server-rendered HTML, no JavaScript. It reads the artifact store through `tasks.io.storage`
+Server-rendered HTML, no JavaScript (the index's Compare button is a plain GET form). It
+reads the artifact store through `tasks.io.storage`
 (`tasks.runs.run_summary`), so local, gs:// and s3:// roots work, and never talks to training
 processes. A name taken from a request path must match a strict pattern and be listed under
 the artifact root (or the known export location) before it becomes part of a URI: anything
@@ -30,6 +34,7 @@ else is 400 or 404.
 from __future__ import annotations
 
 import html
+import json
 import math
 import sys
 from pathlib import Path
@@ -38,7 +43,7 @@ from urllib.parse import quote
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, PlainTextResponse
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -46,7 +51,7 @@ if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
     sys.path.insert(0, _PROJECT_ROOT)
 
 from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
-from tasks.runs import lineage, run_summary  # noqa: E402
+from tasks.runs import compare, lineage, run_summary  # noqa: E402
 from tasks.io import storage
 from tasks.config import default_artifact_root, join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
@@ -203,7 +208,9 @@ def _experiments_html(groups: dict[str, list[dict]], champions: set, default_loc
             body.append(
                 f"<tr class='run' data-experiment='{esc(experiment)}' "
                 f"data-run='{esc(r['run_key'])}'>"
-                f"<td class='l'><a href='runs/{_link(r['dag_id'], r['run_key'])}'>"
+                f"<td class='l'><input type='checkbox' form='compare' name='run' "
+                f"value='{esc(r['dag_id'])}/{esc(r['run_key'])}'> "
+                f"<a href='runs/{_link(r['dag_id'], r['run_key'])}'>"
                 f"{esc(str(r['date']))}</a></td>"
                 f"<td>{_fmt(r['learning_rate'])}</td><td>{_fmt(r['epochs'])}</td>"
                 f"<td>{_fmt(r['global_batch_size'])} / {_fmt(r['per_replica_batch_size'])}</td>"
@@ -214,7 +221,13 @@ def _experiments_html(groups: dict[str, list[dict]], champions: set, default_loc
                 f"<td>{_duration(r['train_seconds'])}</td>"
                 f"<td>{_fmt(r['examples_per_second'])}</td>"
                 f"<td class='l{' champion' if champion else ''}'>{version}</td></tr>")
-    return f"<table class='experiments'><tr>{head}</tr>{''.join(body)}</table>"
+    return (f"<table class='experiments'><tr>{head}</tr>{''.join(body)}</table>"
+            f"{_COMPARE_FORM}")
+
+
+# The experiments table's checkboxes belong to this form (form='compare'): GET compare?run=...
+_COMPARE_FORM = ("<form id='compare' action='compare' method='get'><button type='submit'>"
+                 "Compare selected runs</button> <small>(tick two or more)</small></form>")
 
 
 @app.get("/", response_class=HTMLResponse)
@@ -240,10 +253,19 @@ def index(sort: str = "date", order: str = "desc") -> str:
 def line_chart(points: list[tuple[float, float]], title: str, series: str, color: str,
                width: int = 420, height: int = 240) -> str:
     """A hand-written SVG line chart: axes, 5 ticks on each, one polyline."""
+    return overlay_chart([(None, color, points)], title, series, width, height)
+
+
+def overlay_chart(lines: list[tuple[str | None, str, list[tuple[float, float]]]], title: str,
+                  series: str, width: int = 420, height: int = 240) -> str:
+    """line_chart with one polyline per (run, colour, points) on shared axes; a named run's
+    polyline carries `data-run`."""
     left, right, top, bottom = 64, 16, 28, 40
-    if not points:
+    lines = [line for line in lines if line[2]]
+    if not lines:
         return ""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    xs = [p[0] for _, _, points in lines for p in points]
+    ys = [p[1] for _, _, points in lines for p in points]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
     if x1 == x0:
@@ -269,8 +291,17 @@ def line_chart(points: list[tuple[float, float]], title: str, series: str, color
                      f"font-size='10'>{_fmt(yv, 3)}</text>"
                      f"<text x='{sx(xv):.1f}' y='{top + ph + 14}' text-anchor='middle' "
                      f"font-size='10'>{xv:.0f}</text>")
-    line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
-    lx, ly = points[-1]
+    drawn = []
+    for run, color, points in lines:
+        line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in points)
+        lx, ly = points[-1]
+        named = f" data-run='{esc(run)}'" if run is not None else ""
+        drawn.append(
+            f"<polyline class='{esc(series)}' points='{line}'{named} fill='none' "
+            f"stroke='{color}' stroke-width='2'/>"
+            f"<circle cx='{sx(lx):.1f}' cy='{sy(ly):.1f}' r='3' fill='{color}'>"
+            f"<title>{esc(run) + ', ' if run is not None else ''}step {lx:.0f}: "
+            f"{_fmt(ly)}</title></circle>")
     return (f"<svg class='chart' data-series='{esc(series)}' width='{width}' "
             f"height='{height}' viewBox='0 0 {width} {height}' "
             f"xmlns='http://www.w3.org/2000/svg' role='img' aria-label='{esc(title)}'>"
@@ -281,11 +312,7 @@ def line_chart(points: list[tuple[float, float]], title: str, series: str, color
             f"<line class='axis' x1='{left}' y1='{top + ph}' x2='{left + pw}' "
             f"y2='{top + ph}' stroke='#333'/>"
             f"<text x='{left + pw / 2}' y='{height - 6}' text-anchor='middle' "
-            f"font-size='11'>step</text>"
-            f"<polyline class='{esc(series)}' points='{line}' fill='none' stroke='{color}' "
-            f"stroke-width='2'/>"
-            f"<circle cx='{sx(lx):.1f}' cy='{sy(ly):.1f}' r='3' fill='{color}'>"
-            f"<title>step {lx:.0f}: {_fmt(ly)}</title></circle></svg>")
+            f"font-size='11'>step</text>{''.join(drawn)}</svg>")
 
 
 def confusion_svg(matrix: list[list[int]], labels: list[str]) -> str:
@@ -401,6 +428,7 @@ def run_page(dag_id: str, run_key: str) -> str:
         f"<p><a href='../../'>&larr; all runs and models</a></p>"
         f"<h2>Run {esc(dag_id)} / {esc(run_key)}</h2><p><code>{esc(run['uri'])}</code></p>"
         f"<table class='config'>{config_rows}</table>"
+        f"{_compare_links(root, dag_id, run_key, run['experiment'])}"
         f"<h3>Training</h3>{_charts_html(run['history'])}"
         f"<p>TensorBoard logs: <code>{esc(tb_dir)}</code><br>view them with "
         f"<code class='tensorboard'>tensorboard --logdir {esc(tb_dir)}</code></p>"
@@ -552,6 +580,124 @@ def data_page(q: str = "") -> str:
         "<p><a href='./'>&larr; all runs and models</a></p><h2>Which versions came from this "
         "data</h2><form method='get'><input name='q' size='80' placeholder='sha256, data URI "
         f"or token cache key' value='{esc(q)}'> <button>search</button></form>{table}"))
+
+
+# --- the compare page ------------------------------------------------------------------------
+
+# Tableau 10: distinct hues for the runs' curves and legend (cycled beyond 10 runs).
+RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+              "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def _value(value) -> str:
+    """A config or metric value in a cell, exact (floats as their shortest round-trip repr:
+    two values that differ never read the same), containers as JSON."""
+    if value is compare.ABSENT:
+        return "<i class='absent'>absent</i>"
+    if isinstance(value, (dict, list, float)):
+        return esc(json.dumps(value))
+    return _fmt(value)
+
+
+def _fields_html(kind: str, differing: list, equal: list, runs: list[dict]) -> str:
+    """The fields that differ (one column per run) and, folded, the ones all runs share."""
+    heads = "".join(f"<th class='l'>{_swatch(i)}{esc(r['ref'])}</th>" for i, r in
+                    enumerate(runs))
+    rows = "".join(f"<tr class='differs' data-field='{esc(name)}'><th class='l'>{esc(name)}"
+                   f"</th>{''.join(f'<td>{_value(v)}</td>' for v in values)}</tr>"
+                   for name, values in differing)
+    table = (f"<table class='differs {esc(kind)}'><tr><th class='l'>{esc(kind)}</th>{heads}"
+             f"</tr>{rows}</table>" if differing else
+             f"<p class='none-differ'>No {esc(kind)} field differs.</p>")
+    same = "".join(f"<tr class='equal' data-field='{esc(name)}'><th class='l'>{esc(name)}</th>"
+                   f"<td class='l'>{_value(v)}</td></tr>" for name, v in equal)
+    folded = (f"<details class='equal {esc(kind)}'><summary>all {len(equal)} other "
+              f"{esc(kind)} field{'s' if len(equal) != 1 else ''} equal</summary>"
+              f"<table>{same}</table></details>" if equal else "")
+    return table + folded
+
+
+def _swatch(i: int) -> str:
+    return (f"<span class='swatch' style='display:inline-block;width:10px;height:10px;"
+            f"margin-right:4px;background:{RUN_COLORS[i % len(RUN_COLORS)]}'></span>")
+
+
+def _confusion_table(run: dict) -> str:
+    """A run's confusion matrix as a table (rows: true label, columns: predicted), from its
+    evaluate/metrics.json; its own labels, so runs of different label sets compare."""
+    metrics = run["evaluation"] or {}
+    labels = [str(x) for x in metrics.get("labels") or []]
+    matrix = metrics.get("confusion_matrix")
+    if not labels or not isinstance(matrix, list) or len(matrix) != len(labels) or any(
+            not isinstance(row, list) or len(row) != len(labels) for row in matrix):
+        return (f"<p class='no-matrix' data-run='{esc(run['ref'])}'>{esc(run['ref'])}: no "
+                f"confusion matrix (<code>evaluate/metrics.json</code>).</p>")
+    head = "".join(f"<th>{esc(lb)}</th>" for lb in labels)
+    rows = "".join(f"<tr><th class='l'>{esc(lb)}</th>"
+                   f"{''.join(f'<td>{_fmt(c)}</td>' for c in row)}</tr>"
+                   for lb, row in zip(labels, matrix))
+    return (f"<table class='confusion-table' data-run='{esc(run['ref'])}'>"
+            f"<caption style='text-align:left;white-space:nowrap;font-weight:bold'>"
+            f"{esc(run['ref'])}</caption>"
+            f"<tr><th class='l'>true \\ predicted</th>{head}</tr>{rows}</table>")
+
+
+@app.get("/compare", response_class=HTMLResponse)
+def compare_page(run: list[str] = Query(default=[])) -> str:
+    """Runs side by side: `?run=dag_id/run_key&run=...` (two or more run folders)."""
+    root = default_artifact_root()
+    try:
+        shown = compare.compare(root, compare.parse_refs(run))
+    except compare.CompareError as err:
+        raise HTTPException(err.status, str(err)) from None
+    runs = shown["runs"]
+    legend = "".join(
+        f"<tr data-run='{esc(r['ref'])}'><td class='l'>{_swatch(i)}"
+        f"<a href='runs/{_link(*r['ref'].split('/'))}'>{esc(r['ref'])}</a></td>"
+        f"<td class='l'>{esc(str(r['summary']['experiment']))}</td>"
+        f"<td class='l'>{esc(str(r['summary']['date']))}</td></tr>"
+        for i, r in enumerate(runs))
+    legend_line = " ".join(f"<span data-run='{esc(r['ref'])}'>{_swatch(i)}{esc(r['ref'])}"
+                           f"</span>" for i, r in enumerate(runs))
+    charts = "".join(
+        overlay_chart([(r["ref"], RUN_COLORS[i % len(RUN_COLORS)], r["curves"].get(key, []))
+                       for i, r in enumerate(runs)], key.replace("_", " "), key)
+        for key in shown["series"])
+    training = (f"<p class='legend'>{legend_line}</p><div class='charts'>{charts}</div>"
+                if charts else "<p>No training history (<code>train/history.json</code>).</p>")
+    return _page("bertflow compare", (
+        f"<p><a href='./'>&larr; all runs and models</a></p>"
+        f"<h2>Comparing {len(runs)} runs</h2>"
+        f"<table class='runs'><tr><th class='l'>run</th><th class='l'>experiment</th>"
+        f"<th class='l'>date</th></tr>{legend}</table>"
+        f"<h3>Config</h3>"
+        f"{_fields_html('config', shown['config_differing'], shown['config_equal'], runs)}"
+        f"<h3>Metrics</h3>"
+        f"{_fields_html('metrics', shown['metrics_differing'], shown['metrics_equal'], runs)}"
+        f"<h3>Training</h3>"
+        f"{training}"
+        f"<h3>Confusion matrices</h3>{''.join(_confusion_table(r) for r in runs)}"))
+
+
+def _compare_href(prefix: str, refs: list[str]) -> str:
+    return f"{prefix}compare?" + "&amp;".join(f"run={quote(ref, safe='')}" for ref in refs)
+
+
+def _compare_links(root: str, dag_id: str, run_key: str, experiment: str) -> str:
+    """The run page's "compare with…": each other run of its experiment, all of them, and
+    the index, where any runs can be picked."""
+    this = f"{dag_id}/{run_key}"
+    others = [(f"{r['dag_id']}/{r['run_key']}", r["date"])
+              for r in run_summary.experiments(root).get(experiment, [])
+              if (r["dag_id"], r["run_key"]) != (dag_id, run_key)]
+    links = [f"<a class='compare' href='{_compare_href('../../', [this, ref])}'>"
+             f"{esc(str(date))}</a>" for ref, date in others]
+    if len(others) > 1:
+        refs = [this] + [ref for ref, _ in others]
+        links.append(f"<a class='compare' href='{_compare_href('../../', refs)}'>all "
+                     f"{len(refs)} runs of experiment {esc(experiment)}</a>")
+    links.append("<a href='../../#compare'>pick runs on the index</a>")
+    return f"<p class='compare-with'>compare with&hellip; {', '.join(links)}</p>"
 
 
 class BertflowPlugin(AirflowPlugin):

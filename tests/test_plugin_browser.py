@@ -79,3 +79,31 @@ def test_run_page_renders_svg_charts_and_matrix(served, browser, artifact_root, 
     browser.navigate(f"{base}/bertflow/")
     browser.wait_js("document.querySelectorAll('table.experiments tr.run').length === 3")
     browser.screenshot(tmp_path / "index_page.png")
+
+
+def test_compare_two_runs_ticked_on_the_index(served, browser, artifact_root, tmp_path):
+    """Tick two runs' checkboxes, press Compare: the differing fields, one curve per run and a
+    confusion matrix per run."""
+    base, token = served
+    build_artifacts(artifact_root)
+    browser.set_cookie("_token", token, base)
+    browser.navigate(f"{base}/bertflow/")
+    browser.wait_js("document.querySelectorAll(\"input[name='run']\").length === 3")
+    for key in ("baseline__2024-01-01T00_00_00_00_00", "baseline__2024-01-02T00_00_00_00_00"):
+        browser.click(f"document.querySelector(\"input[value='{DAG_ID}/{key}']\")")
+    browser.click("document.querySelector(\"#compare button\")")
+    browser.wait_js("document.querySelector('table.differs') !== null")
+    assert "/bertflow/compare?run=" in browser.evaluate("location.href")
+    page = browser.evaluate("""(() => ({
+        fields: [...document.querySelectorAll('table.differs.config tr.differs')]
+            .map(r => r.dataset.field),
+        lines: [...document.querySelectorAll("svg.chart[data-series='loss'] polyline")]
+            .map(p => p.getBBox().width),
+        matrices: document.querySelectorAll('table.confusion-table').length,
+        folded: document.querySelector('details.equal.config').open}))()""")
+    assert page["fields"] == ["epochs", "learning_rate"]
+    assert len(page["lines"]) == 2 and all(w > 200 for w in page["lines"]), page
+    assert page["matrices"] == 2 and page["folded"] is False
+    browser.click("document.querySelector('details.equal.config summary')")  # the toggle
+    browser.wait_js("document.querySelector('details.equal.config').open")
+    browser.screenshot(tmp_path / "compare_page.png")
