@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 from airflow.providers.standard.operators.hitl import ApprovalOperator, HITLOperator
 from airflow.sdk.exceptions import AirflowSkipException
@@ -39,7 +40,8 @@ class CandidateApproval(ApprovalOperator):
         if not gate.get("passed"):
             raise AirflowSkipException(f"the gate did not pass ({gate.get('reason')}): "
                                        f"nothing to approve")
-        self.subject, self.body = approval_request(gate, run_page_url(gate["run_uri"]))
+        self.subject, self.body = approval_request(
+            gate, run_page_url(gate["run_uri"]), compare_page_url(gate))
         self.response_timeout = timedelta(minutes=gate["approval_timeout_minutes"])
         self.log.info("Asking for approval: %s", self.subject)
         return super().execute(context)
@@ -55,6 +57,17 @@ class CandidateApproval(ApprovalOperator):
                   if payload.get("responded_at") else ""}
         self.log.info("Approval answer: %s", answer)
         return answer
+
+
+def compare_page_url(gate: dict) -> str:
+    """The bertflow compare page of the candidate's run and the champion's ("" when the
+    champion's run is unknown)."""
+    page = run_page_url(gate["run_uri"])
+    if not gate.get("champion_run") or "/bertflow/runs/" not in page:
+        return ""
+    base, candidate = page.split("/bertflow/runs/", 1)
+    return (f"{base}/bertflow/compare?run={quote(candidate, safe='/')}"
+            f"&run={quote(gate['champion_run'], safe='/')}")
 
 
 def run_page_url(run_uri: str) -> str:

@@ -150,6 +150,16 @@ def test_check_decides_without_moving_the_pointer_and_shows_both_sides(tmp_path)
     assert subject == "Promote m v2? accuracy 0.7900 vs champion v1 0.8000"
     assert "| accuracy | 0.7900 | 0.8000 |" in body and "| macro_f1 | 0.6900 | 0.7000 |" in body
     assert "(/bertflow/runs/bert_finetune/run-v2)" in body and "30 minutes" in body
+    assert result["champion_run"] is None and "side by side" not in body  # v1 has no lineage
+
+    # With the champion's lineage, the gate names its run and the body links the comparison.
+    storage.write_json(f"{result['champion']['version_uri']}/lineage.json",
+                       {"dag_id": "bert_finetune", "run_key": "run-v1"})
+    result = promote.check(cfg, ctx)
+    assert result["champion_run"] == "bert_finetune/run-v1"
+    compare = "/bertflow/compare?run=bert_finetune/run-v2&run=bert_finetune/run-v1"
+    _, body = promote.approval_request(result, "/bertflow/runs/bert_finetune/run-v2", compare)
+    assert f"[side by side with the champion's run]({compare})" in body
 
     cfg, ctx = exported_run(root, tmp_path, "v3", 0.50)
     refused = promote.check(cfg, ctx)

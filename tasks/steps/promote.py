@@ -69,8 +69,9 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
         passed, reason = True, f"{exported['version']} is already the champion"
     else:
         passed, reason = gate(cfg, value, champion)
-    champion_metrics = None
+    champion_metrics, champion_run = None, None
     if champion:
+        champion_run = _run_of(champion["version_uri"])
         stored = _metrics_or_none(champion["version_uri"])
         champion_metrics = {k: (stored or {}).get(k) for k in ("accuracy", "macro_f1")}
         champion_metrics[champion["metric"]] = champion["value"]
@@ -79,6 +80,7 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
               "metric": cfg.gate_metric, "value": value,
               "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1")},
               "champion": _without_history(champion), "champion_metrics": champion_metrics,
+              "champion_run": champion_run,
               "require_approval": cfg.require_approval,
               "approval_timeout_minutes": cfg.approval_timeout_minutes,
               "dag_id": ctx.dag_id, "run_id": ctx.run_id, "run_uri": ctx.run_uri}
@@ -86,9 +88,21 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
     return result
 
 
-def approval_request(result: dict, run_page: str) -> tuple[str, str]:
+def _run_of(version_uri: str) -> str | None:
+    """`{dag_id}/{run_key}` of the run that exported a version, from its lineage.json (None
+    for a version without one): what the compare page needs to show it beside a candidate."""
+    from tasks.runs import lineage
+
+    record = lineage.read(version_uri) or {}
+    if record.get("dag_id") and record.get("run_key"):
+        return f"{record['dag_id']}/{record['run_key']}"
+    return None
+
+
+def approval_request(result: dict, run_page: str, compare_page: str = "") -> tuple[str, str]:
     """(subject, Markdown body) of the approval task, from `check`'s result: the candidate's
-    metrics next to the champion's, and a link to the run's page."""
+    metrics next to the champion's, a link to the run's page and, when the champion's run is
+    known, to the two runs side by side."""
     champion = result.get("champion") or {}
     ours, theirs = result["metrics"], result.get("champion_metrics") or {}
     subject = (f"Promote {result['model_name']} {result['version']}? "
@@ -105,7 +119,9 @@ def approval_request(result: dict, run_page: str) -> tuple[str, str]:
             f"| metric | candidate {result['version']} | champion "
             f"{champion.get('version', '(none)')} |\n|---|---|---|\n{rows}\n\n"
             f"Gate metric: `{result['metric']}`. Run `{result['run_id']}`: "
-            f"[training curves, metrics and confusion matrix]({run_page}).\n\n"
+            f"[training curves, metrics and confusion matrix]({run_page})" +
+            (f"; [side by side with the champion's run]({compare_page})" if compare_page
+             else "") + ".\n\n"
             f"Approve promotes the model; Reject (or no answer within "
             f"{result['approval_timeout_minutes']} minutes) keeps the champion.")
     return subject, body
