@@ -35,3 +35,8 @@ class StorageError(BertflowError):
 
 class WorkerError(BertflowError):
     """A training/evaluation worker process failed."""
+
+
+# Exit code of a worker that was told it will be preempted, saved at the agreed step and
+# stopped: "resume me" (EX_TEMPFAIL, sysexits.h). Controllers re-provision on it.
+PREEMPTED_EXIT_CODE = 75

@@ -24,7 +24,7 @@ from typing import Callable
 
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT
-from tasks.errors import WorkerError
+from tasks.errors import PREEMPTED_EXIT_CODE, WorkerError
 from tasks.provision.spec import WorkerSpec, run_hash
 
 TAIL_LINES = 30
@@ -88,8 +88,13 @@ class LocalCluster:
     def __init__(self, spec: WorkerSpec, log: Callable[[str], None] = print, *,
                  grace_seconds: float = 10.0, record_uri: str | None = None,
                  tmp_root: Path | None = None, port_attempts: int = 3,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, attempt: int | None = None,
+                 attempts_uri: str | None = None):
         self.spec = spec
+        # Provisioning attempt n (BERTFLOW_ATTEMPT in every worker), recorded in attempts_uri.
+        self.attempt, self.attempts_uri = attempt, attempts_uri
+        self.outcome: str | None = None
+        self._times: dict[str, float | None] = {}
         # Secrets (e.g. credentials.worker_env): passed at process start only, never part
         # of the spec, which is written to the provision manifest and logged.
         self._extra_env = dict(extra_env or {})
@@ -106,6 +111,16 @@ class LocalCluster:
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:
+        self._times = {"requested_at": time.time(), "running_at": None}
+        try:
+            self._run_ports()
+            self.outcome = "success"
+        finally:
+            if self.attempts_uri is not None:
+                record_attempt(self.attempts_uri, self.attempt or 1, self._times,
+                               self.outcome or "failed")
+
+    def _run_ports(self) -> None:
         for attempt in range(1, self.port_attempts + 1):
             try:
                 self._run_once()
@@ -153,6 +168,7 @@ class LocalCluster:
                 proc.reader = threading.Thread(target=self._pump, args=(proc,), daemon=True)
                 proc.reader.start()
                 self._procs.append(proc)
+        self._times["running_at"] = time.time()
         self._record()
 
     def _env(self, role: str, index: int, addresses: dict[str, list[str]]) -> dict[str, str]:
@@ -165,6 +181,8 @@ class LocalCluster:
             p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
         if addresses:
             env["TF_CONFIG"] = tf_config(addresses, role, index)
+        if self.attempt is not None:
+            env["BERTFLOW_ATTEMPT"] = str(self.attempt)
         if self.tmp_root is not None:
             tmp = self.tmp_root / f"{role}-{index}"
             tmp.mkdir(parents=True, exist_ok=True)
@@ -212,6 +230,8 @@ class LocalCluster:
         if self.spec.cluster and any(marker in text for marker in _PORT_TAKEN):
             raise _PortTaken(f"{proc.name}: {proc.tail[-1] if proc.tail else code}")
         last = next((ln for ln in reversed(proc.tail) if ln.strip()), "(no output)")
+        self.outcome = ("preempted" if code == PREEMPTED_EXIT_CODE else
+                        "lost" if code < 0 else "failed")
         raise WorkerError(f"{proc.name} exited with code {code}: {last}\n--- last output of "
                           f"{proc.name} ---\n{text}")
 
@@ -248,6 +268,18 @@ class LocalCluster:
         storage.write_json(self.record_uri, {"pids": [
             {"pid": p.popen.pid, "role": p.role, "index": p.index,
              "start_ticks": process_start_ticks(p.popen.pid)} for p in self._procs]})
+
+
+def record_attempt(uri: str, attempt: int, times: dict, outcome: str) -> None:
+    """Append (or replace) attempt n in `{run}/{step}/attempts.json`: {"attempt",
+    "requested_at", "running_at" (all workers started; null if never), "ended_at",
+    "outcome": "success"|"preempted"|"failed"|"lost"} (tasks/runs/goodput.py reads it)."""
+    records = storage.read_json(uri) if storage.exists(uri) else []
+    records = [r for r in records if r.get("attempt") != attempt]
+    records.append({"attempt": attempt, "requested_at": times.get("requested_at"),
+                    "running_at": times.get("running_at"), "ended_at": time.time(),
+                    "outcome": outcome})
+    storage.write_json(uri, sorted(records, key=lambda r: r["attempt"]))
 
 
 def _signal_group(pgid: int, sig: int) -> None:
