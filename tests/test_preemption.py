@@ -28,7 +28,7 @@ import pytest
 
 from tasks.errors import PREEMPTED_EXIT_CODE, WorkerError
 from tasks.provision import LocalCluster, distributed_spec
-from tasks.runs import goodput
+from tasks.runs import goodput, run_summary
 from tasks.runs.runlayout import read_manifest
 from train_helpers import h5_weights, make_run, write_tiny_model
 
@@ -145,6 +145,10 @@ def test_mwms_sigterm_mid_epoch_resumes_exactly(tmp_path, tiny_model):
     result = check_goodput_adds_up(run[1])
     assert result["recomputed_steps"] == 0 and result["parts"]["recomputed_s"] == 0
     assert result["attempts"] == 2 and result["preemptions"] == 1
+    # The run summary (experiments table, run page) carries it.
+    detail = run_summary.run_detail(str(tmp_path / "run"), "test", "run1")
+    assert detail["goodput"] == result["goodput"]
+    assert detail["goodput_detail"]["parts_ms"] == result["parts_ms"]
     # History keeps one record per step across the two attempts.
     history = json.loads((Path(run[1].step_uri("train")) / "history.json").read_text())
     assert [r["step"] for r in history["records"]] == list(range(1, 17))
@@ -289,4 +293,4 @@ def test_goodput_combine_splits_the_wall_time_exactly():
     assert result["goodput"] == round(150 / 300.123, 4)
     assert (result["attempts"], result["preemptions"], result["lost"],
             result["recomputed_steps"]) == (3, 1, 1, 3)
-    assert goodput.describe(result).startswith("goodput 50.0% of 300.1 s over 3 attempt(s)")
+    assert goodput.describe(result).startswith("50.0% of 300.1 s over 3 attempt(s)")

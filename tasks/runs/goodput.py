@@ -100,13 +100,13 @@ def read_goodput(step_uri: str) -> dict[str, Any] | None:
 
 
 def describe(result: dict[str, Any] | None) -> str:
-    """One line for logs and the model card."""
+    """One line for the run page and the model card (after a "goodput" label)."""
     if not result or result.get("goodput") is None:
-        return "goodput: not measured"
+        return "not measured"
     parts = result["parts"]
     shown = ", ".join(f"{key.removesuffix('_s').replace('_', ' ')} {parts[key]:.1f} s"
                       for key in PARTS if parts[key])
-    return (f"goodput {100 * result['goodput']:.1f}% of {result['total_s']:.1f} s over "
+    return (f"{100 * result['goodput']:.1f}% of {result['total_s']:.1f} s over "
             f"{result['attempts']} attempt(s) ({result['preemptions']} preempted, "
             f"{result['lost']} lost; {result['recomputed_steps']} steps recomputed): {shown}")
 
