@@ -4,7 +4,9 @@ Runs in a worker process (`python -m tasks train --run-dir URI`), never in Airfl
 process of a cluster runs this same code: under multi_worker_mirrored all workers train in
 lockstep; under parameter_server the chief trains while workers and ps only serve it. Only the
 chief writes to the run folder, the others write to temporary folders that are removed. A
-restart resumes from the latest checkpoint.
+restart resumes from the latest checkpoint. A preemption notice stops every process at one
+step boundary, saved, with exit code 75 (tasks/training/preemption.py); each process reports
+its goodput parts per attempt (tasks/training/goodput_clock.py). See docs/preemption.md.
 """
 from __future__ import annotations
 
