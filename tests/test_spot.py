@@ -332,7 +332,7 @@ def run_on_fake_kube(tmp_path, monkeypatch, disrupt, **cfg_values):
         backend = KubernetesBackend(poll_seconds=0.1, grace_seconds=10, _shares_host_disk=True)
         loop = attempts.run_step(backend, cfg, ctx, stand_in_spec(ctx.run_uri, "graceful"),
                                  log=lines.append, secrets={})
-        thread = threading.Thread(target=disrupt, args=(kube, run), daemon=True)
+        thread = threading.Thread(target=disrupt, args=(kube, run, lines), daemon=True)
         thread.start()
         outcome = None
         try:
@@ -348,7 +348,7 @@ def run_on_fake_kube(tmp_path, monkeypatch, disrupt, **cfg_values):
 @needs_kubelet
 def test_a_pod_deleted_with_a_grace_period_saves_exits_75_and_is_reprovisioned(
         tmp_path, monkeypatch):
-    def disrupt(kube: FakeKube, run: Path):
+    def disrupt(kube: FakeKube, run: Path, lines: list[str]):
         wait_until(lambda: started(run, "worker-0", 1) and started(run, "worker-1", 1))
         # graceful node shutdown of a spot node: SIGTERM, 30 s grace at most, SIGKILL
         for name in (_pod_of(kube, "-worker-0-"), _pod_of(kube, "-worker-1-")):
@@ -368,8 +368,11 @@ def test_a_pod_deleted_with_a_grace_period_saves_exits_75_and_is_reprovisioned(
 
 @needs_kubelet
 def test_a_node_taken_away_loses_its_pod_and_the_step_is_reprovisioned(tmp_path, monkeypatch):
-    def disrupt(kube: FakeKube, run: Path):
-        wait_until(lambda: started(run, "worker-0", 1) and started(run, "worker-1", 1))
+    def disrupt(kube: FakeKube, run: Path, lines: list[str]):
+        # Both pods seen by the controller (their logs stream), not only started: a pod that
+        # vanishes before the controller ever saw it looks like one never created.
+        wait_until(lambda: started(run, "worker-0", 1) and started(run, "worker-1", 1) and
+                   any(ln.startswith("[worker:1]") for ln in lines))
         kube.remove_node([_pod_of(kube, "-worker-1-")])  # no notice: SIGKILL, pod gone
 
     ctx, run, lines, jobs, err = run_on_fake_kube(tmp_path, monkeypatch, disrupt)
@@ -383,8 +386,9 @@ def test_a_node_taken_away_loses_its_pod_and_the_step_is_reprovisioned(tmp_path,
 
 @needs_kubelet
 def test_kubernetes_past_the_bound_fails_with_the_field(tmp_path, monkeypatch):
-    def disrupt(kube: FakeKube, run: Path):
-        wait_until(lambda: started(run, "worker-1", 1))
+    def disrupt(kube: FakeKube, run: Path, lines: list[str]):
+        wait_until(lambda: started(run, "worker-1", 1) and
+                   any(ln.startswith("[worker:1]") for ln in lines))
         kube.remove_node([_pod_of(kube, "-worker-1-")])
 
     ctx, _, _, jobs, err = run_on_fake_kube(tmp_path, monkeypatch, disrupt, max_preemptions=0)

@@ -51,10 +51,10 @@ def code_version() -> dict[str, Any]:
 
 
 def base_checkpoint(cfg: RunConfig, train: dict) -> dict[str, Any]:
-    """The train manifest's base_model record when it is one (source, revision, hash); else
-    the folder it names, with the sha256 of its weights file (None if that folder is not on
-    this machine)."""
-    recorded = train.get("base_model")
+    """The train manifest's base_checkpoint record (source, kind, location, revision, sha256
+    of the weights; tasks.training.checkpoint_sources); else the folder its base_model names,
+    with the sha256 of its weights file (None if that folder is not on this machine)."""
+    recorded = train.get("base_checkpoint") or train.get("base_model")
     if isinstance(recorded, dict):
         return dict(recorded)
     folder = str(recorded or cfg.base_model or "")

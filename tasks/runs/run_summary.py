@@ -159,6 +159,7 @@ def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
     promote = _dict(join_uri(run, "promote", "manifest.json"))
     metrics = evaluation.get("metrics") or {}
     location = run_export_location(root, config)
+    measured = train_goodput(run)
     return {
         "dag_id": dag_id, "run_key": run_key, "uri": run,
         "experiment": context.get("experiment") or config.get("experiment") or "default",
@@ -177,6 +178,7 @@ def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "train_seconds": train.get("train_seconds"),
         "examples_per_second": train.get("examples_per_second"),
         "steps": train.get("steps"),
+        "goodput": measured["goodput"] if measured else None,
         "model_name": export.get("model_name"),
         "version": export.get("version"),
         "export_location": location,
@@ -215,6 +217,16 @@ def worker_log_uri(root: str, dag_id: str, run_key: str, step: str, name: str) -
     return join_uri(runs_uri(root), dag_id, run_key, step, "logs", name)
 
 
+def train_goodput(run: str) -> dict[str, Any] | None:
+    """The train step's goodput breakdown (tasks.runs.goodput); None when not measured or
+    unreadable (the summary must not fail on one run's odd files)."""
+    from tasks.runs import goodput
+    try:
+        return goodput.read_goodput(join_uri(run, "train"))
+    except (ValueError, KeyError, TypeError, OSError):
+        return None
+
+
 def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
     """A run's summary plus what its page draws: the training history, the evaluation metrics
     (confusion matrix, per class), the train manifest and which steps have finished."""
@@ -226,6 +238,7 @@ def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "history": [r for r in history.get("records") or [] if isinstance(r, dict)],
         "history_meta": {k: v for k, v in history.items() if k != "records"},
         "metrics": _dict(join_uri(run, "evaluate", "metrics.json")) or None,
+        "goodput_detail": train_goodput(run),
         "steps_done": [s for s in ("data", "tokenize", "provision", "train", "evaluate",
                                    "release", "export", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks.training import checkpoint
-from tasks.runs import lineage, runlayout
+from tasks.runs import goodput, lineage, runlayout
 from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError
@@ -212,7 +212,8 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
         "steps": train.get("steps"), "learning rate": train.get("learning_rate"),
-        "final loss": train.get("final_loss")}
+        "final loss": train.get("final_loss"),
+        "goodput": goodput.describe(goodput.read_goodput(join_uri(ctx.run_uri, "train")))}
     return f"""# {cfg.model_name} {version}
 
 BERT sequence classifier fine-tuned by bertflow. Serving signature `serving_default`:

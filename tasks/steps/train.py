@@ -4,7 +4,9 @@ Runs in a worker process (`python -m tasks train --run-dir URI`), never in Airfl
 process of a cluster runs this same code: under multi_worker_mirrored all workers train in
 lockstep; under parameter_server the chief trains while workers and ps only serve it. Only the
 chief writes to the run folder, the others write to temporary folders that are removed. A
-restart resumes from the latest checkpoint.
+restart resumes from the latest checkpoint. A preemption notice stops every process at one
+step boundary, saved, with exit code 75 (tasks/training/preemption.py); each process reports
+its goodput parts per attempt (tasks/training/goodput_clock.py). See docs/preemption.md.
 """
 from __future__ import annotations
 
@@ -20,7 +22,10 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.core.framework import summary_pb2
 
-from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
+from tasks.training import checkpoint, inputs, model as model_lib, preemption, \
+    strategy as strategy_lib
+from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
+                                          previous_high_water, process_started_at)
 from tasks.io import storage
 from tasks.config import RunConfig, check_training_loop, join_uri
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
@@ -29,12 +34,35 @@ KEEP_CHECKPOINTS = 3
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
+    started_at = process_started_at()
+    watcher = preemption.Watcher().install()
+    role, index = strategy_lib.task_role()
+    step_uri = ctx.step_uri("train")
     name = strategy_lib.strategy_name(cfg)
+    attempt = attempt_number()
     if strategy_lib.is_server_task(name):
-        strategy_lib.serve_forever()
+        strategy_lib.serve_forever(stop=preemption.serve_until_preempted(
+            watcher, step_uri, role, index, attempt, started_at))
+    clock = GoodputClock(parts_uri(step_uri, attempt, role, index), started_at,
+                         previous_high_water(step_uri, attempt, role, index))
+    try:
+        return _train(cfg, ctx, name, watcher, clock, attempt)
+    except preemption.Preempted as stopped:
+        clock.write()
+        preemption.write_record(step_uri, role, index, stopped.step, watcher, time.time())
+        print(f"train: preempted; saved at step {stopped.step}, exiting "
+              f"{preemption.PREEMPTED_EXIT_CODE}", flush=True)
+        preemption.exit_preempted()
+    finally:
+        watcher.close()
+
+
+def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watcher,
+           clock: GoodputClock, attempt: int) -> str:
     # The loop/strategy rules parse_config applies, also for configs built without it.
     check_training_loop(cfg, name)
     strategy, name = strategy_lib.build_strategy(cfg)
+    watcher.install_signal()  # after the strategy, which may take SIGTERM for itself
     kind = strategy_lib.device_kind(cfg, name)
     policy = model_lib.set_precision(cfg, kind)
     kernels = strategy_lib.use_cpu_kernels(kind, name)
@@ -46,6 +74,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     base = resolved.path
     chief = strategy_lib.is_chief()
     step_uri = ctx.step_uri("train")
+    if name == "parameter_server":  # the chief alone decides; servers tell it by file
+        watcher.watch_notices(step_uri, attempt)
     tf_keras.utils.set_random_seed(cfg.seed)
     print(describe_plan(cfg, plan, name, policy, kernels), flush=True)
     print(f"train: {checkpoint.describe_head(base, labels)}; from {resolved.kind} "
@@ -66,7 +96,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
             print(f"train: resuming from step {start_step} ({manager.latest_checkpoint})",
                   flush=True)
         progress = Progress(plan, out / "tensorboard", History(
-            join_uri(step_uri, "history.json"), plan, start_step) if chief else None)
+            join_uri(step_uri, "history.json"), plan, start_step) if chief else None,
+            clock=clock)
 
         def dataset_fn(input_context, seed_offset=0, skip_batches=0):
             return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
@@ -84,12 +115,23 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
                 # after a crash (not only after success) finds it.
                 upload = functools.partial(storage.upload_dir, out / "checkpoints",
                                            join_uri(step_uri, "checkpoints"))
-            saver = Saver(manager, cfg.checkpoint_every_steps, upload)
-            loop(strategy, name, model, optimizer, plan, dataset_fn, saver, progress)
+            saver = Saver(manager, cfg.checkpoint_every_steps, upload, clock,
+                          preemption.Agreement(strategy, name, watcher))
+            if name == "parameter_server":  # fit's step loop checks stop_training
+                watcher.on_notice = lambda: setattr(model, "stop_training", True)
+            clock.loop_started(start_step)
+            try:
+                loop(strategy, name, model, optimizer, plan, dataset_fn, saver, progress)
+            except preemption.Preempted:
+                if progress.history is not None:  # the resumed run keeps these records
+                    progress.history.write()
+                raise
             saver.save(int(optimizer.iterations.numpy()))
         if chief:
-            model.save_pretrained(out / "model")
+            with clock.checkpoint():
+                model.save_pretrained(out / "model")
             shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
+    clock.write()
 
     if not chief:
         return ctx.manifest_uri("train")
@@ -160,9 +202,10 @@ class Progress(tf_keras.callbacks.Callback):
     """Logs loss and examples/s to stdout and TensorBoard every `every` steps. Throughput is
     measured from the end of the first step, so graph tracing is not counted."""
 
-    def __init__(self, plan: model_lib.TrainPlan, tb_dir: Path, history: History | None = None):
+    def __init__(self, plan: model_lib.TrainPlan, tb_dir: Path, history: History | None = None,
+                 clock: GoodputClock | None = None):
         super().__init__()
-        self.plan = plan
+        self.plan, self.clock = plan, clock
         self.history = history
         self.started = time.perf_counter()
         self.every = max(1, min(100, plan.total_steps // 10))
@@ -173,6 +216,8 @@ class Progress(tf_keras.callbacks.Callback):
 
     def step_done(self, step: int, metrics: dict[str, float]) -> None:
         """`metrics`: loss, accuracy and learning_rate at this optimizer step."""
+        if self.clock is not None:
+            self.clock.step_done(step)
         now = time.perf_counter()
         if self.first is None:
             self.first = (step, now)
@@ -238,9 +283,12 @@ class History:
                                  "elapsed_seconds": round(elapsed, 3)})
         if last or step // self.plan.steps_per_epoch > self.written_epoch:
             self.written_epoch = step // self.plan.steps_per_epoch
-            storage.write_json(self.uri, {
-                "total_steps": self.plan.total_steps, "steps_per_epoch": self.plan.steps_per_epoch,
-                "every": self.every, "records": self.records})
+            self.write()
+
+    def write(self) -> None:
+        storage.write_json(self.uri, {
+            "total_steps": self.plan.total_steps, "steps_per_epoch": self.plan.steps_per_epoch,
+            "every": self.every, "records": self.records})
 
 
 # tf.summary.scalar lives in the tensorboard package, which is not a dependency; this is the
@@ -251,19 +299,33 @@ _SCALAR = summary_pb2.SummaryMetadata(
 
 
 class Saver:
-    """Checkpoints at every multiple of `every` optimizer steps (then calls `after_save`)."""
+    """Checkpoints at every multiple of `every` optimizer steps (then calls `after_save`), and
+    at the step the cluster agrees to stop at when preempted (then raises Preempted)."""
 
-    def __init__(self, manager: tf.train.CheckpointManager, every: int, after_save=None):
+    def __init__(self, manager: tf.train.CheckpointManager, every: int, after_save=None,
+                 clock: GoodputClock | None = None,
+                 agreement: preemption.Agreement | None = None):
         self.manager, self.every, self.after_save = manager, every, after_save
+        self.clock, self.agreement = clock, agreement
         self.last_saved: int | None = None
 
     def step_done(self, step: int) -> None:
         if step % self.every == 0:
             self.save(step)
+        if self.agreement is not None and self.agreement.should_stop():
+            self.save(step)
+            raise preemption.Preempted(step)
 
     def save(self, step: int) -> None:
         if step == self.last_saved:
             return
+        if self.clock is None:
+            self._save(step)
+            return
+        with self.clock.checkpoint():
+            self._save(step)
+
+    def _save(self, step: int) -> None:
         self.manager.save(checkpoint_number=step)
         self.last_saved = step
         if self.after_save is not None:
@@ -305,10 +367,19 @@ def distribute(strategy, name: str, dataset_fn, start_step: int, grad_accum_step
 def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
     _compile(strategy, model, optimizer)
     start = int(optimizer.iterations.numpy())
+    callbacks = [progress, _StepCallbacks(saver, plan.total_steps)]
+    if start % plan.steps_per_epoch:
+        # Resumed mid-epoch: finish that epoch first, so epochs keep their boundaries. Each
+        # fit call reads from its own, seeded stream positioned at its first step.
+        model.fit(distribute(strategy, name, dataset_fn, start), epochs=1,
+                  steps_per_epoch=plan.steps_per_epoch - start % plan.steps_per_epoch,
+                  verbose=0, callbacks=callbacks)
+        start = int(optimizer.iterations.numpy())
+        if start >= plan.total_steps:
+            return
     data = distribute(strategy, name, dataset_fn, start)
     model.fit(data, epochs=plan.epochs, initial_epoch=start // plan.steps_per_epoch,
-              steps_per_epoch=plan.steps_per_epoch, verbose=0,
-              callbacks=[progress, _StepCallbacks(saver, plan.total_steps)])
+              steps_per_epoch=plan.steps_per_epoch, verbose=0, callbacks=callbacks)
 
 
 def _compile(strategy, model, optimizer) -> None:
@@ -329,9 +400,11 @@ def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, pr
     step = int(optimizer.iterations.numpy())
     while step < plan.total_steps:
         chunk = min(saver.every - step % saver.every, plan.total_steps - step)
-        # Each call starts the workers' input pipelines afresh: a new seed gives new rows.
+        # Each call starts the workers' input pipelines afresh: a new seed gives new rows. A
+        # chunk cut short by a preemption resumes in its own stream, that many batches in.
+        first = step - step % saver.every
         data = tf_keras.utils.experimental.DatasetCreator(
-            functools.partial(dataset_fn, seed_offset=step))
+            functools.partial(dataset_fn, seed_offset=first, skip_batches=step - first))
         logs = model.fit(data, epochs=1, steps_per_epoch=chunk, verbose=0).history
         step = int(optimizer.iterations.numpy())
         progress.epoch_loss = logs["loss"][-1]

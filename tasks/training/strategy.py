@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import tensorflow as tf
 
@@ -35,15 +36,18 @@ def is_server_task(name: str) -> bool:
     return name == "parameter_server" and task_role()[0] in ("worker", "ps")
 
 
-def serve_forever() -> None:
+def serve_forever(stop=None) -> None:
     """Run this process's tf.distribute.Server for the chief to use; never returns (the
-    provisioner stops ps/worker processes once the chief has finished)."""
+    provisioner stops ps/worker processes once the chief has finished). `stop()`, polled,
+    may end the process (a preemption notice): waiting in Python, not in server.join(),
+    lets signal handlers run."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(
         resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
         protocol=resolver.rpc_layer or "grpc", start=True)
     print(f"serving as {resolver.task_type} {resolver.task_id}", flush=True)
-    server.join()
+    while not (stop is not None and stop()):
+        time.sleep(0.2)
 
 
 def strategy_name(cfg) -> str:
