@@ -67,6 +67,7 @@ def bert_finetune():
         folder."""
         from tasks.steps import data
         from tasks.io import storage, uri_templates
+        from tasks.training import memory
         from tasks.provision import backend_for
         from tasks.config import parse_config
         from tasks.runs.runlayout import RunContext, init_run, run_key_for
@@ -81,6 +82,8 @@ def bert_finetune():
         cfg = parse_config(values)
         storage.configure(storage.Connections(cfg.gcp_conn_id, cfg.aws_conn_id))
         data.check_inputs(cfg)
+        # A batch that would not fit the workers' memory, from the checkpoint's config.json.
+        memory.check_config(cfg, memory.readable_config(cfg))
         backend = backend_for(cfg)
         run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
         iso = logical.isoformat() if logical else None

@@ -20,7 +20,8 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.core.framework import summary_pb2
 
-from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
+from tasks.training import checkpoint, inputs, memory, model as model_lib
+from tasks.training import strategy as strategy_lib
 from tasks.io import storage
 from tasks.config import RunConfig, check_training_loop, join_uri
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
@@ -43,6 +44,10 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
                                strategy.num_replicas_in_sync)
     base = checkpoint.resolve_base_model(cfg)
+    # A run that would not fit this worker's memory stops here, not in the kernel's OOM killer.
+    memory.check_worker(cfg, base / "config.json", device_kind=kind, policy=policy,
+                        replicas=len(getattr(strategy.extended, "worker_devices", None) or [0]),
+                        num_labels=len(labels))
     chief = strategy_lib.is_chief()
     step_uri = ctx.step_uri("train")
     tf_keras.utils.set_random_seed(cfg.seed)
