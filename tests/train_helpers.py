@@ -200,7 +200,7 @@ def main(argv: list[str]) -> None:
     cfg = read_run_config(f"{run_dir}/config.json")
     ctx = RunContext(**json.loads(Path(run_dir, "context.json").read_text()))
     for step in steps:
-        module = __import__(f"tasks.{step}", fromlist=["run"])
+        module = __import__(f"tasks.steps.{step}", fromlist=["run"])
         print(f"{step} manifest: {module.run(cfg, ctx)}", flush=True)
 
 
