@@ -2,7 +2,7 @@
 training throughput side by side with the peer, peak RSS, MFU, and the largest per-replica batch
 that fits in 24 GiB (computed).
 
-    ./.venv/bin/python benchmarks/model_sizes.py [--preset full|float32|tiny] [--repeats 1] [--steps 3]
+    ./.venv/bin/python benchmarks/model_sizes.py [--preset full|seq512|float32|tiny] [--repeats 1] [--steps 3]
 
 The weights are random: no bert-base or bert-large weights ship in any package reachable
 offline. Speed and memory do not depend on the values, only on the shapes (bert-base: 12
@@ -72,6 +72,7 @@ PRESETS = {
     ],
     # float32 (mixed_precision none): the estimate's float32 terms
     "float32": [("bert-base", 128, None, (2, 8), {"mixed_precision": "none"})],
+    "seq512": [("bert-base", 512, 2, (), {}), ("bert-large", 512, 1, (), {})],
     "tiny": [("tiny", 32, 2, (4,), {})],
 }
 
@@ -207,6 +208,8 @@ def side_command(side: str, batches: Path, model_dir: Path, warmup: int, bf16: b
 
 def figures(res: dict, rss: int, batch: int, seq: int, flops_per_example: float,
             peak: float) -> dict:
+    if "mean_padded_length" in res and round(res["mean_padded_length"]) != seq:
+        raise RuntimeError(f"bertflow trained at length {res['mean_padded_length']}, not {seq}")
     step = common.median(res["step_seconds"])
     per_s = batch / step
     return {"median_step_s": step, "examples_per_s": per_s, "tokens_per_s": per_s * seq,
@@ -344,7 +347,8 @@ def main() -> None:
             def run(side: str, b: int) -> dict:
                 probes[point_precision].append(mfu.matmul_peak(point_precision, reps=3))
                 path = write_batches(vocab, seq, b, args.steps, tmp / f"batches-{seq}-{b}.json")
-                cmd = side_command(side, path, model_dir, args.warmup, point_bf16, overrides)
+                cmd = side_command(side, path, model_dir, args.warmup, point_bf16,
+                                   {"max_seq_length": seq, **overrides})
                 load = os.getloadavg()[0]
                 res, rss, wall = run_measured(cmd, env)
                 res["load_avg_1min_before"] = load
