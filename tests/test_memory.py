@@ -128,7 +128,7 @@ def test_validate_without_a_batch_that_fits_asks_for_a_shorter_sequence(tmp_path
     cfg = RunConfig(base_model=str(folder), max_seq_length=512, per_replica_batch_size=1)
     with pytest.raises(ConfigError, match="even per_replica_batch_size 1 does not fit: lower "
                                           "max_seq_length"):
-        memory.check_config(cfg, folder / "config.json", {memory.MEMORY_ENV: str(3 << 30)})
+        memory.check_config(cfg, folder / "config.json", {memory.MEMORY_ENV: str(2 << 30)})
 
 
 def test_validate_budget_by_backend(tmp_path):

@@ -10,7 +10,9 @@ The estimate adds what one CPU worker process holds at the peak of a training st
 - accumulators: the custom loop keeps one float32 copy of the trainable variables for gradient
   accumulation (tasks/steps/train.py, make_train_step, creates it whatever grad_accum_steps);
 - compute copies: under mixed bfloat16 every weight is cast for the forward pass and the cast
-  is kept for the backward pass, 2 bytes per parameter;
+  is kept for the backward pass, and its bfloat16 gradient lives beside the float32 one it is
+  cast to: 2 + 2 bytes per parameter (the measured peaks grow by about 20 bytes per
+  parameter from bert-base to bert-large, not the 18 the other parts give);
 - activations kept for backprop, per layer and example: the (seq x hidden) tensors around
   attention and the layer norms, the (seq x intermediate) tensors around GELU (computed in
   float32, tasks/training/float32_gelu.py) and the (heads x seq^2) attention scores,
@@ -38,12 +40,13 @@ MEMORY_ENV = "BERTFLOW_WORKER_MEMORY_BYTES"
 # docs/model-sizes.md, is below the rest.
 HEADROOM = 0.9
 
-# Fitted coefficients (see the module docstring). Bytes per element kept for backprop, per
-# layer and example, under mixed bfloat16; float32 doubles the compute-dtype terms.
-ACT_HIDDEN_BYTES = 28.0        # x seq x hidden
-ACT_INTERMEDIATE_BYTES = 12.0  # x seq x intermediate
-ACT_SCORES_BYTES = 10.0        # x heads x seq^2
-FIXED_OVERHEAD_BYTES = 1.2 * GIB
+# Fitted coefficients (see the module docstring): bytes kept for backprop per element, per
+# layer and example, under mixed bfloat16 (float32 doubles them: not measured), and the fixed
+# overhead. Fitted as an upper bound of the measured peaks (never below one).
+ACT_HIDDEN_BYTES = 14.0        # x seq x hidden
+ACT_INTERMEDIATE_BYTES = 6.0   # x seq x intermediate
+ACT_SCORES_BYTES = 5.75        # x heads x seq^2
+FIXED_OVERHEAD_BYTES = 0.76 * GIB
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def estimate(shape: BertShape, *, per_replica_batch_size: int, max_seq_length: i
     r = max(replicas, 1)
     return Estimate(weights=4 * params * r, optimizer_slots=8 * params * r,
                     gradients=4 * params * r, accumulators=4 * params * r if accumulate else 0,
-                    compute_copies=2 * params * r if bfloat16 else 0,
+                    compute_copies=4 * params * r if bfloat16 else 0,
                     activations=int(activations * r), overhead=int(FIXED_OVERHEAD_BYTES))
 
 
