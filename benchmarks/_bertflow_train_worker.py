@@ -98,13 +98,19 @@ with inputs.local_shards(tok, "train") as files:
 shapes = [f["input_ids"].shape for f, _ in timed]
 tokens = sum(b * length for b, length in shapes)
 real = sum(int(f["attention_mask"].numpy().sum()) for f, _ in timed)
+model_config = json.loads((Path(a.model_dir) / "config.json").read_text())
 flops = train_flops(tokens, sum(b for b, _ in shapes),
-                    sum(b * length ** 2 for b, length in shapes))
+                    sum(b * length ** 2 for b, length in shapes),
+                    layers=model_config["num_hidden_layers"], hidden=model_config["hidden_size"],
+                    ffn=model_config["intermediate_size"])
+# Each timed step's own time (from the previous step's end), for medians.
+step_seconds = [t1 - t0 for (s0, t0), (s1, t1) in zip(ends, ends[1:]) if s0 >= a.warmup]
 print("RESULT " + json.dumps({
     "examples_per_s": n_ex / dt, "seconds": dt, "steps": n_steps, "examples": n_ex,
     "padded_tokens": tokens, "mean_padded_length": tokens / n_ex,
     "padding_fraction": 1 - real / tokens, "real_tokens_per_s": real / dt,
     "warmup_steps": a.warmup, "train_gflop_per_s": flops / dt / 1e9,
+    "step_seconds": step_seconds,
     "train_step_wall_s": wall, "manifest_examples_per_second": manifest["examples_per_second"],
     "precision": "bf16" if "bfloat16" in manifest["mixed_precision"] else "fp32",
     "mixed_precision": manifest["mixed_precision"], "strategy": manifest["strategy"],

@@ -46,12 +46,16 @@ batches = data["batches"]
 for b in batches[:a.warmup]:
     step(b)
 t0 = time.perf_counter()
+step_seconds = []
 for b in batches:
+    t1 = time.perf_counter()
     loss = step(b)
+    step_seconds.append(time.perf_counter() - t1)
 dt = time.perf_counter() - t0
 n = sum(len(b["labels"]) for b in batches)
 print("RESULT " + json.dumps({"examples_per_s": n / dt, "seconds": dt, "steps": len(batches),
                               "examples": n, "final_loss": loss,
+                              "step_seconds": step_seconds,
                               "threads": torch.get_num_threads(), "torch": torch.__version__,
                               "fused_adamw": bool(a.fused), "bf16": bool(a.bf16)}))
 sys.stdout.flush()

@@ -101,11 +101,15 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def write_results(name: str, results: dict[str, Any], quiet: bool = False) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": name,
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date_utc": utc_now(),
         # the script that ran, not the results name (--name may differ from it)
         "command": f"./.venv/bin/python benchmarks/{Path(sys.argv[0]).name} "
                    + " ".join(sys.argv[1:]),
@@ -117,7 +121,8 @@ def write_results(name: str, results: dict[str, Any], quiet: bool = False) -> Pa
     tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
     tmp.replace(path)
     if not quiet:
-        print(f"wrote {path.relative_to(PROJECT_ROOT)}")
+        shown = path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path
+        print(f"wrote {shown}")
     return path
 
 

@@ -1,4 +1,5 @@
-"""Smoke test of the benchmark harness (no timings asserted, no TensorFlow, no data needed)."""
+"""Smoke test of the benchmark harness (no timings asserted, no data needed; model_sizes.py runs
+its tiny preset in subprocesses)."""
 import json
 import sys
 from pathlib import Path
@@ -99,3 +100,57 @@ def test_whole_sentence_hold_out_drops_the_held_out_sentences_own_phrases(monkey
     assert "the film" in texts and "short one" in texts  # shared with a kept row, or unrelated
     assert f"{kept}3 {kept}4 {kept}5" in texts and f"{held}3 {held}4 {held}5" not in texts
     assert all(not text.startswith(f"the film {held}0") for text in texts)
+
+
+
+def _model_sizes(tmp_path, *args: str) -> str:
+    """benchmarks/model_sizes.py writing its results file under tmp_path; its stdout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "benchmarks" / "model_sizes.py"),
+                           "--results-dir", str(tmp_path), *args],
+                          capture_output=True, text=True, cwd=root, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+# its tiny preset: a 2-layer, hidden-32 random BERT, one timed step
+TINY = ("--preset", "tiny", "--steps", "1", "--warmup", "1")
+
+
+def test_model_sizes_writes_measured_and_computed_figures(tmp_path):
+    out = _model_sizes(tmp_path, *TINY, "--sides", "bertflow")
+    results = json.loads((tmp_path / "model_sizes.json").read_text())
+    assert "RANDOM" in results["weights"] and results["machine"]["cpu_model"] is not None
+    (point,) = results["points"]
+    side = point["sides"]["bertflow"]
+    assert side["median_examples_per_s"] > 0 and side["median_tokens_per_s"] > 0
+    assert 0 < side["median_mfu"] < 1 and side["peak_rss_bytes"] > 100 << 20
+    assert [m["batch"] for m in point["measured_peak_rss"]] == [2, 4]
+    for row in point["estimate_vs_measured"]:
+        assert row["estimate_bytes"] == row["estimate"]["total"] > 0
+        assert row["error"] == row["estimate_bytes"] / row["measured_bytes"] - 1
+    largest = point["largest_batch_24gib"]
+    assert largest["computed"] is True
+    assert largest["no_accumulation"] >= largest["with_accumulation"] > 0
+    assert results["estimate_error"]["points"] == 2 and "peak RSS" in out
+
+    # --rescore recomputes the estimate's figures from the measurements and runs nothing
+    assert "rescored" in _model_sizes(tmp_path, "--rescore")
+    again = json.loads((tmp_path / "model_sizes.json").read_text())
+    assert again["points"][0]["measured_peak_rss"] == point["measured_peak_rss"]
+    assert again["rescored"]["command"].endswith("--rescore --name model_sizes")
+
+
+def test_model_sizes_peer_side(tmp_path):
+    peer = Path(__file__).resolve().parent.parent / ".venv-peer" / "bin" / "python"
+    if not peer.exists():
+        pytest.skip(f"{peer} is absent: the peer side needs its own venv with torch (python3 -m "
+                    f"venv .venv-peer && .venv-peer/bin/pip install -r benchmarks/requirements.txt)")
+    _model_sizes(tmp_path, *TINY, "--sides", "peer")
+    results = json.loads((tmp_path / "model_sizes.json").read_text())
+    side = results["points"][0]["sides"]["peer"]
+    assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20
+    assert side["runs"][0]["result"]["fused_adamw"] is True
+    assert "fused AdamW" in results["precision"]["peer"]

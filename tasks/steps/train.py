@@ -22,7 +22,7 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.core.framework import summary_pb2
 
-from tasks.training import checkpoint, inputs, model as model_lib, preemption, \
+from tasks.training import checkpoint, inputs, memory, model as model_lib, preemption, \
     strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
                                           previous_high_water, process_started_at)
@@ -72,6 +72,10 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                                strategy.num_replicas_in_sync)
     resolved = checkpoint.resolve_base_checkpoint(cfg)
     base = resolved.path
+    # A run that would not fit this worker's memory stops here, not in the kernel's OOM killer.
+    memory.check_worker(cfg, base / "config.json", device_kind=kind, policy=policy,
+                        replicas=len(getattr(strategy.extended, "worker_devices", None) or [0]),
+                        num_labels=len(labels))
     chief = strategy_lib.is_chief()
     step_uri = ctx.step_uri("train")
     if name == "parameter_server":  # the chief alone decides; servers tell it by file
