@@ -171,7 +171,9 @@ def test_mwms_sigterm_mid_epoch_resumes_exactly(tmp_path, tiny_model):
 
 
 def test_parameter_server_worker_sigterm_chief_saves_and_resumes(tmp_path, tiny_model):
-    ps = dict(strategy="parameter_server", num_workers=1, num_ps=1, **{**COMMON, "epochs": 6})
+    # 24 epochs (384 steps of a tiny model): long enough that the SIGTERM 8 s into serving
+    # lands mid-run on a quiet machine too (6 epochs had ended by then once, at step 96).
+    ps = dict(strategy="parameter_server", num_workers=1, num_ps=1, **{**COMMON, "epochs": 24})
     cfg, ctx = make_run(tmp_path / "run", tiny_model, 128, 16, FIXED, **ps)
     ref = make_run(tmp_path / "ref", tiny_model, 128, 16, FIXED, **ps)
     ref_result: list = []
@@ -198,12 +200,12 @@ def test_parameter_server_worker_sigterm_chief_saves_and_resumes(tmp_path, tiny_
     step = records["chief-0"]["step"]
     assert records["worker-0"]["step"] == step and records["worker-0"]["signal"] == "SIGTERM"
     assert records["chief-0"]["signal"].startswith("peer worker-0")
-    assert 0 < step < 96  # 128 rows / 8 per step x 6 epochs
+    assert 0 < step < 384  # 128 rows / 8 per step x 24 epochs
 
     cluster, err = attempt(cfg, ctx, 2, lines)
     assert err is None, str(err)
     manifest = read_manifest(ctx.manifest_uri("train"))
-    assert manifest["resumed_from_step"] == step and manifest["steps"] == 96
+    assert manifest["resumed_from_step"] == step and manifest["steps"] == 384
     result = check_goodput_adds_up(ctx)
     assert result["recomputed_steps"] == 0
     assert ref_result[0][1] is None, str(ref_result[0][1])

@@ -597,6 +597,8 @@ class TpuStepController:
             picked_up = self._stream() or picked_up
             if status is not None:
                 self._stream()
+                if self.running_at is None:  # a step that ended before a heartbeat said so
+                    self.running_at = time.time()
                 return self._finish(status)
             if self._stopped.is_set():
                 raise WorkerError(f"tpu:0 {self.spec.step} was stopped (cancel requested)")

