@@ -76,6 +76,7 @@ def bert_finetune():
         folder."""
         from tasks.steps import data
         from tasks.io import storage, uri_templates
+        from tasks.provision import memory_budget
         from tasks.training import checkpoint_sources, memory
         from tasks.provision import backend_for
         from tasks.config import parse_config
@@ -95,7 +96,7 @@ def bert_finetune():
         # a champion is pinned to its version, so every step starts from the same weights.
         cfg.base_model = checkpoint_sources.check(cfg)
         # A batch that would not fit the workers' memory, from the checkpoint's config.json.
-        memory.check_config(cfg, memory.readable_config(cfg))
+        memory_budget.check_config(cfg, memory.readable_config(cfg))
         backend = backend_for(cfg)
         run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
         iso = logical.isoformat() if logical else None

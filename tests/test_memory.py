@@ -10,6 +10,7 @@ import pytest
 
 from tasks.config import RunConfig
 from tasks.errors import ConfigError
+from tasks.provision import memory_budget
 from tasks.training import memory
 from train_helpers import LABELS, ROOT, make_run, tiny_model_dir  # noqa: F401
 
@@ -104,7 +105,7 @@ def test_validate_refuses_a_batch_that_does_not_fit_and_says_what_to_lower(tmp_p
     cfg = RunConfig(base_model=str(folder), max_seq_length=512, per_replica_batch_size=32,
                     mixed_precision="mixed_bfloat16")
     with pytest.raises(ConfigError) as err:
-        memory.check_config(cfg, memory.readable_config(cfg), env)
+        memory_budget.check_config(cfg, memory.readable_config(cfg), env)
     message = str(err.value)
     assert err.value.field == "per_replica_batch_size"
     for field in ("per_replica_batch_size", "max_seq_length", "grad_accum_steps",
@@ -117,10 +118,10 @@ def test_validate_refuses_a_batch_that_does_not_fit_and_says_what_to_lower(tmp_p
         message).groups())
     assert 1 <= micro <= best < 32 and micro * accum >= 32
     fits = cfg.model_copy(update={"per_replica_batch_size": best})
-    assert memory.check_config(fits, folder / "config.json", env).total <= 8 * memory.GIB
+    assert memory_budget.check_config(fits, folder / "config.json", env).total <= 8 * memory.GIB
     kept = cfg.model_copy(update={"per_replica_batch_size": micro, "grad_accum_steps": accum,
                                   "training_loop": "custom"})
-    assert memory.check_config(kept, folder / "config.json", env).accumulators > 0
+    assert memory_budget.check_config(kept, folder / "config.json", env).accumulators > 0
 
 
 def test_validate_without_a_batch_that_fits_asks_for_a_shorter_sequence(tmp_path):
@@ -128,7 +129,7 @@ def test_validate_without_a_batch_that_fits_asks_for_a_shorter_sequence(tmp_path
     cfg = RunConfig(base_model=str(folder), max_seq_length=512, per_replica_batch_size=1)
     with pytest.raises(ConfigError, match="even per_replica_batch_size 1 does not fit: lower "
                                           "max_seq_length"):
-        memory.check_config(cfg, folder / "config.json", {memory.MEMORY_ENV: str(2 << 30)})
+        memory_budget.check_config(cfg, folder / "config.json", {memory.MEMORY_ENV: str(2 << 30)})
 
 
 def test_validate_budget_by_backend(tmp_path):
@@ -137,25 +138,25 @@ def test_validate_budget_by_backend(tmp_path):
                 artifact_root="gs://bucket/art")
     small = RunConfig(**base, provisioner="kubernetes", worker_memory="4Gi")
     with pytest.raises(ConfigError, match=r"4\.0 GiB \(worker_memory\)"):
-        memory.check_config(small, folder / "config.json", {})
+        memory_budget.check_config(small, folder / "config.json", {})
     big = RunConfig(**base, provisioner="kubernetes", worker_memory="64Gi")
-    assert memory.check_config(big, folder / "config.json", {}) is not None
+    assert memory_budget.check_config(big, folder / "config.json", {}) is not None
     with pytest.raises(ConfigError, match="worker_memory"):
-        memory.check_config(big.model_copy(update={"worker_memory": "lots"}),
+        memory_budget.check_config(big.model_copy(update={"worker_memory": "lots"}),
                             folder / "config.json", {})
     # Vertex AI machines and GPU pods: the memory is known on the worker (train checks it)
-    assert memory.check_config(RunConfig(**base, provisioner="vertex_ai"),
+    assert memory_budget.check_config(RunConfig(**base, provisioner="vertex_ai"),
                                folder / "config.json", {}) is None
     gpu = RunConfig(**base, provisioner="kubernetes", worker_memory="4Gi",
                     accelerator_type="nvidia-l4")
-    assert memory.check_config(gpu, folder / "config.json", {}) is None
+    assert memory_budget.check_config(gpu, folder / "config.json", {}) is None
     # local workers share this machine: two of them get half each
     one = RunConfig(base_model=str(folder), max_seq_length=128, per_replica_batch_size=8)
     env = {memory.MEMORY_ENV: str(int(1.2 * memory.estimate(
         BASE, per_replica_batch_size=8, max_seq_length=128, bfloat16=False).total))}
-    assert memory.check_config(one, folder / "config.json", env) is not None
+    assert memory_budget.check_config(one, folder / "config.json", env) is not None
     with pytest.raises(ConfigError, match="shared by 2 training processes"):
-        memory.check_config(one.model_copy(update={"num_workers": 2}), folder / "config.json",
+        memory_budget.check_config(one.model_copy(update={"num_workers": 2}), folder / "config.json",
                             env)
     # a checkpoint validate cannot read here (remote, or not a folder): no check
     assert memory.readable_config(RunConfig(base_model="gs://bucket/bert")) is None
