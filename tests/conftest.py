@@ -69,3 +69,25 @@ def pytest_sessionfinish(session, exitstatus):
 
     lock_checks.stop()
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
+
+
+# Wall time per test file (setup, call and teardown of its tests, module fixtures included).
+# Files run whole on one xdist worker (--dist loadfile), so the largest of these bound the
+# suite's wall time: the list says where shortening the suite pays.
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _FILE_SECONDS or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]
+    terminalreporter.write_sep("=", "slowest test files (seconds, module fixtures included)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_line(f"{total:8.1f}  all files, summed over workers")
