@@ -778,7 +778,7 @@ def test_dry_run_yaml_applies_and_its_pods_can_run(cluster, tmp_path):
         pod.succeed()
 
     kube = cluster(script)
-    cfg = make_cfg(gcp_conn_id="gcp", aws_conn_id="aws", k8s_namespace="ml")
+    cfg = make_cfg(gcp_conn_id="gcp", aws_conn_id="aws", hf_conn_id="hf", k8s_namespace="ml")
     ctx = make_ctx(cfg)
     notes: list[str] = []
     text = provision.dry_run(cfg, ctx, warn=notes.append)
@@ -794,7 +794,8 @@ def test_dry_run_yaml_applies_and_its_pods_can_run(cluster, tmp_path):
                     f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n")
     shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     values = {"AIRFLOW_CONN_GCP": SECRETS["AIRFLOW_CONN_GCP"],
-              "AIRFLOW_CONN_AWS": "aws://AKIA:sec%20ret@"}
+              "AIRFLOW_CONN_AWS": "aws://AKIA:sec%20ret@",
+              "AIRFLOW_CONN_HF": '{"conn_type": "generic", "password": "hf_token"}'}
     subprocess.run(["bash", "-c", command], check=True, timeout=30,
                    env={"PATH": f"{bin_dir}:/usr/bin:/bin", **values})
     argv = json.loads((tmp_path / "argv.json").read_text())

@@ -34,12 +34,20 @@ def keyless_google_env(conn_id: str, project: str = "") -> dict[str, str]:
                                            "extra": extra})}
 
 
+CONNECTION_FIELDS = ("gcp_conn_id", "aws_conn_id", "hf_conn_id")
+
+
+def connection_env_names(cfg: RunConfig) -> list[str]:
+    """The AIRFLOW_CONN_<ID> names worker_env(cfg) sets, without reading any connection."""
+    return [env_name(c) for c in (getattr(cfg, f) for f in CONNECTION_FIELDS) if c]
+
+
 def worker_env(cfg: RunConfig) -> dict[str, str]:
     """`{"AIRFLOW_CONN_<ID>": connection as JSON}` for cfg.gcp_conn_id, cfg.aws_conn_id and
     cfg.hf_conn_id (empty ids, meaning ambient credentials, are skipped). Call it in the
     controller."""
     env = {}
-    for field in ("gcp_conn_id", "aws_conn_id", "hf_conn_id"):
+    for field in CONNECTION_FIELDS:
         conn_id = getattr(cfg, field)
         if conn_id:
             env[env_name(conn_id)] = _connection(field, conn_id).as_json()

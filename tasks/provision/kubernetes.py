@@ -130,12 +130,12 @@ class KubernetesBackend(Backend):
 
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
         # The connections' names only: the dry run never reads a credential.
-        keys = [credentials.env_name(c) for c in (cfg.gcp_conn_id, cfg.aws_conn_id) if c]
+        keys = credentials.connection_env_names(cfg)
         return render.render_objects(cfg, ctx, spec, secret_keys=keys,
                                      base_port=self.base_port)
 
     def dry_run_notes(self, cfg: RunConfig, ctx: RunContext) -> list[str]:
-        keys = [credentials.env_name(c) for c in (cfg.gcp_conn_id, cfg.aws_conn_id) if c]
+        keys = credentials.connection_env_names(cfg)
         if not keys:
             return []
         return [f"The pods read the run's Airflow connections from Secret "
