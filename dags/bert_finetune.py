@@ -77,7 +77,7 @@ def bert_finetune():
         from tasks.steps import data
         from tasks.io import storage, uri_templates
         from tasks.provision import memory_budget
-        from tasks.training import checkpoint_sources, memory
+        from tasks.training import checkpoint_sources, hub_staging, memory
         from tasks.provision import backend_for
         from tasks.config import parse_config
         from tasks.runs.runlayout import RunContext, init_run, run_key_for
@@ -105,6 +105,8 @@ def bert_finetune():
                          run_id=dag_run.run_id, experiment=cfg.experiment,
                          logical_date=iso or "")
         backend.check(cfg, ctx)  # e.g. remote workers need a gs:// or s3:// run folder
+        if not backend.receives_connections:  # a gated Hub repo: the token stays here
+            cfg.base_model = hub_staging.stage_for_workers(cfg)
         return init_run(cfg, ctx)
 
     @task

@@ -262,6 +262,50 @@ def test_hf_conn_id_reaches_workers_as_a_connection(monkeypatch):
     assert json.loads(env[f"AIRFLOW_CONN_{HF_CONN.upper()}"])["password"] == TOKEN
 
 
+def test_gated_repo_is_staged_in_the_bucket_for_workers_without_connections(
+        hub, cache, gcs_emulator, monkeypatch, tmp_path):
+    """Vertex AI and TPU VM workers get no connections: validate stages the gated repo in the
+    run's bucket with the controller's token; a worker with no token at all reads it there and
+    still records the Hub repo and commit."""
+    from tasks.provision import backend_for
+    from tasks.training import hub_staging
+
+    root = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{HF_CONN.upper()}", json.dumps(
+        {"conn_type": "generic", "password": TOKEN}))
+    cfg = RunConfig(base_model="org/gated-bert", hf_conn_id=HF_CONN, artifact_root=root)
+    assert [backend_for(cfg.model_copy(update={"provisioner": p})).receives_connections
+            for p in ("local", "kubernetes", "vertex_ai", "tpu_vm")] == [True, True, False,
+                                                                         False]
+    controller = checkpoint_sources.resolve(cfg)
+    staged = hub_staging.stage_for_workers(cfg)
+    assert staged == f"{root}/checkpoints/hub/org--gated-bert/{controller.revision}"
+    assert storage.is_complete(staged)
+    uploads = len(storage.list_uris(staged))
+    assert hub_staging.stage_for_workers(cfg) == staged  # once per commit
+    assert len(storage.list_uris(staged)) == uploads
+    # Anything else is left as it is.
+    assert hub_staging.stage_for_workers(RunConfig(base_model="org/tiny-bert")) == "org/tiny-bert"
+
+    # The worker: no connection, no HF_TOKEN, an empty cache; the Hub sees no request.
+    monkeypatch.delenv(f"AIRFLOW_CONN_{HF_CONN.upper()}")
+    monkeypatch.setenv("BERTFLOW_CHECKPOINT_CACHE", str(tmp_path / "worker-cache"))
+    checkpoint_sources._resolved.clear()
+    seen = len(hub.requests)
+    worker = checkpoint.resolve_base_checkpoint(cfg.model_copy(
+        update={"base_model": staged, "hf_conn_id": ""}))
+    assert len(hub.requests) == seen
+    assert (worker.kind, worker.location, worker.revision, worker.source) == (
+        "hub", "org/gated-bert", controller.revision, "org/gated-bert")
+    assert worker.sha256 == controller.sha256 and worker.files == controller.files
+    # A folder whose weights no longer match its origin record is reported as the bucket.
+    storage.write_bytes(f"{staged}/tf_model.h5", b"retrained elsewhere")
+    checkpoint_sources._resolved.clear()
+    changed = checkpoint_sources.resolve(cfg.model_copy(update={"base_model": staged,
+                                                                "hf_conn_id": ""}))
+    assert changed.kind == "bucket" and changed.location == staged
+
+
 # --- champion ------------------------------------------------------------------------------
 def test_champion_is_pinned_and_read_from_the_export_location(tmp_path, tiny, cache):
     export_uri = str(tmp_path / "models")

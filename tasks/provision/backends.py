@@ -55,6 +55,10 @@ class Backend:
     name = ""
     # Objects' text form for `provision --dry-run`: "yaml" (kubectl apply -f) or "json".
     render_format = "json"
+    # Whether workers get the run's Airflow connections (tasks/io/credentials.py). Backends
+    # whose job specs cannot hold a secret say False; validate then stages a Hub base_model
+    # that needs a token in the run's bucket (tasks/training/hub_staging.py).
+    receives_connections = True
 
     def check(self, cfg: RunConfig, ctx: RunContext, dry_run: bool = False) -> list[str]:
         return []

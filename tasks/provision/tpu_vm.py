@@ -252,6 +252,7 @@ def _errors():
 class TpuVmBackend(Backend):
     name = "tpu_vm"
     render_format = "json"
+    receives_connections = False  # keyless: the workers run as a cloud service account
     poll_seconds = 10.0  # how often setup asks for the queued resource's state
 
     # --- checks ---------------------------------------------------------------------------

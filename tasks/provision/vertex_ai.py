@@ -469,6 +469,7 @@ class VertexJobController:
 class VertexAIBackend(Backend):
     name = "vertex_ai"
     render_format = "json"
+    receives_connections = False  # keyless: the workers run as a cloud service account
 
     def check(self, cfg: RunConfig, ctx: RunContext, dry_run: bool = False) -> list[str]:
         """Local folders (backends.check_remote), then what Vertex AI needs: run folder and

@@ -35,6 +35,8 @@ from tasks.io import storage
 CONFIG, VOCAB = "config.json", "vocab.txt"
 WEIGHTS = ("model.safetensors", "tf_model.h5")  # in order of preference
 RECORD = ".bertflow-checkpoint.json"  # in a cache entry: what was fetched, sizes and hashes
+# In a bucket folder staged from the Hub (tasks/training/hub_staging.py): the repo and commit.
+STAGED_ORIGIN = ".bertflow-hub-origin.json"
 FIELD = "base_model"
 _HUB_ID = re.compile(r"^(?:hf://)?([A-Za-z0-9][\w.-]*(?:/[\w.-]+)?)(?:@([\w./-]+))?$")
 _CHAMPION = re.compile(r"^champion(?::([A-Za-z0-9][A-Za-z0-9._-]*))?(?:@([\w.-]+))?$")
@@ -201,8 +203,21 @@ def _resolve(cfg, src: Source) -> Resolved:
         out.kind, out.revision = "champion", version
         return out
     if src.kind == "bucket":
-        return _fetch_folder(src.value, src.location)
+        return _with_staged_origin(_fetch_folder(src.value, src.location), src.location)
     return _local_record(src.value, _local_dir(src), src.kind)
+
+
+def _with_staged_origin(out: Resolved, uri: str) -> Resolved:
+    """A folder the controller staged from the Hub is recorded as the Hub repo and commit."""
+    origin_uri = join_uri(uri, STAGED_ORIGIN)
+    try:
+        origin = storage.read_json(origin_uri) if storage.exists(origin_uri) else None
+    except (StorageError, ValueError):
+        origin = None
+    if origin and origin.get("files", {}).get(out.weights, {}).get("sha256") == out.sha256:
+        out.kind, out.source = "hub", origin["source"]
+        out.location, out.revision = origin["location"], origin["revision"]
+    return out
 
 
 def _local_dir(src: Source) -> Path:
