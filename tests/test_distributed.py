@@ -1,10 +1,11 @@
 """Real multi-process training on loopback: the train and evaluate steps run as worker
 processes started by the local provisioner (`LocalCluster` with the `WorkerSpec` the provision
-step would write), on a tiny random BERT without dropout.
+step would write), on a tiny random BERT with dropout 0.1.
 
 - multi_worker_mirrored (2 one-CPU workers) trains the same weights as mirrored (one process
-  with 2 logical CPUs): same seed, same global batch of 2 x 8, and the same per-replica
-  input pipelines (replica/worker i reads shard i in the same seeded order).
+  with 2 logical CPUs): same seed, same global batch of 2 x 8, the same per-replica
+  input pipelines (replica/worker i reads shard i in the same seeded order) and the same
+  dropout masks (seeded by the global replica id: tasks/training/seeded_dropout.py).
 - parameter_server (chief + 2 workers + 1 ps) trains through Model.fit and evaluates inline
   on the chief.
 - a 2-worker run loses a worker to SIGKILL after its first checkpoint, fails fast, and the
@@ -49,8 +50,8 @@ COMMON = dict(per_replica_batch_size=8, epochs=6, eval_batch_size=8, learning_ra
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_dropout_prob=0.1,
+                            attention_probs_dropout_prob=0.1)
 
 
 @pytest.fixture(scope="module")

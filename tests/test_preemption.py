@@ -1,5 +1,6 @@
 """Preemption on real multi-process clusters on loopback (LocalCluster, TF_CONFIG), tiny random
-BERT without dropout, so CPU training is deterministic:
+BERT with dropout 0.1 (masks drawn from seed, step, layer and replica:
+tasks/training/seeded_dropout.py), so CPU training is deterministic across a resume:
 
 - multi_worker_mirrored: SIGTERM to worker 1 mid-epoch; both workers save at one step and exit
   75; attempt 2 resumes there and ends with the weights of an uninterrupted run, bit for bit,
@@ -45,8 +46,8 @@ COMMON = dict(per_replica_batch_size=8, epochs=2, learning_rate=1e-2, warmup_rat
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_dropout_prob=0.0,
-                            attention_probs_dropout_prob=0.0)
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-model"), hidden_dropout_prob=0.1,
+                            attention_probs_dropout_prob=0.1)
 
 
 def attempt(cfg, ctx, n: int, lines: list[str], when=None, env: dict | None = None):

@@ -23,7 +23,7 @@ import tf_keras
 from tensorflow.core.framework import summary_pb2
 
 from tasks.training import checkpoint, inputs, memory, model as model_lib, preemption, \
-    strategy as strategy_lib
+    seeded_dropout, strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
                                           previous_high_water, process_started_at)
 from tasks.io import storage
@@ -90,6 +90,9 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         with strategy.scope():
             model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels)
             optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels)
+            # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
+            seeded_dropout.apply_to(model, seeded_dropout.DropoutSeeds(
+                cfg.seed, optimizer.iterations, plan.grad_accum_steps))
             manager = tf.train.CheckpointManager(
                 tf.train.Checkpoint(model=model, optimizer=optimizer), out / "checkpoints",
                 max_to_keep=KEEP_CHECKPOINTS)
@@ -476,9 +479,10 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan):
     @tf.function
     def train_step(iterator):
         loss, correct = tf.constant(0.0), tf.constant(0.0)
-        for _ in tf.range(plan.grad_accum_steps):
+        for micro in tf.range(plan.grad_accum_steps):
             features, labels = next(iterator)
-            step_loss, step_correct = strategy.run(accumulate, args=(features, labels))
+            with seeded_dropout.micro_batch(micro):
+                step_loss, step_correct = strategy.run(accumulate, args=(features, labels))
             loss += strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
             correct += strategy.reduce(tf.distribute.ReduceOp.SUM, step_correct, axis=None)
         strategy.run(apply)

@@ -11,22 +11,21 @@ import tensorflow as tf
 import tf_keras
 from transformers.models.bert import modeling_tf_bert as hf_bert
 
-from tasks.training import cpu_kernels, float32_gelu
+from tasks.training import cpu_kernels, float32_gelu, seeded_dropout
 
 KERNEL_DTYPES = (tf.float32, tf.bfloat16)
 
 
-class KernelDropout(tf_keras.layers.Dropout):
+class KernelDropout(seeded_dropout.SeededDropout):
+    """The kernel draws its mask from the seed pair it is given: `seed_fn()` once
+    seeded_dropout.apply_to has run (training), else a pair from TensorFlow's stateful RNG."""
+
     def call(self, inputs, training=None):
         if self.noise_shape is not None or inputs.dtype not in KERNEL_DTYPES:
             return super().call(inputs, training=training)
-        if training is None:
-            training = tf_keras.backend.learning_phase()
-        if self.rate == 0:
-            return tf.identity(inputs)
-        return tf.__internal__.smart_cond.smart_cond(
-            training, lambda: cpu_kernels.dropout(inputs, self.rate),
-            lambda: tf.identity(inputs))
+        seed = self.seed_fn
+        return self._drop(inputs, training, lambda: cpu_kernels.dropout(
+            inputs, self.rate, seed() if seed is not None else None))
 
 
 class KernelLayerNorm(tf_keras.layers.LayerNormalization):

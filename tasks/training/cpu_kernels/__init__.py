@@ -114,11 +114,14 @@ def gelu(x: tf.Tensor) -> tf.Tensor:
     return ops().bertflow_gelu(x)
 
 
-def dropout(x: tf.Tensor, rate: float) -> tf.Tensor:
+def dropout(x: tf.Tensor, rate: float, seed: tf.Tensor | None = None) -> tf.Tensor:
     """Inverted dropout: zero each element with probability `rate`, scale the rest by
-    1/(1-rate). The seed pair comes from TensorFlow's stateful RNG, so a global seed
-    (tf_keras.utils.set_random_seed) makes the masks reproducible."""
-    seed = tf.random.uniform([2], maxval=2**62, dtype=tf.int64)
+    1/(1-rate). The mask is a function of `seed` (int64 [2]; tasks/training/seeded_dropout.py
+    derives it from the training step). Without one, the pair comes from TensorFlow's stateful
+    RNG, so a global seed (tf_keras.utils.set_random_seed) makes the masks reproducible within
+    a process."""
+    if seed is None:
+        seed = tf.random.uniform([2], maxval=2**62, dtype=tf.int64)
     return ops().bertflow_dropout(x, seed, tf.constant(rate, tf.float32))[0]
 
 
