@@ -8,6 +8,7 @@ random BERT of tests/train_helpers.py.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 
@@ -170,6 +171,29 @@ def test_bucket_bad_values_are_refused(bucket, cache):
     scheme = prefix.split("://")[0]
     refused(RunConfig(base_model=f"{scheme}://no-such-bucket-{uuid.uuid4().hex[:6]}/bert",
                       **conns), "cannot read", "read access")
+
+
+@pytest.mark.parametrize("bucket", ["gs"], indirect=True)
+def test_bucket_the_run_may_not_read_is_refused_naming_base_model(bucket, cache, monkeypatch):
+    """A bucket that exists but denies the run's credentials (403 from the service, injected by
+    tests/fault_proxy.py in front of the emulator) is refused before any compute, naming
+    base_model and the access to grant."""
+    from fault_proxy import FaultProxy
+    from tasks.io import cloud_storage
+
+    prefix, conns = bucket
+    proxy = FaultProxy(os.environ["STORAGE_EMULATOR_HOST"])
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
+    monkeypatch.setattr(cloud_storage, "_clients", {})
+    proxy.fail(lambda request: True, status=403, content_type="application/json",
+               body=json.dumps({"error": {"code": 403, "message": "caller does not have "
+                                          "storage.objects.list access"}}).encode(), times=None)
+    try:
+        message = refused(RunConfig(base_model=f"{prefix}/bert", **conns), "cannot read",
+                          "read access to that bucket")
+        assert f"{prefix}/bert" in message and proxy.count(lambda request: True) >= 1
+    finally:
+        proxy.close()
 
 
 # --- the Hub -------------------------------------------------------------------------------
