@@ -2,7 +2,7 @@
 training throughput side by side with the peer, peak RSS, MFU, and the largest per-replica batch
 that fits in 24 GiB (computed).
 
-    ./.venv/bin/python benchmarks/model_sizes.py [--preset full|seq512|float32|tiny] [--repeats 1] [--steps 3]
+    ./.venv/bin/python benchmarks/model_sizes.py [--preset full|seq128|seq512|float32|tiny] [--repeats 1] [--steps 3]
 
 The weights are random: no bert-base or bert-large weights ship in any package reachable
 offline. Speed and memory do not depend on the values, only on the shapes (bert-base: 12
@@ -72,6 +72,7 @@ PRESETS = {
     ],
     # float32 (mixed_precision none): the estimate's float32 terms
     "float32": [("bert-base", 128, None, (2, 8), {"mixed_precision": "none"})],
+    "seq128": [("bert-base", 128, 8, (2, 16), {}), ("bert-large", 128, 2, (1,), {})],
     "seq512": [("bert-base", 512, 2, (), {}), ("bert-large", 512, 1, (), {})],
     "tiny": [("tiny", 32, 2, (4,), {})],
 }
