@@ -389,11 +389,13 @@ def _await_approval(server, run: dict) -> dict:
 
 
 def _answer(server, run: dict, option: str) -> httpx.Response:
-    # Not within a second of the request, as no person answers: an answer that resumes the
-    # task before the executor has reported the paused workload makes Airflow 3.3's scheduler
-    # read that report as "finished with state success, but the task instance's state is
-    # queued" and retry the task, which asks again (seen in a CI run, 0.4 s after the request).
-    time.sleep(5)
+    # Not within seconds of the request, as no person answers: an answer that resumes the
+    # task before the scheduler has processed the executor's report of the paused workload
+    # makes Airflow 3.3 read that report as "finished with state success, but the task
+    # instance's state is queued" and retry the task, which asks again. Seen in CI runs 0.4 s
+    # and 5.2 s after the request (the loaded scheduler took 5.9 s to process the report);
+    # the REST API shows nothing that says the report was processed, hence a wait.
+    time.sleep(20)
     return server.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
                                "/taskInstances/approval/-1/hitlDetails",
                       json={"chosen_options": [option], "params_input": {}})
