@@ -17,6 +17,11 @@ resource's state follows a script: each GET of it moves one step along `states` 
 state sticks), so a test writes WAITING_FOR_RESOURCES -> PROVISIONING -> ACTIVE, FAILED with
 a message, or a queue that never moves. Its node appears when it turns ACTIVE. Every request
 is recorded (method, path, query, body) for order and secret checks.
+
+`reclaim(name)` plays the platform taking a spot TPU back: the queued resource turns SUSPENDED
+(state initiator SERVICE) and its node PREEMPTED. `on_boot(node)` / `on_halt(node)`, when set,
+are called as a node appears and as it is preempted or deleted, so a test can start and stop
+what the VM's startup script would run (the agent).
 """
 from __future__ import annotations
 
@@ -55,6 +60,8 @@ class FakeTpu:
                                  "tpu-vm-tf-2.18.0-pjrt", "v2-alpha-tpuv5-lite",
                                  "tpu-ubuntu2204-base"]
         self.zones: set[str] | None = None
+        self.on_boot = self.on_halt = None  # callables of the node's name, or None
+        self.suspended_by: dict[str, str] = {}  # queued resource -> state initiator
         self.lock = threading.Lock()
         fake = self
 
@@ -108,6 +115,21 @@ class FakeTpu:
             if state == "ACTIVE":
                 self._make_node(name)
 
+    def reclaim(self, name: str, by: str = "SERVICE") -> None:
+        """The queued resource `name` loses its capacity: SUSPENDED, its node PREEMPTED (a
+        spot preemption when `by` is SERVICE, a person's doing when USER)."""
+        with self.lock:
+            self.scripts[name] = ["SUSPENDED"]
+            self.suspended_by[name] = by
+            node = self._node_name(name)
+            if node in self.nodes:
+                self.nodes[node]["state"] = "PREEMPTED"
+                self._halt(node)
+
+    def _halt(self, node: str) -> None:
+        if self.on_halt is not None:
+            self.on_halt(node)
+
     # --- the API --------------------------------------------------------------------------
     def route(self, method: str, path: str, query: dict, body):
         match = _PATH.match(path)
@@ -143,7 +165,8 @@ class FakeTpu:
                     return _error(400, f"queued resource {name} has a node; delete it first or "
                                        "use force")
                 del self.queued[name]
-                self.nodes.pop(node, None)
+                if self.nodes.pop(node, None) is not None:
+                    self._halt(node)
                 return 200, self._operation(parent, {"@type": EMPTY_TYPE})
         if kind == "nodes" and rid:
             if name not in self.nodes:
@@ -152,6 +175,7 @@ class FakeTpu:
                 return 200, self.nodes[name]
             if method == "DELETE":
                 del self.nodes[name]
+                self._halt(name)
                 return 200, self._operation(parent, {"@type": EMPTY_TYPE})
         return _error(404, f"no route {method} {path}")
 
@@ -164,6 +188,7 @@ class FakeTpu:
                     "state": {"state": "CREATING"}}
         self.queued[name] = resource
         self.scripts[name] = list(self.states)
+        self.suspended_by.pop(name, None)
         return 200, self._operation(parent, {"@type": QR_TYPE, **resource})
 
     def _advance(self, name: str) -> dict:
@@ -171,6 +196,8 @@ class FakeTpu:
         script = self.scripts[name]
         state = script.pop(0) if len(script) > 1 else script[0]
         resource["state"] = {"state": state}
+        if state in ("SUSPENDING", "SUSPENDED"):
+            resource["state"]["stateInitiator"] = self.suspended_by.get(name, "SERVICE")
         if state == "FAILED":
             resource["state"]["failedData"] = {"error": {"code": 8, "message": self.failure}}
         if state == "ACTIVE" and self._node_name(name) not in self.nodes:
@@ -186,9 +213,13 @@ class FakeTpu:
     def _make_node(self, queued_name: str) -> None:
         spec = self.queued[queued_name]["tpu"]["nodeSpec"][0]
         name = self._node_name(queued_name)
+        spot = "spot" in self.queued[queued_name]
         self.nodes[name] = {**spec["node"], "name": name, "state": "READY",
                             "queuedResource": queued_name,
+                            "schedulingConfig": {"spot": True} if spot else {},
                             "networkEndpoints": [{"ipAddress": "10.0.0.2", "port": 8470}]}
+        if self.on_boot is not None:
+            self.on_boot(name)
 
     def _operation(self, parent: str, response: dict) -> dict:
         name = f"{parent}/operations/operation-{uuid.uuid4().hex[:12]}"

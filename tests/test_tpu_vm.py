@@ -18,7 +18,7 @@ from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT, parse_config
 from tasks.errors import BertflowError, ConfigError, WorkerError
-from tasks.provision import backend_for, tpu_vm, worker_logs
+from tasks.provision import attempts, backend_for, tpu_vm, worker_logs
 from tasks.provision.spec import WorkerSpec
 from tasks.runs.runlayout import RunContext
 from test_cli import cli
@@ -316,15 +316,19 @@ def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artif
 
 
 # --- the agent and the controller, end to end ----------------------------------------------------
-@pytest.fixture
-def agent(gs_root):
+def _start_agent(ctx: RunContext) -> subprocess.Popen:
     """The VM's agent as a real process, polling a run folder on the GCS emulator."""
-    ctx = run_context(gs_root)
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "tasks.provision.tpu_agent", "--run-dir", ctx.run_uri,
          "--poll-seconds", "0.2", "--flush-seconds", "0.2", "--heartbeat-seconds", "0.5"],
         cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.fixture
+def agent(gs_root):
+    ctx = run_context(gs_root)
+    process = _start_agent(ctx)
     yield ctx, process
     if process.poll() is None:
         process.kill()
@@ -426,11 +430,12 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
                json.dumps(fake_tpu.requests), process.stdout.read())
 
 
-def test_controller_fails_when_no_agent_picks_the_step_up(gs_root):
+def test_controller_fails_when_no_agent_picks_the_step_up(gs_root, fake_tpu):
     cfg, ctx = tpu_config(gs_root), run_context(gs_root)
     controller = _controller(cfg, ctx, _spec("train", "print(1)"), lambda _: None)
     controller.pickup_seconds = 0.5
-    with pytest.raises(WorkerError, match="did not pick up train-001.*google-startup-scripts"):
+    with pytest.raises(WorkerError, match="did not pick up train-001.*TPU API says: queued "
+                                          "resource gone.*google-startup-scripts"):
         controller.run()
 
 
@@ -453,8 +458,6 @@ def test_a_step_exiting_75_on_the_vm_runs_again_on_the_same_vm(agent, fake_tpu):
     """A maintenance event on a live TPU VM: the step (a stand-in that exits 75, the
     contract's "preempted, saved" code, on its first attempt) is run again by the attempt loop
     on the same VM, within one Airflow try; attempts.json records both attempts."""
-    from tasks.provision import attempts
-
     ctx, _ = agent
     cfg = tpu_config(ctx.artifact_root)
     code = ("import os, sys; n = os.environ['BERTFLOW_ATTEMPT']; print('attempt', n); "
@@ -467,3 +470,178 @@ def test_a_step_exiting_75_on_the_vm_runs_again_on_the_same_vm(agent, fake_tpu):
     records = attempts.read_attempts(ctx, "train")
     assert [r["outcome"] for r in records] == ["preempted", "success"]
     assert all(r["running_at"] is not None for r in records)
+
+
+# --- a spot TPU taken back by the platform ---------------------------------------------------
+class TpuVms:
+    """Plays each node's startup script: the agent starts as the fake's node appears, and it
+    and its step are SIGKILLed as the node is preempted or deleted (no notice)."""
+
+    def __init__(self, fake: FakeTpu, ctx: RunContext):
+        self.ctx, self.booted, self.running = ctx, [], {}
+        fake.on_boot, fake.on_halt = self.boot, self.halt
+
+    def boot(self, node: str) -> None:
+        self.booted.append(node)
+        self.running[node] = _start_agent(self.ctx)
+
+    def halt(self, node: str) -> None:
+        process = self.running.pop(node, None)
+        if process is None:
+            return
+        import psutil
+
+        for child in psutil.Process(process.pid).children(recursive=True):  # the step
+            child.kill()
+        process.kill()
+        process.wait(timeout=10)
+        process.stdout.close()
+
+    def close(self) -> None:
+        for node in list(self.running):
+            self.halt(node)
+
+
+@pytest.fixture
+def spot_tpu(fake_tpu, gs_root):
+    """A spot run whose TPU setup queued and the fake made ACTIVE, its agent running."""
+    cfg, ctx = tpu_config(gs_root, capacity="spot"), run_context(gs_root)
+    vms = TpuVms(fake_tpu, ctx)
+    tpu_vm.TpuVmBackend().setup(cfg, ctx, log=lambda _: None)
+    yield cfg, ctx, vms
+    vms.close()
+
+
+# A stand-in for train: the first attempt saves "step 2" to its checkpoint (a local file
+# here) and runs on until the VM goes; a later one resumes from the checkpoint and finishes.
+TRAIN = """
+import os, sys, time
+checkpoint = sys.argv[1]
+start = int(open(checkpoint).read()) if os.path.exists(checkpoint) else 0
+print('attempt', os.environ['BERTFLOW_ATTEMPT'], 'resumes at step', start, flush=True)
+if start == 0:
+    open(checkpoint, 'w').write('2')
+    print('saved step 2', flush=True)
+    time.sleep(600)
+print('finished step 4', flush=True)
+"""
+
+
+def _train_loop(cfg, ctx, checkpoint, log: list[str], spec: WorkerSpec | None = None,
+                first_pickup_seconds: float | None = None):
+    """An attempt loop over the TPU controller; `first_pickup_seconds`: how long attempt 1
+    waits for the agent to pick its request up (later ones wait for a new VM)."""
+    spec = spec or WorkerSpec(command=["python", "-c", TRAIN, str(checkpoint)], step="train",
+                              accelerated=True)
+
+    def make(attempt_spec: WorkerSpec):
+        controller = _controller(cfg, ctx, attempt_spec, log.append)
+        controller.stale_seconds = 5.0  # the agent beats every 0.5 s
+        if attempt_spec.env[attempts.ATTEMPT_ENV] == "1":
+            controller.pickup_seconds = first_pickup_seconds
+        return controller
+
+    return attempts.AttemptLoop(make, cfg, ctx, spec, log.append)
+
+
+def _once_saved(log: list[str], disrupt) -> None:
+    """`disrupt()` from another thread once the first attempt saved its checkpoint."""
+    threading.Thread(target=lambda: _eventually(lambda: "[tpu:0] saved step 2" in log, 60)
+                     and disrupt(), daemon=True).start()
+
+
+def _writes(fake: FakeTpu) -> list[tuple[str, str]]:
+    return [call for call in fake.calls() if call[0] != "GET"]
+
+
+def _spec_without_expiry(request: dict) -> dict:
+    """A create request, less the expiry label (from the time of the create)."""
+    body = json.loads(json.dumps(request["body"]))
+    del body["tpu"]["nodeSpec"][0]["node"]["labels"]["bertflow-expires"]
+    return {"query": request["query"], "body": body}
+
+
+def test_state_names_are_the_clients():
+    from google.cloud import tpu_v2
+
+    assert set(tpu_vm.SUSPENDED_STATES) <= set(tpu_v2.QueuedResourceState.State.__members__)
+    assert set(tpu_vm.GONE_NODE_STATES) <= set(tpu_v2.Node.State.__members__)
+
+
+def test_a_spot_tpu_taken_back_mid_step_is_queued_again_and_the_step_resumes(
+        fake_tpu, spot_tpu, tmp_path):
+    cfg, ctx, vms = spot_tpu
+    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    log: list[str] = []
+    _once_saved(log, lambda: fake_tpu.reclaim(queued))
+    _train_loop(cfg, ctx, tmp_path / "checkpoint", log).run()
+
+    records = attempts.read_attempts(ctx, "train")
+    assert [r["outcome"] for r in records] == ["lost", "success"], "\n".join(log[-30:])
+    assert any("attempt 1 was lost" in ln and
+               "queued resource SUSPENDED (by the service), node PREEMPTED" in ln for ln in log)
+    assert "[tpu:0] attempt 2 resumes at step 2" in log and "[tpu:0] finished step 4" in log
+    # The reclaimed TPU was deleted, node first, and queued again with the same spec; its
+    # startup script ran again on the new VM.
+    parent = queued.rsplit("/queuedResources/", 1)[0]
+    assert _writes(fake_tpu) == [("POST", f"{parent}/queuedResources"), ("DELETE", node),
+                                 ("DELETE", queued), ("POST", f"{parent}/queuedResources")]
+    first, second = (r for r in fake_tpu.requests if r["method"] == "POST")
+    assert _spec_without_expiry(first) == _spec_without_expiry(second)
+    assert vms.booted == [node, node]
+    # Teardown deletes the new TPU.
+    released = tpu_vm.TpuVmBackend().release(cfg, ctx, log=lambda _: None)
+    assert released["deleted"] == [node, queued] and not fake_tpu.queued and not fake_tpu.nodes
+
+
+@pytest.mark.parametrize("how, state", [
+    ("agent dies", "queued resource ACTIVE, node READY"),
+    ("a person suspends it", "queued resource SUSPENDED (by the user), node PREEMPTED"),
+])
+def test_a_silent_agent_is_a_failure_unless_the_platform_took_the_tpu(fake_tpu, spot_tpu,
+                                                                      tmp_path, how, state):
+    cfg, ctx, vms = spot_tpu
+    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    log: list[str] = []
+    _once_saved(log, lambda: vms.halt(node) if how == "agent dies"
+                else fake_tpu.reclaim(queued, by="USER"))
+    with pytest.raises(WorkerError) as err:
+        _train_loop(cfg, ctx, tmp_path / "checkpoint", log).run()
+    assert not isinstance(err.value, attempts.WorkerLost)
+    message = str(err.value)
+    assert "stopped answering while running train-001" in message
+    assert f"the TPU API says: {state}." in message and "retry the task" in message
+    assert [r["outcome"] for r in attempts.read_attempts(ctx, "train")] == ["failed"]
+    assert len(_writes(fake_tpu)) == 1  # nothing deleted or queued again
+
+
+def test_past_max_preemptions_a_taken_back_tpu_fails_and_the_retry_queues_it_again(
+        fake_tpu, spot_tpu, tmp_path):
+    cfg, ctx, _ = spot_tpu
+    cfg = cfg.model_copy(update={"max_preemptions": 0})
+    queued, _ = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    log: list[str] = []
+    _once_saved(log, lambda: fake_tpu.reclaim(queued))
+    with pytest.raises(WorkerError) as err:
+        _train_loop(cfg, ctx, tmp_path / "checkpoint", log).run()
+    message = str(err.value)
+    assert "max_preemptions (0)" in message and "SUSPENDED" in message
+    assert [r["outcome"] for r in attempts.read_attempts(ctx, "train")] == ["lost"]
+    assert len(fake_tpu.calls("POST")) == 1
+    # Airflow's retry of the task (a new attempt loop) queues the TPU again first.
+    _train_loop(cfg, ctx, tmp_path / "checkpoint", log).run()
+    assert [r["outcome"] for r in attempts.read_attempts(ctx, "train")] == ["lost", "success"]
+    assert len(fake_tpu.calls("POST")) == 2 and "[tpu:0] finished step 4" in log
+
+
+def test_a_spot_tpu_taken_back_between_steps_is_queued_again_for_the_next(fake_tpu, spot_tpu):
+    """No step ran when the TPU went: the next step's request is never picked up."""
+    cfg, ctx, vms = spot_tpu
+    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    fake_tpu.reclaim(queued)
+    log: list[str] = []
+    _train_loop(cfg, ctx, None, log, spec=_spec("evaluate", "print('evaluated')"),
+                first_pickup_seconds=1.0).run()
+    assert [r["outcome"] for r in attempts.read_attempts(ctx, "evaluate")] == ["lost", "success"]
+    assert any("did not pick up evaluate-001" in ln and "attempt 1 was lost" in ln for ln in log)
+    assert "[tpu:0] evaluated" in log and vms.booted == [node, node]

@@ -9,7 +9,9 @@ see tasks/provision/tpu_vm.py) polls `{run}/provision/tpu_vm/` through tasks.io.
 - `logs/{id}/000001.txt`, ... the step's output, one new object per flush (objects are never
   appended to), so the controller streams them in order.
 - `status/{id}.json`  `{"id", "exit_code", "tail", "cancelled", "timed_out", "chunks"}`,
-  written after the last chunk.
+  written after the last chunk. The controller writes `{"id", "exit_code": null, "reclaimed",
+  "at"}` instead when Cloud TPU took the VM back mid-step, so that no agent runs the request
+  again and the next attempt queues the TPU again.
 - `{run}/{step}/logs/worker-0.log`  the step's whole log (tasks/provision/worker_logs.py),
   uploaded every LOG_SECONDS and before the status: the agent is its only writer.
 - `cancel/{id}.json`  from the controller's stop(): the step's process group is terminated.

@@ -19,6 +19,10 @@ Lifecycle
   prefix, and fails with the worker's last lines; `stop()` writes a cancel file. tokenize
   runs before the VM exists and export after it is released, so they run as local processes
   on the Airflow worker (LocalCluster), as with `provisioner: local`.
+- A spot TPU the platform takes back mid-step (the agent falls silent, the TPU API says
+  SUSPENDED / PREEMPTED) ends the attempt as lost (WorkerLost); the next attempt's controller
+  deletes it and queues it again through `setup`, then runs the step, which resumes from its
+  checkpoint (tasks/provision/attempts.py, docs/spot.md).
 - `release` (teardown) deletes the node, then the queued resource; `sweep` deletes
   bertflow's queued resources whose expiry label has passed.
 
@@ -47,7 +51,7 @@ from tasks.io import credentials, storage
 from tasks.provision import capacity, images, worker_logs
 from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
-from tasks.provision.attempts import outcome_of_exit
+from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.local_backend import LocalBackend
 from tasks.provision.spec import WorkerSpec
@@ -79,6 +83,17 @@ LABEL_RUN, LABEL_DAG, LABEL_EXPIRES = "bertflow-run", "bertflow-dag", "bertflow-
 TAIL_LINES = 30
 _ACCELERATOR = re.compile(r"^(v\d+[a-z]*)-(\d+)$")  # v4-8, v5p-16, v5litepod-8, v6e-16
 _TPU_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,47}[a-z0-9])?$")
+# Capacity the platform took back, by the state names of google-cloud-tpu's tpu_v2 types
+# (QueuedResourceState.State, Node.State). Cloud TPU, "Manage queued resources"
+# (cloud.google.com/tpu/docs/queued-resources): a queued resource stays assigned "unless you
+# delete it or it's preempted. Only TPU Spot VMs and preemptible TPUs are eligible for
+# preemption"; SUSPENDING: its resources are being deleted, SUSPENDED: they were deleted and
+# it is "no longer eligible for further allocation". "Preemptible TPUs" (.../preemptible): a
+# preempted TPU's status changes from READY to PREEMPTED; Node.State's own docstring adds
+# TERMINATED (maintenance, or a preemptible node's end of life). "Manage TPU Spot VMs"
+# (.../spot): "You can't restart TPU Spot VMs, and you must recreate them after preemption".
+SUSPENDED_STATES = ("SUSPENDING", "SUSPENDED")
+GONE_NODE_STATES = ("PREEMPTED", "TERMINATED")
 _STATE_HINTS = {
     "quota": "request more TPU quota for {type} in {zone}, or pick another tpu_zone or a "
              "smaller accelerator_type",
@@ -125,6 +140,12 @@ def resource_id(cfg: RunConfig, ctx: RunContext) -> str:
     if is_multi_host(cfg.accelerator_type):
         return cfg.tpu_address
     return f"bertflow-{run_hash(ctx)}"
+
+
+def tpu_names(cfg: RunConfig, ctx: RunContext, project: str) -> tuple[str, str]:
+    """The full names of the run's queued resource and of its node."""
+    parent, rid = f"projects/{project}/locations/{cfg.tpu_zone}", resource_id(cfg, ctx)
+    return f"{parent}/queuedResources/{rid}", f"{parent}/nodes/{rid}"
 
 
 def agent_uri(ctx: RunContext, *parts: str) -> str:
@@ -321,26 +342,27 @@ class TpuVmBackend(Backend):
         return objects
 
     # --- setup: the queued resource, until ACTIVE ---------------------------------------------
-    def setup(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
-        from google.cloud import tpu_v2
-
+    def setup(self, cfg: RunConfig, ctx: RunContext, log: Log = print, *,
+              stop: threading.Event | None = None) -> dict:
+        """`stop` (set from another thread) ends the wait for ACTIVE."""
         exceptions = _errors()
         client, found = tpu_client(cfg)
         project = _project(cfg, found)
         parent = f"projects/{project}/locations/{cfg.tpu_zone}"
         rid = resource_id(cfg, ctx)
-        name = f"{parent}/queuedResources/{rid}"
-        State = tpu_v2.QueuedResourceState.State
+        name, node_name = tpu_names(cfg, ctx, project)
         existing = self._get(client, name)
         if existing is not None and _run_of(existing) != run_hash(ctx):
             raise ConfigError("tpu_address", f"a queued resource {rid} in {cfg.tpu_zone} "
                                              "belongs to another run or is not bertflow's; "
                                              "choose another TPU name")
-        if existing is not None and existing.state.state in (State.FAILED, State.SUSPENDED):
-            log(f"[tpu] {rid}: an earlier attempt left it {existing.state.state.name}; "
-                "deleting it and queueing again")
-            self._delete(client, "queued resource", name, log, force=True)
-            existing = None
+        if existing is not None:
+            node = self._get(client, node_name)
+            if _unusable(existing, node):  # failed, or taken back: it never comes back
+                log(f"[tpu] {rid} cannot be used ({tpu_state(existing, node)}); deleting it "
+                    "and queueing the same TPU again")
+                self._delete_tpu(client, name, [node_name], log)
+                existing = None
         if existing is None:
             log(f"[tpu] queueing {cfg.accelerator_type} ({runtime_version(cfg)}) as {name}")
             try:
@@ -360,8 +382,7 @@ class TpuVmBackend(Backend):
         else:
             log(f"[tpu] {rid} exists from an earlier attempt "
                 f"({existing.state.state.name}); waiting for it")
-        resource = self._wait_active(cfg, client, name, log)
-        node_name = f"{parent}/nodes/{rid}"
+        resource = self._wait_active(cfg, client, name, log, stop or threading.Event())
         node = client.get_node(name=node_name)
         log(f"[tpu] {rid} is ACTIVE: {node.accelerator_type}, {node.runtime_version}")
         return {"queued_resource": resource.name, "node": node_name,
@@ -371,7 +392,8 @@ class TpuVmBackend(Backend):
                 "expires": int(dict(node.labels).get(LABEL_EXPIRES, "0")) or None,
                 "agent_folder": agent_uri(ctx)}
 
-    def _wait_active(self, cfg: RunConfig, client, name: str, log: Log):
+    def _wait_active(self, cfg: RunConfig, client, name: str, log: Log,
+                     stop: threading.Event):
         from google.cloud import tpu_v2
 
         State = tpu_v2.QueuedResourceState.State
@@ -400,7 +422,8 @@ class TpuVmBackend(Backend):
                     + _STATE_HINTS["stock"].format(type=cfg.accelerator_type,
                                                    zone=cfg.tpu_zone,
                                                    timeout=cfg.schedule_timeout_seconds))
-            time.sleep(min(self.poll_seconds, max(0.0, deadline - time.monotonic())))
+            if stop.wait(min(self.poll_seconds, max(0.0, deadline - time.monotonic()))):
+                raise BertflowError(f"stopped while waiting for queued resource {name}")
 
     @staticmethod
     def _failure(cfg: RunConfig, message: str, kind: str) -> str:
@@ -411,10 +434,27 @@ class TpuVmBackend(Backend):
 
     @staticmethod
     def _get(client, name: str):
+        """The queued resource or node of that name, None when it is gone."""
+        get = client.get_node if "/nodes/" in name else client.get_queued_resource
         try:
-            return client.get_queued_resource(name=name)
+            return get(name=name)
         except _errors().NotFound:
             return None
+
+    def current(self, cfg: RunConfig, ctx: RunContext):
+        """(queued resource, node) of the run's TPU as the API has them now (None: gone)."""
+        client, found = tpu_client(cfg)
+        return tuple(self._get(client, name)
+                     for name in tpu_names(cfg, ctx, _project(cfg, found)))
+
+    def _delete_tpu(self, client, queued: str, nodes: list[str], log: Log) -> dict:
+        """Delete the nodes, then the queued resource (forced: with whatever is left on it);
+        {"deleted": [...], "already_gone": [...]}."""
+        done: dict[str, list[str]] = {"deleted": [], "already_gone": []}
+        for what, name in [*(("node", n) for n in nodes), ("queued resource", queued)]:
+            gone = self._delete(client, what, name, log, force=what != "node")
+            done["deleted" if gone else "already_gone"].append(name)
+        return done
 
     @staticmethod
     def _delete(client, what: str, name: str, log: Log, force: bool = False) -> bool:
@@ -459,18 +499,13 @@ class TpuVmBackend(Backend):
         except BertflowError as err:
             log(f"[tpu] could not write the agent's shutdown marker or keep logs: {err}")
         client, found = tpu_client(cfg)
-        project = _project(cfg, found)
-        parent = f"projects/{project}/locations/{cfg.tpu_zone}"
-        name = f"{parent}/queuedResources/{rid}"
+        name, node_name = tpu_names(cfg, ctx, _project(cfg, found))
         existing = self._get(client, name)
         if existing is not None and _run_of(existing) != run_hash(ctx):
             log(f"[tpu] {name} belongs to another run; leaving it")
             released["skipped"] = f"{name} belongs to another run"
             return released
-        for what, target, force in (("node", f"{parent}/nodes/{rid}", False),
-                                    ("queued resource", name, True)):
-            key = "deleted" if self._delete(client, what, target, log, force) else "already_gone"
-            released[key].append(target)
+        released.update(self._delete_tpu(client, name, [node_name], log))
         return released
 
     release_wait_seconds = 60.0  # for the agent to finish a cancelled step's log
@@ -522,9 +557,8 @@ class TpuVmBackend(Backend):
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
             log(f"[tpu] {resource.name} expired at {when} (run "
                 f"{node_labels.get(LABEL_RUN)}); deleting")
-            for spec in resource.tpu.node_spec:
-                self._delete(client, "node", f"{spec.parent}/nodes/{spec.node_id}", log)
-            self._delete(client, "queued resource", resource.name, log, force=True)
+            self._delete_tpu(client, resource.name, [f"{spec.parent}/nodes/{spec.node_id}"
+                                                     for spec in resource.tpu.node_spec], log)
             removed.append(resource.name)
         return removed
 
@@ -536,6 +570,35 @@ def _node_labels(resource) -> dict[str, str]:
 
 def _run_of(resource) -> str | None:
     return _node_labels(resource).get(LABEL_RUN)
+
+
+def tpu_state(resource, node) -> str:
+    """The TPU's states for messages: 'queued resource SUSPENDED (by the service), node
+    PREEMPTED'."""
+    if resource is None:
+        return "queued resource gone"
+    state = resource.state
+    by = state.state_initiator.name.lower()
+    text = f"queued resource {state.state.name}" + (
+        f" (by the {by})" if state.state.name in SUSPENDED_STATES and by in ("user", "service")
+        else "")
+    return f"{text}, node {node.state.name if node is not None else 'gone'}"
+
+
+def _unusable(resource, node) -> bool:
+    """Failed, or its capacity is gone: the queued resource must be queued again."""
+    return (resource.state.state.name in ("FAILED", *SUSPENDED_STATES)
+            or (node is not None and node.state.name in GONE_NODE_STATES))
+
+
+def taken_back(resource, node) -> bool:
+    """The platform reclaimed the spot or preemptible TPU (not a person deleting it)."""
+    if resource is None or resource.state.state.name == "FAILED":
+        return False
+    spot = "spot" in resource or (node is not None and (node.scheduling_config.spot or
+                                                        node.scheduling_config.preemptible))
+    by_user = resource.state.state_initiator.name == "USER"
+    return spot and not by_user and _unusable(resource, node)
 
 
 # --- running a step on the VM --------------------------------------------------------------------
@@ -593,8 +656,7 @@ class TpuStepController:
         heartbeat, heartbeat_seen = None, time.monotonic()
         picked_up = False
         while True:
-            status_uri = self._uri("status", f"{self.request_id}.json")
-            status = storage.read_json(status_uri) if storage.exists(status_uri) else None
+            status = self._status(self.request_id)
             picked_up = self._stream() or picked_up
             if status is not None:
                 self._stream()
@@ -611,31 +673,68 @@ class TpuStepController:
                     self.running_at = time.time()  # the step started on the VM (attempts.py)
             now = time.monotonic()
             if not picked_up and now - started > pickup:
-                raise WorkerError(
+                raise self._silence(
                     f"the TPU VM's agent did not pick up {self.request_id} within {pickup:.0f}s "
-                    f"(last heartbeat: {heartbeat or 'none'}). Check the VM's startup script "
-                    "log (sudo journalctl -u google-startup-scripts), the agent's (sudo "
-                    "docker logs bertflow-agent), and that its service account can read and "
-                    "write the run folder and pull the image")
+                    f"(last heartbeat: {heartbeat or 'none'})",
+                    "Check the VM's startup script log (sudo journalctl -u "
+                    "google-startup-scripts), the agent's (sudo docker logs bertflow-agent), "
+                    "and that its service account can read and write the run folder and pull "
+                    "the image")
             if picked_up and now - heartbeat_seen > self.stale_seconds:
-                raise WorkerError(
+                raise self._silence(
                     f"the TPU VM's agent stopped answering while running {self.request_id} "
-                    f"(no heartbeat for {self.stale_seconds:.0f}s): the VM was preempted, "
-                    "restarted or deleted; retry the task")
+                    f"(no heartbeat for {self.stale_seconds:.0f}s)",
+                    "The VM was restarted or deleted, or the agent died (sudo docker logs "
+                    "bertflow-agent on the VM); retry the task")
             self._stopped.wait(self.poll_seconds)
+
+    def _silence(self, what: str, hint: str) -> WorkerError:
+        """The agent fell silent. WorkerLost when the TPU API says the platform took the spot
+        TPU back: the request is marked so, and the next attempt queues the TPU again
+        (_submit). Anything else stays a failure."""
+        try:
+            resource, node = TpuVmBackend().current(self.cfg, self.ctx)
+        except Exception as err:  # noqa: BLE001 (a diagnosis must not hide the failure)
+            return WorkerError(f"{what}; the TPU API could not say why ({err}). {hint}")
+        state = tpu_state(resource, node)
+        if not taken_back(resource, node):
+            return WorkerError(f"{what}; the TPU API says: {state}. {hint}")
+        # A status, so that no agent runs this request again and the next attempt re-creates.
+        storage.write_json(self._uri("status", f"{self.request_id}.json"), {
+            "id": self.request_id, "exit_code": None, "reclaimed": state, "at": time.time()})
+        return WorkerLost(f"Cloud TPU took the spot TPU back ({state}): {what}; the next "
+                          "attempt queues the same TPU again and resumes from the checkpoint")
 
     def _submit(self) -> str:
         request_uri = self._uri("requests", f"{self.spec.step}.json")
         previous = storage.read_json(request_uri) if storage.exists(request_uri) else None
-        if previous and not storage.exists(self._uri("status", f"{previous['id']}.json")):
+        status = self._status(previous["id"]) if previous else None
+        if previous and status is None:
             self.log(f"[tpu] {previous['id']} is still running on the TPU VM (an earlier "
                      "attempt of this task); following it")
             return previous["id"]
+        if status and status.get("reclaimed"):
+            self._queue_again(previous["id"], status["reclaimed"])
         number = int(previous["id"].rsplit("-", 1)[1]) + 1 if previous else 1
         request_id = f"{self.spec.step}-{number:03d}"
         storage.write_json(request_uri, step_request(self.cfg, self.spec, request_id))
         self.log(f"[tpu] requested {request_id}: {shlex.join(self.spec.command)}")
         return request_id
+
+    def _status(self, request_id: str) -> dict | None:
+        """The request's status: the agent's when it ended, the controller's when the TPU
+        was taken back (`reclaimed`), None while it runs."""
+        uri = self._uri("status", f"{request_id}.json")
+        return storage.read_json(uri) if storage.exists(uri) else None
+
+    def _queue_again(self, lost: str, state: str) -> None:
+        """The TPU under `lost` was taken back: setup deletes it and queues it again."""
+        self.log(f"[tpu] {lost} lost its TPU ({state}); queueing the same TPU again")
+        try:
+            TpuVmBackend().setup(self.cfg, self.ctx, log=self.log, stop=self._stopped)
+        except (BertflowError, _errors().GoogleAPICallError) as err:
+            raise WorkerError(f"Cloud TPU took the spot TPU back and queueing it again "
+                              f"failed: {err}") from None
 
     def _agent(self) -> dict | None:
         uri = self._uri("agent.json")
@@ -666,6 +765,6 @@ class TpuStepController:
         why = " (cancelled)" if status.get("cancelled") else (
             " (timed out)" if status.get("timed_out") else "")
         # 75: preempted and saved (a maintenance event on a live VM); attempts.py runs the
-        # step again on the same VM. A VM that is gone is not re-created here (docs/spot.md).
+        # step again on the same VM.
         raise outcome_of_exit(code)(f"tpu:0 exited with code {code}{why}: {last}\n--- last "
                                     f"output of tpu:0 ---\n" + "\n".join(tail))
