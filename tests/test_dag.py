@@ -147,7 +147,10 @@ print(elapsed, heavy)
     assert done.returncode == 0, done.stderr
     elapsed, heavy = done.stdout.strip().splitlines()[-1].split(" ", 1)
     assert heavy == "[]"
-    assert float(elapsed) < 2.0
+    # Not a speed target (about 0.8 s on a quiet 2-core machine for the four DAG files): a
+    # bound that only a heavy import breaks, well inside Airflow's dagbag_import_timeout (30 s),
+    # where a loaded test machine cannot make it fail.
+    assert float(elapsed) < 10.0
 
 
 def test_schedule_comes_from_the_environment():
