@@ -52,23 +52,30 @@ class RunPageLink(BaseOperatorLink):
         return base.rstrip("/") + "/" + path
 
 
+LABEL_TEMPLATE = "{{ task.map_label }}"
+
+
 class WorkerStepOperator(BaseOperator):
     """Controller for a step that runs in worker processes.
 
     Starts the workers for `step` (the provisioned cluster spec for train/evaluate, one
     process otherwise) on the configured backend (local processes, Kubernetes, Vertex AI, a
     TPU VM), streams their output into this task's log, fails with the worker's error text,
-    and stops them when Airflow kills the task. Returns the step's manifest URI.
+    and stops them when Airflow kills the task. Returns the step's manifest URI. `map_label`
+    names a mapped instance in the UI (a sweep's trial values) with
+    `map_index_template=LABEL_TEMPLATE`.
     """
 
-    template_fields = ("run_uri",)
+    template_fields = ("run_uri", "map_label")
     ui_color = "#fde9c9"
     operator_extra_links = (RunPageLink(),)
 
-    def __init__(self, *, step: str, run_uri: str, distributed: bool = False, **kwargs):
+    def __init__(self, *, step: str, run_uri: str, distributed: bool = False,
+                 map_label: str = "", **kwargs):
         super().__init__(**kwargs)
         self.step = step
         self.run_uri = run_uri
+        self.map_label = map_label
         self.distributed = distributed
         self._controller = None
 

@@ -430,12 +430,32 @@ def run_page(dag_id: str, run_key: str) -> str:
         f"<h2>Run {esc(dag_id)} / {esc(run_key)}</h2><p><code>{esc(run['uri'])}</code></p>"
         f"<table class='config'>{config_rows}</table>"
         f"{_compare_links(root, dag_id, run_key, run['experiment'])}"
+        f"{_sweep_html(dag_id, run['sweep'])}"
         f"<h3>Training</h3>{_charts_html(run['history'])}"
         f"<p>TensorBoard logs: <code>{esc(tb_dir)}</code><br>view them with "
         f"<code class='tensorboard'>tensorboard --logdir {esc(tb_dir)}</code></p>"
         f"<h3>Evaluation</h3>{_metrics_html(run['metrics'])}"
         f"<h3>Model</h3>{model}"
         f"<h3>Worker logs</h3>{_logs_html(run_key, run['logs'])}"))
+
+
+def _sweep_html(dag_id: str, trials: list[dict] | None) -> str:
+    """A sweep's trials with their metrics, the chosen one starred, and all of them side by
+    side on the compare page."""
+    if trials is None:
+        return ""
+    rows = "".join(
+        f"<tr class='trial'><td class='l'>{'&#9733; ' if t['best'] else ''}"
+        f"<a href='{quote(t['run_key'], safe='')}'>{esc(t['label'])}</a></td>"
+        f"<td class='accuracy'>{_fmt(t['accuracy'])}</td>"
+        f"<td class='macro_f1'>{_fmt(t['macro_f1'])}</td></tr>" for t in trials)
+    compare = ""
+    if len(trials) > 1:
+        refs = [f"{dag_id}/{t['run_key']}" for t in trials]
+        compare = (f"<p><a class='compare' href='{_compare_href('../../', refs)}'>compare "
+                   f"all {len(trials)} trials</a></p>")
+    return (f"<h3>Sweep</h3><table class='sweep'><tr><th class='l'>trial</th>"
+            f"<th>accuracy</th><th>macro F1</th></tr>{rows}</table>{compare}")
 
 
 def _logs_html(run_key: str, logs: list[tuple[str, str]]) -> str:

@@ -17,6 +17,10 @@ throwaway AIRFLOW_HOME, and driven only through its REST API and a real headless
   first version becomes the champion and stays it; its lineage (card, lineage.json, asset
   event extra, the plugin's version and data pages) matches the run that produced it; a run
   left unanswered for its approval timeout (1 minute) counts as rejected;
+- a bert_sweep of 4 trials (2 lengths x 2 learning rates) under max_parallel_trials 2: every
+  mapped instance labelled by its values, tokenize once per length, at most 2 trials holding
+  workers at once (and 2 doing so), the best trial exported, and trial 1 the same as the
+  plain run above (same config but model_name: same token cache and metrics);
 - last (the tests run in file order): with a second run's tasks and TensorFlow workers
   running, Ctrl-C stops everything: make exits, and no process started for it is left.
 
@@ -562,6 +566,92 @@ def test_no_answer_in_time_counts_as_a_rejection(server, approved, rejected,
     answer = detail["hitl_details"][0]
     assert answer["chosen_options"] == ["Reject"] and answer["responded_by_user"] is None
     assert _champion(server)["version"] == approved["export"]["version"]
+
+
+# --- a sweep: 4 trials, at most 2 at once --------------------------------------------------
+
+SWEEP_SPACE = {"grid": {"max_seq_length": [32, 16], "learning_rate": [5e-5, 3e-5]}}
+TRIAL_STEPS = ("wait_for_slot", "provision", "train", "evaluate", "release")
+
+
+@pytest.fixture(scope="module")
+def sweep_run(server, finished_run, tiny_model_dir) -> dict:  # noqa: F811
+    """bert_sweep over the tiny run's config (trial 1 is exactly finished_run's config but
+    for model_name), 2 lengths x 2 learning rates, max_parallel_trials 2."""
+    assert server.api("PATCH", "/dags/bert_sweep", json={"is_paused": False}).status_code == 200
+    resp = server.api("POST", "/dags/bert_sweep/dagRuns", json={"logical_date": None, "conf": {
+        **TINY, "base_model": str(tiny_model_dir), "model_name": "swept",
+        "search_space": SWEEP_SPACE, "max_parallel_trials": 2}})
+    assert resp.status_code == 200, resp.text
+    run_id = quote(resp.json()["dag_run_id"], safe="")
+    base = f"/dags/bert_sweep/dagRuns/{run_id}"
+
+    def terminal():
+        state = server.api("GET", base).json()["state"]
+        return state if state in ("success", "failed") else None
+
+    state = server.wait_for("the sweep to finish", terminal, timeout=RUN_TIMEOUT, interval=5)
+    tis = server.api("GET", f"{base}/taskInstances", params={"limit": 100}).json()
+    for t in sorted(tis["task_instances"], key=lambda t: (t["map_index"], t["start_date"] or "")):
+        print(f"{t['task_id']:22} {t['map_index']:2} {t['state']:16} try {t['try_number']} "
+              f"{t['start_date']} {t['end_date']}")
+    sweep_uri = server.api("GET", f"{base}/taskInstances/validate/xcomEntries/sweep_uri")
+    assert sweep_uri.status_code == 200, sweep_uri.text
+    return {"state": state, "tis": tis["task_instances"], "sweep_uri": sweep_uri.json()["value"]}
+
+
+def test_sweep_trials_are_mapped_tasks_labelled_by_their_values(sweep_run):
+    assert sweep_run["state"] == "success", [(t["task_id"], t["map_index"], t["state"])
+                                             for t in sweep_run["tis"]]
+    labels = {(t["task_id"], t["rendered_map_index"]) for t in sweep_run["tis"]
+              if t["map_index"] >= 0 and t["state"] == "success"}
+    for task in TRIAL_STEPS:
+        for length in (32, 16):
+            for rate in ("5e-05", "3e-05"):
+                assert (f"trial.{task}", f"max_seq_length={length} learning_rate={rate}") \
+                    in labels, labels
+    # The data step ran once and tokenize once per distinct max_seq_length.
+    assert {t["task_id"]: t["map_index"] for t in sweep_run["tis"]}["prepare_data"] == -1
+    assert {r for t, r in labels if t == "tokenize"} == {"max_seq_length=32",
+                                                        "max_seq_length=16"}
+
+
+def test_sweep_never_runs_more_trials_at_once_than_its_cap(sweep_run):
+    """A trial holds workers from its provision's start to its release's end."""
+    from datetime import datetime
+
+    spans: dict[int, list] = {}
+    for t in sweep_run["tis"]:
+        if t["task_id"] in ("trial.provision", "trial.release") and t["state"] == "success":
+            spans.setdefault(t["map_index"], []).append(
+                datetime.fromisoformat(t["start_date" if t["task_id"] == "trial.provision"
+                                         else "end_date"]))
+    assert len(spans) == 4 and all(len(s) == 2 for s in spans.values()), spans
+    edges = sorted([(min(s), 1) for s in spans.values()] + [(max(s), -1) for s in spans.values()])
+    running = peak = 0
+    for _, step in edges:  # an end sorts before a start at the same instant
+        running += step
+        peak = max(peak, running)
+    assert peak == 2, spans  # the cap was reached and never passed
+
+
+def test_sweep_exports_the_best_trial_and_its_first_trial_is_the_plain_run(server, sweep_run,
+                                                                           finished_run):
+    best = storage.read_json(join_uri(sweep_run["sweep_uri"], "best", "manifest.json"))
+    ranked = sorted(best["trials"], key=lambda r: (-r["metrics"]["accuracy"], r["index"]))
+    assert best["best"]["index"] == ranked[0]["index"]
+    trial = best["best"]["run_uri"]
+    exported = storage.read_json(join_uri(trial, "export", "manifest.json"))
+    assert exported["version_uri"].startswith(join_uri(str(server.artifact_root), "models",
+                                                       "swept"))
+    assert storage.read_json(join_uri(exported["version_uri"], "lineage.json"))[
+        "run_key"] == best["best"]["run_key"]
+    first, plain = best["trials"][0]["run_uri"], _run_uri(server, finished_run)
+    ours, theirs = (storage.read_json(join_uri(r, "config.json")) for r in (first, plain))
+    assert {k for k in ours if ours[k] != theirs[k]} == {"model_name"}
+    for step, key in (("tokenize", "content_hash"), ("evaluate", "metrics")):
+        assert storage.read_json(join_uri(first, step, "manifest.json"))[key] == \
+            storage.read_json(join_uri(plain, step, "manifest.json"))[key], step
 
 
 # --- last: Ctrl-C ---------------------------------------------------------------------------

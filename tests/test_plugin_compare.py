@@ -210,3 +210,31 @@ def test_index_checkboxes_and_run_page_links_lead_to_the_compare_page(logged_in,
     followed = logged_in.get("/bertflow/" + html.unescape(links[0][0]))
     assert followed.status_code == 200 and "Comparing 2 runs" in followed.text
     assert "href='../../#compare'>pick runs on the index</a>" in run_page
+
+
+def test_a_sweep_s_page_lists_its_trials_and_compares_them_all(logged_in, artifact_root):
+    """A sweep folder written by tasks/runs/sweep.py: its page tables every trial (the chosen
+    one starred, links to each trial's page) and links all of them side by side."""
+    from tasks.runs import sweep
+
+    plan = sweep.plan({"max_steps": 3}, {"grid": {"learning_rate": [3e-5, 5e-5, 1e-4]}})
+    ctx = RunContext(artifact_root, "bert_sweep", "exp__2026-10-01", "backfill__x", "exp")
+    out = sweep.init_sweep(plan, ctx, max_parallel_trials=2)
+    for trial, accuracy in zip(out["trials"][:2], (0.75, 0.875)):  # trial 3 failed
+        runlayout.write_manifest(join_uri(trial["run_uri"], "evaluate"),
+                                 {"metrics": {"accuracy": accuracy, "macro_f1": 0.5}})
+    sweep.pick_best(ctx.run_uri)
+    page = logged_in.get("/bertflow/runs/bert_sweep/exp__2026-10-01")
+    assert page.status_code == 200, page.text
+    rows = re.findall(r"<tr class='trial'><td class='l'>(&#9733; )?<a href='([^']+)'>([^<]+)"
+                      r"</a></td><td class='accuracy'>([^<]+)</td>", page.text)
+    assert rows == [("", "exp__2026-10-01__trial-01", "learning_rate=3e-05", "0.75"),
+                    ("&#9733; ", "exp__2026-10-01__trial-02", "learning_rate=5e-05", "0.875"),
+                    ("", "exp__2026-10-01__trial-03", "learning_rate=0.0001", "–")]
+    trial_page = logged_in.get("/bertflow/runs/bert_sweep/" + rows[1][1])
+    assert trial_page.status_code == 200 and "<h3>Sweep</h3>" not in trial_page.text
+    link = re.search(r"<a class='compare' href='\.\./\.\./(compare\?[^']+)'>compare all 3 "
+                     r"trials</a>", page.text)
+    compared = logged_in.get("/bertflow/" + html.unescape(link[1]))
+    assert compared.status_code == 200 and "Comparing 3 runs" in compared.text
+    assert _fields(compared.text, "config", "differs") == ["learning_rate"]

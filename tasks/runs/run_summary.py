@@ -243,8 +243,30 @@ def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
                                    "release", "export", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],
         "logs": worker_logs(root, dag_id, run_key),
+        "sweep": sweep_trials(root, dag_id, run_key),
     })
     return detail
+
+
+def sweep_trials(root: str, dag_id: str, run_key: str) -> list[dict[str, Any]] | None:
+    """A sweep folder's trials (label, run_key, metrics, whether it is the chosen one) from
+    its sweep.json and best/manifest.json; None for a folder that is not a sweep."""
+    run = join_uri(runs_uri(root), dag_id, run_key)
+    record = read_json_or_none(join_uri(run, "sweep.json"))
+    if not isinstance(record, dict):
+        return None
+    best = (_dict(join_uri(run, "best", "manifest.json")).get("best") or {}).get("run_key")
+    rows = []
+    for trial in record.get("trials") or []:
+        key = str(trial.get("run_key", ""))
+        if not valid_name(key):
+            continue
+        evaluation = _dict(join_uri(runs_uri(root), dag_id, key, "evaluate", "manifest.json"))
+        metrics = evaluation.get("metrics") or {}
+        rows.append({"run_key": key, "label": str(trial.get("label", "")),
+                     "accuracy": metrics.get("accuracy"), "macro_f1": metrics.get("macro_f1"),
+                     "best": key == best})
+    return rows
 
 
 def models(root: str, locations: list[str] | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,171 @@
+"""A sweep: trials of one base config over a search space, sharing the data and tokenize steps.
+
+Layout (the sweep and each trial are run folders, so the run page, the compare page and the
+steps work on them unchanged):
+    {root}/runs/{dag_id}/{key}/                 the sweep: config.json (the shared config),
+        data/, sweep.json, best/manifest.json   the data step, the plan, the chosen trial
+    {root}/runs/{dag_id}/{key}__trial-01/       trial 1: config.json (base | its values),
+        data/manifest.json                      the sweep's, copied
+        tokenize/ train/ evaluate/ ...          tokenize run by one trial per max_seq_length,
+                                                its manifest copied to the others
+
+Every trial's config is validated whole (`parse_config(base | values)`) before any compute,
+and an error names the trial. Fields that every trial gets the same value of belong to the
+shared config, so a sweep over one value runs exactly the plain bert_finetune run of that
+config; the data split always uses the shared config (its `seed` unless every trial has
+another), so every trial is evaluated on the same rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.config import SECTIONS, RunConfig, join_uri, parse_config
+from tasks.errors import BertflowError, ConfigError
+from tasks.io import storage
+from tasks.runs import runlayout, sweep_space
+from tasks.runs.runlayout import RunContext
+
+SWEEP_FILE = "sweep.json"
+# What a trial may vary: how it trains, not what it trains on, from which checkpoint, where it
+# runs or where its model goes (every trial shares the data, the tokenizer, the workers'
+# backend and the export location).
+SWEEPABLE = frozenset(SECTIONS["Training"] + SECTIONS["Training (advanced)"]
+                      + ("epochs", "seed", "max_seq_length"))
+
+
+@dataclass(frozen=True)
+class Trial:
+    index: int  # 1-based, as the folders and labels count
+    values: dict[str, Any]
+    cfg: RunConfig
+
+    @property
+    def label(self) -> str:
+        return sweep_space.label(self.values)
+
+
+@dataclass(frozen=True)
+class Plan:
+    shared: RunConfig
+    trials: list[Trial]
+    space: dict
+
+
+def plan(values: dict[str, Any], space: Any) -> Plan:
+    """The trials of `space` over the base `values` (Params), each config checked whole;
+    ConfigError names the search-space entry or the trial and field."""
+    for kind in ("grid", "random"):
+        dims = space.get(kind) if isinstance(space, dict) else None
+        for name in dims if isinstance(dims, dict) else ():
+            if name not in SWEEPABLE:
+                raise ConfigError(f"search_space.{kind}.{name}",
+                                  "not sweepable: every trial shares the data, checkpoint, "
+                                  f"backend and export; sweep one of {sorted(SWEEPABLE)}")
+    overrides = sweep_space.trials(space)
+    trials = []
+    for index, override in enumerate(overrides, start=1):
+        try:
+            cfg = parse_config({**values, **override})
+        except ConfigError as err:
+            raise ConfigError(err.field, f"trial {index} ({sweep_space.label(override)}): "
+                                         f"{err.reason}") from None
+        trials.append(Trial(index, override, cfg))
+    common = {name: overrides[0][name] for name in overrides[0]
+              if all(trial.get(name) == overrides[0][name] for trial in overrides)}
+    return Plan(parse_config({**values, **common}), trials, space)
+
+
+def trial_context(sweep: RunContext, index: int) -> RunContext:
+    return RunContext(sweep.artifact_root, sweep.dag_id, f"{sweep.run_key}__trial-{index:02d}",
+                      sweep.run_id, sweep.experiment, sweep.logical_date)
+
+
+def init_sweep(p: Plan, ctx: RunContext, max_parallel_trials: int) -> dict[str, Any]:
+    """Write the sweep's folder and every trial's; returns what the DAG maps over."""
+    runlayout.init_run(p.shared, ctx)
+    trials = []
+    for trial in p.trials:
+        tctx = trial_context(ctx, trial.index)
+        runlayout.init_run(trial.cfg, tctx)
+        trials.append({"index": trial.index, "label": trial.label, "values": trial.values,
+                       "run_uri": tctx.run_uri, "run_key": tctx.run_key,
+                       "max_seq_length": trial.cfg.max_seq_length})
+    record = {"space": p.space, "max_parallel_trials": max_parallel_trials,
+              "metric": p.shared.gate_metric, "trials": trials}
+    storage.write_json(join_uri(ctx.run_uri, SWEEP_FILE), record)
+    return {"sweep_uri": ctx.run_uri,
+            "trials": [{"run_uri": t["run_uri"], "label": t["label"]} for t in trials]}
+
+
+def read_sweep(sweep_uri: str) -> dict[str, Any]:
+    return storage.read_json(join_uri(sweep_uri, SWEEP_FILE))
+
+
+def _copy_manifest(step: str, source_run: str, target_run: str) -> None:
+    storage.write_bytes(join_uri(target_run, step, runlayout.MANIFEST),
+                        storage.read_bytes(join_uri(source_run, step, runlayout.MANIFEST)))
+
+
+def share_data(sweep_uri: str) -> list[dict[str, str]]:
+    """Give every trial the sweep's data manifest; returns one trial per distinct
+    max_seq_length (the one that tokenizes for its group), labelled for the UI."""
+    record = read_sweep(sweep_uri)
+    for trial in record["trials"]:
+        _copy_manifest("data", sweep_uri, trial["run_uri"])
+    return [{"run_uri": lead["run_uri"], "label": f"max_seq_length={length}"}
+            for length, lead in _leads(record).items()]
+
+
+def share_tokens(sweep_uri: str) -> list[dict[str, str]]:
+    """Give every trial its group's tokenize manifest; returns the trials to map over."""
+    record = read_sweep(sweep_uri)
+    leads = _leads(record)
+    for trial in record["trials"]:
+        lead = leads[trial["max_seq_length"]]
+        if lead["run_uri"] != trial["run_uri"]:
+            _copy_manifest("tokenize", lead["run_uri"], trial["run_uri"])
+    return [{"run_uri": t["run_uri"], "label": t["label"]} for t in record["trials"]]
+
+
+def _leads(record: dict) -> dict[int, dict]:
+    """The first trial of each distinct max_seq_length, in trial order."""
+    leads: dict[int, dict] = {}
+    for trial in record["trials"]:
+        leads.setdefault(trial["max_seq_length"], trial)
+    return leads
+
+
+def may_start(index: int, finished_before: int, max_parallel: int) -> bool:
+    """Trial `index` (1-based) may start once fewer than max_parallel of the trials before it
+    are unfinished (`finished_before` of the index - 1 before it have ended, whether they ran,
+    failed or never started). Then at most max_parallel trials run at once: the running trial
+    with the highest index m saw at most max_parallel - 1 unfinished trials before it when it
+    started, only those can still be running beside it, and a trial ends only once. Trials
+    start in order, and none waits for a later one, so the wait always ends."""
+    return (index - 1) - finished_before < max_parallel
+
+
+def pick_best(sweep_uri: str) -> dict[str, Any]:
+    """The trial with the best gate metric (ties: the lower index) among those that were
+    evaluated; writes `best/manifest.json` with every trial's outcome. BertflowError when no
+    trial was evaluated."""
+    record = read_sweep(sweep_uri)
+    metric = record["metric"]
+    rows = []
+    for trial in record["trials"]:
+        uri = join_uri(trial["run_uri"], "evaluate", runlayout.MANIFEST)
+        metrics = storage.read_json(uri)["metrics"] if storage.exists(uri) else None
+        rows.append({"index": trial["index"], "label": trial["label"],
+                     "run_uri": trial["run_uri"], "run_key": trial["run_key"],
+                     "evaluated": metrics is not None,
+                     "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1")}
+                     if metrics else None})
+    done = [r for r in rows if r["evaluated"]]
+    if not done:
+        raise BertflowError(f"no trial of the sweep {sweep_uri} was evaluated; see the "
+                            "trials' train and evaluate task logs")
+    best = max(done, key=lambda r: (r["metrics"][metric], -r["index"]))
+    manifest = {"metric": metric, "best": best, "trials": rows}
+    runlayout.write_manifest(join_uri(sweep_uri, "best"), manifest)
+    return manifest
