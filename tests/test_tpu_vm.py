@@ -528,15 +528,18 @@ print('finished step 4', flush=True)
 
 
 def _train_loop(cfg, ctx, checkpoint, log: list[str], spec: WorkerSpec | None = None,
-                first_pickup_seconds: float | None = None):
+                first_pickup_seconds: float | None = None, stale_seconds: float = 5.0,
+                reclaim_check_seconds: float = 3600.0):
     """An attempt loop over the TPU controller; `first_pickup_seconds`: how long attempt 1
-    waits for the agent to pick its request up (later ones wait for a new VM)."""
+    waits for the agent to pick its request up (later ones wait for a new VM). By default a
+    reclaim is found through the stale heartbeat (the agent beats every 0.5 s)."""
     spec = spec or WorkerSpec(command=["python", "-c", TRAIN, str(checkpoint)], step="train",
                               accelerated=True)
 
     def make(attempt_spec: WorkerSpec):
         controller = _controller(cfg, ctx, attempt_spec, log.append)
-        controller.stale_seconds = 5.0  # the agent beats every 0.5 s
+        controller.stale_seconds = stale_seconds
+        controller.reclaim_check_seconds = reclaim_check_seconds
         if attempt_spec.env[attempts.ATTEMPT_ENV] == "1":
             controller.pickup_seconds = first_pickup_seconds
         return controller
@@ -592,6 +595,29 @@ def test_a_spot_tpu_taken_back_mid_step_is_queued_again_and_the_step_resumes(
     # Teardown deletes the new TPU.
     released = tpu_vm.TpuVmBackend().release(cfg, ctx, log=lambda _: None)
     assert released["deleted"] == [node, queued] and not fake_tpu.queued and not fake_tpu.nodes
+
+
+def test_a_spot_reclaim_is_found_by_asking_the_tpu_api_before_the_heartbeat_goes_stale(
+        fake_tpu, spot_tpu, tmp_path):
+    """A stale heartbeat takes stale_seconds (10 minutes by default) to tell; on a spot run
+    the TPU API's state, asked every reclaim_check_seconds, tells first."""
+    cfg, ctx, _ = spot_tpu
+    queued, _ = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    log: list[str] = []
+    _once_saved(log, lambda: fake_tpu.reclaim(queued))
+    loop = _train_loop(cfg, ctx, tmp_path / "checkpoint", log, stale_seconds=3600.0,
+                       reclaim_check_seconds=1.0)
+    runner = threading.Thread(target=loop.run, daemon=True)
+    runner.start()
+    runner.join(timeout=120)
+    if runner.is_alive():
+        loop.stop()
+        pytest.fail("the reclaim was not noticed without a stale heartbeat:\n" +
+                    "\n".join(log[-20:]))
+    records = attempts.read_attempts(ctx, "train")
+    assert [r["outcome"] for r in records] == ["lost", "success"], "\n".join(log[-30:])
+    assert any("went away while running train-001" in ln for ln in log)
+    assert "[tpu:0] finished step 4" in log
 
 
 @pytest.mark.parametrize("how, state", [

@@ -625,6 +625,9 @@ class TpuStepController:
     pickup_seconds: float | None = None  # None: the config's schedule_timeout_seconds
     # The agent's heartbeat did not change for this long while the step ran: it died.
     stale_seconds = 600.0
+    # Spot runs: how often the TPU API is asked whether Cloud TPU took the TPU back, so that a
+    # reclaim ends the attempt within about this long, not after stale_seconds.
+    reclaim_check_seconds = 60.0
 
     def __init__(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *, log: Log):
         self.cfg, self.ctx, self.spec, self.log = cfg, ctx, spec, log
@@ -655,6 +658,7 @@ class TpuStepController:
         started = time.monotonic()
         heartbeat, heartbeat_seen = None, time.monotonic()
         picked_up = False
+        checked = time.monotonic()
         while True:
             status = self._status(self.request_id)
             picked_up = self._stream() or picked_up
@@ -680,6 +684,13 @@ class TpuStepController:
                     "google-startup-scripts), the agent's (sudo docker logs bertflow-agent), "
                     "and that its service account can read and write the run folder and pull "
                     "the image")
+            if picked_up and self.cfg.capacity == "spot" and \
+                    now - checked >= self.reclaim_check_seconds:
+                checked = now
+                lost = self._reclaimed("the TPU VM went away while running "
+                                       f"{self.request_id}")
+                if lost is not None:
+                    raise lost
             if picked_up and now - heartbeat_seen > self.stale_seconds:
                 raise self._silence(
                     f"the TPU VM's agent stopped answering while running {self.request_id} "
@@ -696,9 +707,22 @@ class TpuStepController:
             resource, node = TpuVmBackend().current(self.cfg, self.ctx)
         except Exception as err:  # noqa: BLE001 (a diagnosis must not hide the failure)
             return WorkerError(f"{what}; the TPU API could not say why ({err}). {hint}")
-        state = tpu_state(resource, node)
         if not taken_back(resource, node):
-            return WorkerError(f"{what}; the TPU API says: {state}. {hint}")
+            return WorkerError(f"{what}; the TPU API says: {tpu_state(resource, node)}. {hint}")
+        return self._lost(resource, node, what)
+
+    def _reclaimed(self, what: str) -> WorkerLost | None:
+        """WorkerLost (the request marked) if Cloud TPU took the spot TPU back, else None; a
+        TPU API that does not answer now is asked again at the next check."""
+        try:
+            resource, node = TpuVmBackend().current(self.cfg, self.ctx)
+        except Exception as err:  # noqa: BLE001 (the heartbeat check still guards the step)
+            self.log(f"[tpu] could not ask the TPU API for the TPU's state: {err}")
+            return None
+        return self._lost(resource, node, what) if taken_back(resource, node) else None
+
+    def _lost(self, resource, node, what: str) -> WorkerLost:
+        state = tpu_state(resource, node)
         # A status, so that no agent runs this request again and the next attempt re-creates.
         storage.write_json(self._uri("status", f"{self.request_id}.json"), {
             "id": self.request_id, "exit_code": None, "reclaimed": state, "at": time.time()})
