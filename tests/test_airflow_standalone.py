@@ -154,28 +154,28 @@ def test_chromium_is_installed():
         f"{CHROMIUM} missing: run `make test-deps` (apt-get install -y chromium)")
 
 
-@pytest.fixture(scope="module")
-def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
+def read_trigger_form(server, dag_id: str, first_title: str, shot: Path) -> dict:
     """Open the DAG page logged in as the real user (the api-server accepts the JWT from
-    POST /auth/token as the `_token` cookie), click Trigger, screenshot the form."""
+    POST /auth/token as the `_token` cookie), click Trigger, screenshot the form and read
+    every section's text, whether Trigger is enabled and which required fields are empty."""
     assert os.access(CHROMIUM, os.X_OK), f"{CHROMIUM} missing: run `make test-deps`"
-    shot = tmp_path_factory.mktemp("screens") / "trigger_form.png"
+    dialog = TRIGGER_DIALOG
     browser = Browser()
     try:
         browser.set_cookie("_token", server.token, server.base + "/")
-        browser.navigate(f"{server.base}/dags/{DAG_ID}")
+        browser.navigate(f"{server.base}/dags/{dag_id}")
         button = ("[...document.querySelectorAll('button')]"
                   ".find(b => b.getAttribute('aria-label') === 'Trigger Dag')")
         browser.wait_js(f"!!{button}", timeout=120)
         browser.evaluate(f"{button}.click()")
         # The form opens on its first section (the first-time fields); the rest are closed.
-        browser.wait_js(f"!!{TRIGGER_DIALOG} && {TRIGGER_DIALOG}.innerText.includes("
-                        f"{json.dumps(PARAM_TITLES[0])})", timeout=90)
+        browser.wait_js(f"!!{dialog} && {dialog}.innerText.includes("
+                        f"{json.dumps(first_title)})", timeout=90)
         time.sleep(1)  # let the fields lay out before the screenshot
-        first_text = browser.evaluate(f"{TRIGGER_DIALOG}.innerText")
+        first_text = browser.evaluate(f"{dialog}.innerText")
         browser.screenshot(shot)
         # Open the sections one by one (one is open at a time) to read every field.
-        triggers = (f"[...{TRIGGER_DIALOG}.querySelectorAll("
+        triggers = (f"[...{dialog}.querySelectorAll("
                     "'[data-scope=accordion][data-part=item-trigger]')]")
         text = first_text
         for i in range(browser.evaluate(f"{triggers}.length")):
@@ -184,14 +184,14 @@ def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
                 browser.wait_js(f"{triggers}[{i}].getAttribute('aria-expanded') === 'true'",
                                 timeout=15)
                 time.sleep(0.7)  # the section's content slides open
-            text += "\n" + browser.evaluate(f"{TRIGGER_DIALOG}.innerText")
+            text += "\n" + browser.evaluate(f"{dialog}.innerText")
         submit = browser.evaluate(
-            f"[...{TRIGGER_DIALOG}.querySelectorAll('button')]"
+            f"[...{dialog}.querySelectorAll('button')]"
             ".filter(b => b.innerText.trim() === 'Trigger').map(b => b.disabled)")
         # Fields the form marks required (*) but leaves empty: why Trigger is disabled.
         empty_required = browser.evaluate(f"""(() => {{
             const out = [];
-            for (const el of {TRIGGER_DIALOG}.querySelectorAll('input, textarea')) {{
+            for (const el of {dialog}.querySelectorAll('input, textarea')) {{
                 if (['checkbox', 'radio', 'hidden'].includes(el.type) || el.value !== ''
                     || el.offsetParent === null || el.getAttribute('role') === 'combobox'
                     || el.closest('[data-scope=combobox],[data-scope=select]')) continue;
@@ -205,8 +205,14 @@ def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
     finally:
         browser.close()
     print(f"\ntrigger form screenshot: {shot}")
-    return {"text": text, "first_text": first_text, "submit_disabled": submit, "empty_required": empty_required,
-            "screenshot": shot}
+    return {"text": text, "first_text": first_text, "submit_disabled": submit,
+            "empty_required": empty_required, "screenshot": shot}
+
+
+@pytest.fixture(scope="module")
+def trigger_form(server, triggered_run, tmp_path_factory) -> dict:
+    shot = tmp_path_factory.mktemp("screens") / "trigger_form.png"
+    return read_trigger_form(server, DAG_ID, PARAM_TITLES[0], shot)
 
 
 def test_trigger_form_shows_params_with_titles(trigger_form):
@@ -652,6 +658,19 @@ def test_sweep_exports_the_best_trial_and_its_first_trial_is_the_plain_run(serve
     for step, key in (("tokenize", "content_hash"), ("evaluate", "metrics")):
         assert storage.read_json(join_uri(first, step, "manifest.json"))[key] == \
             storage.read_json(join_uri(plain, step, "manifest.json"))[key], step
+
+
+def test_sweep_trigger_form_opens_on_the_search_space_and_submits_with_the_defaults(
+        server, tmp_path_factory):
+    form = read_trigger_form(server, "bert_sweep", "Search space",
+                             tmp_path_factory.mktemp("screens") / "sweep_form.png")
+    first = form["first_text"]
+    assert "Trigger Dag - bert_sweep" in first
+    for title in ("Search space", "Trials at once", "Training data", "Epochs"):
+        assert title in first, f"the sweep form's first box lacks {title!r}"
+    assert "How many trials hold workers at the same time" in first
+    assert "Max sequence length" in form["text"]  # every bert_finetune Param, in sections
+    assert form["submit_disabled"] == [False], form["empty_required"]
 
 
 # --- last: Ctrl-C ---------------------------------------------------------------------------
