@@ -1,9 +1,9 @@
 """Resolving the trainer locks on PyPI (tests/test_images.py), started early.
 
-pip's dry-run resolution of the three locks waits on the network for minutes (it reads the
-metadata of ~500 wheels, ~4 GB here) while using little CPU. conftest.py starts it when
-collection shows the session will run it, so it overlaps the CPU-bound tests collected before
-tests/test_images.py; the test then only collects the results.
+pip's dry-run resolution of the three locks waits on the network for over a minute (it reads
+the metadata of ~500 wheels with range requests) using a third of a core. conftest.py starts
+it when collection shows the session will run it, so it overlaps the CPU-bound tests
+collected before tests/test_images.py; the test then only collects the results.
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ from tasks.training import checkpoint
 from tasks.config import RunConfig
 from tasks.errors import BertflowError
 
+from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
+
 
 def test_default_checkpoint_loads_every_encoder_weight():
     model_dir = checkpoint.resolve_base_model(RunConfig())
@@ -42,3 +44,34 @@ def test_missing_files_are_named_with_the_folder(tmp_path):
         checkpoint.resolve_base_model(RunConfig(base_model=str(tmp_path)))
     with pytest.raises(BertflowError, match="base_model.*nope not found"):
         checkpoint.resolve_base_model(RunConfig(base_model=str(tmp_path / "nope")))
+
+
+def test_the_model_runs_unconverted_inside_tf_function(tiny_model_dir, monkeypatch):  # noqa: F811
+    """Keras would rewrite transformers' layer calls with AutoGraph in every tf.function
+    (seconds of CPU per process); load_classifier opts the model out. Every function
+    AutoGraph converts while a tf.function calls the model is recorded here: none may be
+    transformers' code, and the call still computes the eager result."""
+    import tensorflow as tf
+    from tensorflow.python.autograph.impl import api
+
+    from train_helpers import tiny_batch
+
+    converted = []
+    convert = api._convert_actual
+
+    def recording(entity, program_ctx):
+        converted.append(f"{getattr(entity, '__module__', '?')}.{entity.__qualname__}")
+        return convert(entity, program_ctx)
+
+    monkeypatch.setattr(api, "_convert_actual", recording)
+    model = checkpoint.load_classifier(tiny_model_dir, ["neg", "pos"])
+    batch = tiny_batch()
+
+    @tf.function
+    def logits(features):
+        return model(features, training=False).logits
+
+    np.testing.assert_allclose(logits(batch).numpy(),
+                               model(batch, training=False).logits.numpy(), atol=1e-5)
+    assert converted, "AutoGraph converted nothing: the recording hook is not in place"
+    assert not [name for name in converted if name.startswith("transformers.")], converted

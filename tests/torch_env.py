@@ -1,24 +1,23 @@
-"""A test-only PyTorch environment, .venv-torch/: the torch 2.13.0 CPU wheel from disk plus
+"""A test-only PyTorch environment: the torch 2.13.0 CPU wheel from disk plus
 transformers, safetensors, tokenizers and numpy at the project lock's pins, and no
 TensorFlow. It checks that exported versions load in PyTorch transformers as users load them.
 
-Built once and kept while its pins are unchanged (a stamp file), as .venv-tf220 is. The wheel
-is looked up in $BERTFLOW_TORCH_WHEELS (default /opt/wheels, where this machine keeps it): PyPI's
-Linux torch is the CUDA build, gigabytes of it.
+Built once per set of pins and kept outside the checkout (tests/env_cache.py), as the TPU
+lock's environment is. The wheel is looked up in $BERTFLOW_TORCH_WHEELS (default /opt/wheels,
+where this machine keeps it): PyPI's Linux torch is the CUDA build, gigabytes of it.
 Runnable as a script to build it ahead of the tests: `python tests/torch_env.py`.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
 import subprocess
-import sys
 from pathlib import Path
 
+import env_cache
+
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".venv-torch"
 TORCH = "2.13.0"
 FROM_LOCK = ("transformers", "safetensors", "tokenizers", "huggingface_hub", "numpy")
 
@@ -47,23 +46,20 @@ def torch_wheel() -> Path:
 
 
 def python() -> Path:
-    """.venv-torch's interpreter, built if missing or stale."""
+    """The torch environment's interpreter, built if missing (tests/env_cache.py)."""
     wheel = torch_wheel()
     pins = _pins()
     requirements = [str(wheel)] + [f"{name}=={pins[name]}" for name in FROM_LOCK]
-    stamp_text = hashlib.sha256(" ".join(requirements).encode()).hexdigest()
-    interpreter, stamp = VENV / "bin" / "python", VENV / ".bertflow-torch"
-    if stamp.is_file() and stamp.read_text() == stamp_text and interpreter.exists():
-        return interpreter
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    done = subprocess.run([str(interpreter), "-m", "pip", "install", "--quiet",
-                           "--only-binary=:all:", *requirements],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"installing {requirements} into {VENV} failed:\n"
-                           f"{done.stdout[-2000:]}{done.stderr[-3000:]}")
-    stamp.write_text(stamp_text)
-    return interpreter
+
+    def install(interpreter: Path) -> None:
+        done = subprocess.run([str(interpreter), "-m", "pip", "install", "--quiet",
+                               "--only-binary=:all:", *requirements],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"installing {requirements} into {interpreter.parent.parent} "
+                               f"failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}")
+
+    return env_cache.venv("torch", " ".join(requirements), install)
 
 
 # PyTorch transformers only: no TensorFlow (checked), no project.
@@ -89,7 +85,7 @@ print(json.dumps({"probabilities": probabilities.tolist(), "id2label": model.con
 
 def predict(folder: str, texts: list[str]) -> dict:
     """`{"probabilities", "id2label", "tokenizer"}` from AutoModelForSequenceClassification and
-    AutoTokenizer loading `folder` in .venv-torch."""
+    AutoTokenizer loading `folder` in the torch environment."""
     with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
         done = subprocess.run([str(python()), "-c", _PREDICT, str(folder), json.dumps(texts)],
                               capture_output=True, text=True, timeout=600, cwd=cwd,

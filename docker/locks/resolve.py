@@ -6,8 +6,8 @@
 Both ask PyPI itself (pip's configuration files, extra indexes and find-links are ignored) and
 resolve for the images' platform, not this machine's: CPython 3.11 on x86-64 Linux with glibc
 2.36 (python:3.11-slim, Debian bookworm), wheels only. `pip install --dry-run --report` does
-the resolution without installing, so the multi-GB CUDA wheels of the GPU lock are read, not
-installed.
+the resolution without installing, and reads only the wheels' metadata: the multi-GB CUDA
+wheels of the GPU lock are neither downloaded nor installed.
 
 A lock is `name==version` lines, complete: `check` resolves it with dependencies and fails
 unless pip picks exactly the locked set (nothing missing, nothing conflicting). The one
@@ -100,7 +100,12 @@ def check_registry(timeout: float = 30) -> None:
 
 def resolve_args(requirement_args: list[str], report: Path, target: Path) -> list[str]:
     platform_args = [arg for p in PLATFORMS for arg in ("--platform", p)]
-    return [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
+    # fast-deps: pip reads each wheel's METADATA with HTTP range requests instead of
+    # downloading the wheel (PyPI as reached here serves no PEP 658 metadata files), and pip
+    # 25.3+ downloads nothing after a dry run's resolution either (the Makefile pins one).
+    # Measured on the three locks: 5.8 GB read and 159 s of CPU with pip 23.2, 40 s without.
+    return [sys.executable, "-m", "pip", "install", "--dry-run", "--use-feature=fast-deps",
+            "--ignore-installed",
             "--no-cache-dir", "--quiet", "--index-url", INDEX_URL, "--only-binary=:all:",
             *platform_args, "--python-version", PYTHON_VERSION, "--implementation", "cp",
             "--abi", "cp" + PYTHON_VERSION.replace(".", ""), "--target", str(target),

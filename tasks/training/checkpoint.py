@@ -94,7 +94,24 @@ def load_classifier(model_dir: Path, labels: list[str], float32_gelu: bool = Tru
         cpu_layers.apply_to(model)
     elif float32_gelu:
         gelu.apply_to(model)
+    _run_call_unconverted(model)
     return model
+
+
+def _run_call_unconverted(model) -> None:
+    """Run the model's call, and every layer it calls, as plain Python inside tf.function.
+
+    Keras otherwise rewrites each layer's call with AutoGraph when it is called in a
+    tf.function (a train step, the evaluation loop, the serving signature): for transformers'
+    BERT that is ~80 functions, 6-13 s of CPU in every train, evaluate and export process, and
+    it buys nothing, since the model's control flow is Python over layers and config values,
+    never a branch on a tensor (a tensor used as a Python bool would fail the trace loudly).
+    Measured on the tiny test model: train 19 -> 13 s, evaluate 16 -> 10 s, export 28 -> 21 s
+    of CPU, with the same losses and metrics. The loops around the model (evaluation over
+    batches, gradient accumulation) are still converted."""
+    import tensorflow as tf
+
+    model.call = tf.autograph.experimental.do_not_convert(model.call)
 
 
 def head_labels(model_dir: Path) -> list[str] | None:
