@@ -172,8 +172,9 @@ def test_mwms_sigterm_mid_epoch_resumes_exactly(tmp_path, tiny_model):
 
 
 def test_parameter_server_worker_sigterm_chief_saves_and_resumes(tmp_path, tiny_model):
-    # 24 epochs (384 steps of a tiny model): long enough that the SIGTERM 8 s into serving
-    # lands mid-run on a quiet machine too (6 epochs had ended by then once, at step 96).
+    # 24 epochs (384 steps of a tiny model), SIGTERM as soon as the chief logs its first
+    # chunk (step 100): mid-run whatever the load. A fixed 8 s after the first log line came
+    # before the first step on a loaded machine (the cluster was still connecting).
     ps = dict(strategy="parameter_server", num_workers=1, num_ps=1, **{**COMMON, "epochs": 24})
     cfg, ctx = make_run(tmp_path / "run", tiny_model, 128, 16, FIXED, **ps)
     ref = make_run(tmp_path / "ref", tiny_model, 128, 16, FIXED, **ps)
@@ -183,12 +184,12 @@ def test_parameter_server_worker_sigterm_chief_saves_and_resumes(tmp_path, tiny_
     lines: list[str] = []
     notice = threading.Event()
 
-    def when(line, cluster):  # the chief logs every chunk only: SIGTERM once it serves
-        if notice.is_set() or "[chief:0] train: strategy" not in line:
+    def when(line, cluster):  # the chief logs every chunk (checkpoint_every_steps) only
+        if notice.is_set() or not line.startswith("[chief:0] step 100/"):
             return
         notice.set()
         pid = next(p.popen.pid for p in cluster._procs if (p.role, p.index) == ("worker", 0))
-        threading.Timer(8.0, os.kill, (pid, signal.SIGTERM)).start()
+        os.kill(pid, signal.SIGTERM)
 
     try:
         cluster, err = attempt(cfg, ctx, 1, lines, when)
