@@ -57,12 +57,13 @@ test-deps:
 
 # pytest exits 5 when it collected no test: that is a failure here, said plainly.
 # Test files run in parallel, one worker per core (at most 4), each file on one worker so that
-# its module fixtures (a DAG run, an Airflow server) are made once, the slowest files first
-# (tests/conftest.py) in the order given, not by test count. More workers than cores does not
-# pay: two workers keep 2 cores 92-95% busy (sampled every 10 s over a whole run).
+# its module fixtures (a DAG run, an Airflow server) are made once. xdist's default order (by
+# test count) mixes heavy and light files; slowest-first put the heavy ones side by side and
+# took 2080 s against 1646 s (one run each). More workers than cores does not pay: two keep 2 cores
+# 92-95% busy (sampled every 10 s over a whole run).
 test: install test-deps
 	@$(BIN)/python -m pytest -q --durations=25 -n auto --maxprocesses 4 --dist loadfile \
-	  --no-loadscope-reorder tests; rc=$$?; \
+	  tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # Every benchmark's one command (docs/development.md), each writing benchmarks/results/NAME.json:

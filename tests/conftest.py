@@ -71,19 +71,6 @@ def pytest_sessionfinish(session, exitstatus):
     shutil.rmtree(_AIRFLOW_HOME, ignore_errors=True)
 
 
-# The slowest files (make test's figures on 2 cores), started first: with each file on one
-# worker, a long file started last decides the suite's wall time. Others follow in name order.
-SLOWEST_FIRST = ["test_airflow_standalone.py", "test_scheduler_postgres.py", "test_images.py",
-                 "test_vertex_ai_train.py", "test_preemption.py", "test_distributed.py",
-                 "test_dag_cloud.py", "test_dag_e2e.py", "test_kubernetes_train.py",
-                 "test_dag_kubernetes.py", "test_train.py", "test_export.py"]
-
-
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
-
-
 # Wall time per test file (setup, call and teardown of its tests, module fixtures included).
 # Files run whole on one xdist worker (--dist loadfile), so the largest of these bound the
 # suite's wall time: the list says where shortening the suite pays.
