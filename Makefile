@@ -62,8 +62,7 @@ test-deps:
 # took 2080 s against 1646 s (one run each). More workers than cores does not pay: two keep 2 cores
 # 92-95% busy (sampled every 10 s over a whole run).
 test: install test-deps
-	@$(BIN)/python -m pytest -q --durations=25 -n auto --maxprocesses 4 --dist loadfile \
-	  tests; rc=$$?; \
+	@$(BIN)/python -m pytest -q --durations=25 -n auto --maxprocesses 4 --dist loadfile tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$rc
 
 # Every benchmark's one command (docs/development.md), each writing benchmarks/results/NAME.json:

@@ -90,10 +90,15 @@ def triggered_run(server, tiny_model_dir) -> str:  # noqa: F811
     resp = server.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
     assert resp.status_code == 200, resp.text
     assert resp.json()["is_paused"] is False
-    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={
-        "logical_date": None, "conf": {**TINY, "base_model": str(tiny_model_dir)}})
+    return trigger(server, DAG_ID, {**TINY, "base_model": str(tiny_model_dir)})["dag_run_id"]
+
+
+def trigger(server, dag_id: str, conf: dict) -> dict:
+    """POST a manual run of dag_id with conf; the new run as the REST API returns it."""
+    resp = server.api("POST", f"/dags/{dag_id}/dagRuns", json={"logical_date": None,
+                                                               "conf": conf})
     assert resp.status_code == 200, resp.text
-    return resp.json()["dag_run_id"]
+    return resp.json()
 
 
 @pytest.fixture(scope="module")
@@ -349,16 +354,12 @@ def second_wave(server, finished_run, tiny_model_dir) -> dict:  # noqa: F811
     run left unanswered and the sweep (another DAG, so it runs beside them). bert_finetune
     runs one at a time (max_active_runs 1): the sweep's trials fill the waits for approval."""
     wave = {"backfill": _create_backfill(server, tiny_model_dir)}
-    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {
-        **APPROVAL_CONF, "base_model": str(tiny_model_dir), "approval_timeout_minutes": 1}})
-    assert resp.status_code == 200, resp.text
-    wave["unanswered"] = resp.json()
+    wave["unanswered"] = trigger(server, DAG_ID, {
+        **APPROVAL_CONF, "base_model": str(tiny_model_dir), "approval_timeout_minutes": 1})
     assert server.api("PATCH", "/dags/bert_sweep", json={"is_paused": False}).status_code == 200
-    resp = server.api("POST", "/dags/bert_sweep/dagRuns", json={"logical_date": None, "conf": {
+    wave["sweep"] = trigger(server, "bert_sweep", {
         **TINY, "base_model": str(tiny_model_dir), "model_name": "swept",
-        "search_space": SWEEP_SPACE, "max_parallel_trials": 2}})
-    assert resp.status_code == 200, resp.text
-    wave["sweep"] = resp.json()
+        "search_space": SWEEP_SPACE, "max_parallel_trials": 2})
     return wave
 
 
@@ -695,9 +696,7 @@ def test_sweep_trigger_form_opens_on_the_search_space_and_submits_with_the_defau
 def test_ctrl_c_stops_airflow_and_the_running_tasks(server, finished_run):
     """A second run, stopped mid-way: validate and prepare_data done and a worker step started
     (task processes and TensorFlow workers to stop), then Ctrl-C."""
-    resp = server.api("POST", f"/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": TINY})
-    assert resp.status_code == 200, resp.text
-    run_id = quote(resp.json()["dag_run_id"], safe="")
+    run_id = quote(trigger(server, DAG_ID, TINY)["dag_run_id"], safe="")
 
     def worker_step_started():
         tis = {ti["task_id"]: ti["state"] for ti in server.api(
