@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -223,6 +224,30 @@ def test_sigterm_to_the_controller_stops_workers_via_a_signal_handler(make_spec,
     assert proc.returncode == 1 and "workers stopped before finishing" in stderr
     pids = recorded_pids(make_spec.pid_dir)
     assert len(pids) == 4 and all_gone(pids)
+
+
+def test_lines_of_concurrent_workers_stay_whole_when_logged_with_print(make_spec, tmp_path):
+    # print() writes a line and its newline separately; reader threads calling it at once
+    # joined two workers' lines into one (an unbuffered pipe, as under Airflow), and a test
+    # waiting for both "ready" lines hung.
+    spec = make_spec("""
+        for i in range(300):
+            print(f"line {i}", flush=True)
+    """, cluster={"worker": 4})
+    controller = tmp_path / "controller.py"
+    controller.write_text(textwrap.dedent(f"""
+        import json
+        from tasks.provision import LocalCluster, WorkerSpec
+        spec = WorkerSpec.from_dict(json.loads({json.dumps(spec.to_dict())!r}))
+        LocalCluster(spec, print).run()
+    """))
+    out = subprocess.run([sys.executable, str(controller)], capture_output=True, text=True,
+                         check=True, timeout=120,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": PROJECT_ROOT})
+    lines = out.stdout.splitlines()
+    broken = [ln for ln in lines if not re.fullmatch(r"\[worker:\d\] line \d+", ln)]
+    assert not broken, broken[:5]
+    assert len(lines) == 4 * 300
 
 
 def test_free_ports_are_distinct_and_bindable():

@@ -55,8 +55,11 @@ class VertexReplicas(LocalCluster):
         commands = {tuple(p["containerSpec"]["command"]) for p in pools if p}
         assert len(commands) == 1, commands  # every pool runs the step's one command
         cluster = counts if sum(counts.values()) > 1 else {}
+        # Pools with a ps pool are parameter-server training (its workers serve until
+        # stopped); otherwise every replica runs the program to its end.
+        strategy = "parameter_server" if counts.get("ps") else "multi_worker_mirrored"
         super().__init__(WorkerSpec(command=list(commands.pop()), cluster=cluster,
-                                    strategy="vertex_ai", step="train"), log, **kwargs)
+                                    strategy=strategy, step="train"), log, **kwargs)
 
     def _env(self, role, index, addresses):
         env = super()._env(role, index, addresses)

@@ -167,8 +167,11 @@ def _vertex_job(cfg, ctx, code: str) -> dict:
 
 def test_vertex_replicas_keep_their_own_logs(tmp_path):
     cfg, ctx = _vertex_run(tmp_path)
-    code = ("import json, os; t = json.loads(os.environ['TF_CONFIG'])['task']; "
-            "print('replica', t['type'], t['index']); print('done')")
+    # The worker ends after the chief, as a busy machine may have it: the chief's success
+    # must not stop a replica that is still running the program.
+    code = ("import json, os, time; t = json.loads(os.environ['TF_CONFIG'])['task']; "
+            "time.sleep(t['type'] == 'worker'); print('replica', t['type'], t['index']); "
+            "print('done')")
     lines: list[str] = []
     VertexReplicas(_vertex_job(cfg, ctx, code), lines.append).run()
     # Vertex AI's roles: pool 0 is the chief, pool 1 the workers.

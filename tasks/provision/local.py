@@ -106,6 +106,9 @@ class LocalCluster:
         # run in a signal handler (Airflow's on_kill on SIGTERM) on the thread holding it.
         self._lock = threading.RLock()
         self._stopped = threading.Event()
+        # One reader thread per process calls `log`: print writes a line and its newline
+        # separately, so unserialised calls interleave two workers' lines into one.
+        self._log_lock = threading.Lock()
         self.running_at: float | None = None
 
     # --- public ---------------------------------------------------------------------------
@@ -188,7 +191,8 @@ class LocalCluster:
             proc.tail.append(line)
             if self.logs is not None:
                 self.logs.line(proc.role, proc.index, line)
-            self.log(f"[{proc.name}] {line}")
+            with self._log_lock:
+                self.log(f"[{proc.name}] {line}")
 
     def _watch(self) -> None:
         if self._stopped.is_set():  # stop() came before or during start
@@ -208,9 +212,12 @@ class LocalCluster:
 
     def _wait_for_peers(self, main: _Proc) -> None:
         """After the main process succeeded, give the other processes that run the program to
-        completion (MWMS workers) a grace period; servers (ps, PS-strategy workers) never
-        exit on their own and are stopped by _shutdown."""
-        finishing = [p for p in self._procs if p is not main and p.role == main.role]
+        completion (MWMS workers, also beside a chief as on Vertex AI) a grace period; servers
+        (ps, PS-strategy workers) never exit on their own and are stopped by _shutdown."""
+        completing = {main.role}
+        if self.spec.strategy == "multi_worker_mirrored":
+            completing.add("worker")  # beside a chief too: Vertex AI makes worker 0 its chief
+        finishing = [p for p in self._procs if p is not main and p.role in completing]
         deadline = time.monotonic() + self.grace_seconds
         while time.monotonic() < deadline and any(p.popen.poll() is None for p in finishing):
             time.sleep(0.1)
