@@ -37,10 +37,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-# The DAG files do not change while a test runs; Airflow re-parses each one every 30 s by
-# default ([dag_processor] min_file_process_interval), a process importing Airflow each time:
-# about 45 CPU-seconds in test_airflow_standalone's 7 minutes.
-PARSE_ONCE = {"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"}
+# Settings of every test Airflow server, the one `make airflow` starts included.
+TEST_SERVER_ENV = {
+    # The DAG files do not change while a test runs; Airflow re-parses each one every 30 s by
+    # default ([dag_processor] min_file_process_interval), a process importing Airflow each
+    # time: about 45 CPU-seconds in test_airflow_standalone's 7 minutes.
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+    # Task supervisors talk to the api-server over HTTP; the defaults (5 s timeout, 5 retries)
+    # kill tasks when a loaded machine stalls the api-server for ~30 s.
+    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
+}
 
 
 class Standalone:
@@ -81,11 +88,7 @@ class Standalone:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             # Parse the dags folder soon after start, not after the default 5 minutes.
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "30",
-            **PARSE_ONCE,
-            # Task supervisors talk to the api-server over HTTP; the defaults (5 s timeout, 5
-            # retries) kill tasks when a loaded machine stalls the api-server for ~30 s.
-            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
-            "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
+            **TEST_SERVER_ENV,
             "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             "BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root),
             "TF_USE_LEGACY_KERAS": "1",
@@ -221,9 +224,10 @@ def _as_from_a_terminal() -> None:
 
 class MakeAirflow(Standalone):
     """The README's third command, `make airflow PORT=... AIRFLOW_HOME=...`, run as a user
-    would: its own environment without AIRFLOW__ settings (but for the task supervisors'
-    patience with a loaded api-server), logged into with the login it prints. `interrupt()`
-    is Ctrl-C (SIGINT to make's process group, as a terminal sends it)."""
+    would: its own environment without AIRFLOW__ settings (but for TEST_SERVER_ENV: the task
+    supervisors' patience with a loaded api-server, DAG files parsed once), logged into with
+    the login it prints. `interrupt()` is Ctrl-C (SIGINT to make's process group, as a
+    terminal sends it)."""
 
     LOGIN = re.compile(r"log in as '([^']+)' with password '([^']+)'")
 
@@ -236,9 +240,7 @@ class MakeAirflow(Standalone):
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("AIRFLOW__", "MAKE", "MFLAGS")) and k != "PYTHONPATH"}
-        env.update({"BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root),
-                    "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",  # see Standalone.env
-                    "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10", **PARSE_ONCE})
+        env.update({"BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root), **TEST_SERVER_ENV})
         return env
 
     def start(self, timeout: float = 420) -> None:
