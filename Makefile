@@ -23,7 +23,7 @@ $(STAMP): requirements.txt Makefile
 	# ~3 min on 2 cores (unpacking TensorFlow). --compile-bytecode writes the .pyc files at
 	# install (~50 s): where PYTHONDONTWRITEBYTECODE is set (this sandbox sets it) no import
 	# ever writes them, and each process compiled TensorFlow's sources anew: `import
-	# tensorflow` took 8.5 CPU-s, 3.6 with them.
+	# tensorflow` took 2-3x the CPU without them (benchmarks/import_time.py).
 	$(BIN)/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
 	$(UV) -r requirements.txt
 	# Ships the default checkpoint; --no-deps keeps its CUDA torch dependency out.
@@ -70,7 +70,8 @@ test: install test-deps
 # Every benchmark's one command (docs/development.md), each writing benchmarks/results/NAME.json:
 # hours on 2 cores. The data sets come from ../shared/data (or $$BERTFLOW_SHARED_DATA); the
 # peer sides need .venv-peer (benchmarks/requirements.txt). Stops at the first that fails.
-BENCHMARKS := tokenize_throughput train_throughput mfu train_step_ablation e2e_demo scale quality model_sizes
+BENCHMARKS := tokenize_throughput train_throughput mfu train_step_ablation e2e_demo scale quality model_sizes \
+              import_time
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; \
 	  $(BIN)/python benchmarks/$$b.py || exit 1; done
