@@ -12,6 +12,7 @@ in one invocation, alternating; CPU is user+sys of the child process.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import resource
 import subprocess
@@ -19,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from common import alternate, median, write_results
+from common import PROJECT_ROOT, alternate, median, write_results
 
 # tensorflow alone, and what `python -m tasks train` imports before it trains.
 MODULES = ("tensorflow", "tasks.steps.train")
@@ -35,7 +36,7 @@ def run_import(module: str, no_pyc_prefix: str | None) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([*argv, "-c", f"import {module}"], env=env, check=True,
-                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                   cwd=PROJECT_ROOT,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -53,15 +54,14 @@ def main() -> None:
             print(f"import {module} (CPU seconds):")
             walls: dict[str, list[float]] = {"with_pyc": [], "no_pyc": []}
 
-            def side(name: str, prefix: str | None):
-                def once() -> float:
-                    cpu, wall = run_import(module, prefix)
-                    walls[name].append(wall)
-                    return cpu
-                return once
+            def once(name: str, prefix: str | None) -> float:  # alternate() takes one figure
+                cpu, wall = run_import(module, prefix)
+                walls[name].append(wall)
+                return cpu
 
-            cpus = alternate({"with_pyc": side("with_pyc", None),
-                              "no_pyc": side("no_pyc", empty)}, args.repeats)
+            cpus = alternate({"with_pyc": functools.partial(once, "with_pyc", None),
+                              "no_pyc": functools.partial(once, "no_pyc", empty)},
+                             args.repeats)
             row = {name: {"cpu_seconds": cpus[name], "wall_seconds": walls[name],
                           "median_cpu_seconds": median(cpus[name]),
                           "median_wall_seconds": median(walls[name])} for name in cpus}
