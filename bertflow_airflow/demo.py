@@ -262,16 +262,19 @@ def main(argv: list[str] | None = None) -> int:
 
     conf = {**DEMO_CONF, "num_workers": args.num_workers}
     cfg = parse_config(conf)
-    if args.verbose:
-        dag_run = run_dag(conf)
-        where = "the task logs above"
-    else:
-        log_path = airflow_home / "logs" / f"demo-{datetime.now():%Y%m%d-%H%M%S}.log"
-        print(f"Running {DAG_ID} on the demo data; Airflow's full log: {log_path}", flush=True)
-        started = time.monotonic()
-        dag_run = run_dag_quietly(conf, log_path)
-        print(f"  {'(DAG run)':<14} {dag_run.state:<15}{time.monotonic() - started:8.1f} s")
-        where = log_path
+    with _warm_steps(airflow_home, os.environ) as env:
+        os.environ.update(env)
+        if args.verbose:
+            dag_run = run_dag(conf)
+            where = "the task logs above"
+        else:
+            log_path = airflow_home / "logs" / f"demo-{datetime.now():%Y%m%d-%H%M%S}.log"
+            print(f"Running {DAG_ID} on the demo data; Airflow's full log: {log_path}",
+                  flush=True)
+            started = time.monotonic()
+            dag_run = run_dag_quietly(conf, log_path)
+            print(f"  {'(DAG run)':<14} {dag_run.state:<15}{time.monotonic() - started:8.1f} s")
+            where = log_path
     run_uri = run_folder(dag_run, cfg.artifact_root)
     print(f"\nDAG run {dag_run.run_id}: {dag_run.state}; run folder {run_uri}")
     if dag_run.state != "success":
@@ -293,6 +296,17 @@ def main(argv: list[str] | None = None) -> int:
     for row, pred in zip(rows, predictions):
         print(f"  {row} -> {pred['label']} {pred['probabilities']}")
     return 0
+
+
+@contextlib.contextmanager
+def _warm_steps(airflow_home: Path, env) -> dict[str, str]:
+    """A warm-start server for the step processes of this demo or UI session, started in
+    `env` (the environment the tasks run in); yields the variable that points them at it.
+    Each step process then skips ~3 s of importing TensorFlow (tasks/provision/warm_start.py)."""
+    from tasks.provision import warm_start
+
+    with warm_start.serving(dict(env), airflow_home / "logs" / "warm_start.log") as path:
+        yield {warm_start.SOCKET_ENV: str(path)}
 
 
 # --- `make airflow`: the UI on the embedded default ---------------------------------------
@@ -390,24 +404,26 @@ def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
     signal.signal(signal.SIGTERM, interrupt)
     print(f"Starting Airflow (api-server, scheduler, dag-processor, triggerer) in {airflow_home}"
           f"\n  log: {log_path}", flush=True)
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen([os.path.join(venv_bin, "airflow"), "standalone"], env=env,
-                                cwd=str(airflow_home), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    rc = 1
-    try:
-        rc = _announce_and_wait(proc, base, passwords, log_path, ready_timeout)
-    except KeyboardInterrupt:
-        rc = 0
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        print("\nStopping Airflow ...", flush=True)
-        left = _stop_standalone(proc, marker)
-        if left:
-            print(f"processes still running: {left}", file=sys.stderr)
-        else:
-            print("Stopped; no Airflow process left.", flush=True)
+    with _warm_steps(airflow_home, env) as warm_env:
+        env.update(warm_env)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen([os.path.join(venv_bin, "airflow"), "standalone"],
+                                    env=env, cwd=str(airflow_home), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        rc = 1
+        try:
+            rc = _announce_and_wait(proc, base, passwords, log_path, ready_timeout)
+        except KeyboardInterrupt:
+            rc = 0
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            print("\nStopping Airflow ...", flush=True)
+            left = _stop_standalone(proc, marker)
+            if left:
+                print(f"processes still running: {left}", file=sys.stderr)
+            else:
+                print("Stopped; no Airflow process left.", flush=True)
     return 1 if left else rc
 
 

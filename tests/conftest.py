@@ -40,6 +40,20 @@ def artifact_root(tmp_path, monkeypatch) -> str:
     return str(root)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def warm_start_server(tmp_path_factory):
+    """One warm-start server per test process (tasks/provision/warm_start.py), as `make demo`
+    runs one: LocalCluster forks its step processes from it instead of importing TensorFlow
+    in each. Tests that need a cold start unset BERTFLOW_WARM_SOCKET."""
+    from tasks.provision import warm_start
+
+    log = tmp_path_factory.getbasetemp() / "warm_start.log"
+    with warm_start.serving(log_path=log) as path:
+        os.environ[warm_start.SOCKET_ENV] = str(path)
+        yield {"socket": path, "log": log}
+        os.environ.pop(warm_start.SOCKET_ENV, None)
+
+
 @pytest.fixture(scope="session")
 def airflow_db() -> Path:
     """AIRFLOW_HOME with a migrated SQLite metadata DB, made once per session."""

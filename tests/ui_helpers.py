@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from tasks.provision import warm_start
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -66,6 +68,7 @@ class Standalone:
         self.log_path = home / "standalone.log"
         self.proc: subprocess.Popen | None = None
         self._token: str | None = None
+        self._resources = contextlib.ExitStack()  # what start() opened beside Airflow
 
     def env(self) -> dict[str, str]:
         passwords = self.home / "passwords.json"
@@ -104,6 +107,10 @@ class Standalone:
                               timeout=timeout)
 
     def start(self, timeout: float = 240) -> None:
+        # Step processes fork from a warm-start server (tasks/provision/warm_start.py) started
+        # in the environment Airflow's task processes get, as a user running Airflow would.
+        self.extra_env[warm_start.SOCKET_ENV] = str(self._resources.enter_context(
+            warm_start.serving(self.env(), self.home / "warm_start.log")))
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen([str(VENV_BIN / "airflow"), "standalone"], env=self.env(),
                                      cwd=str(self.home), stdout=log,
@@ -177,6 +184,7 @@ class Standalone:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=10)
+        self._resources.close()
         time.sleep(1)
         return self._our_pids()
 

@@ -20,13 +20,16 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT
 from tasks.errors import WorkerError
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.spec import WorkerSpec, run_hash
+
+if TYPE_CHECKING:
+    from tasks.provision.warm_start import WarmProcess
 
 TAIL_LINES = 30
 # Messages with which TensorFlow's gRPC server reports a port taken between our pick and its
@@ -45,6 +48,19 @@ def free_ports(count: int) -> list[int]:
             sock.bind(("127.0.0.1", 0))
             ports.append(sock.getsockname()[1])
         return ports
+
+
+def process_env(environ, *updates: dict[str, str]) -> dict[str, str]:
+    """A step process's environment: the controller's, `updates` on top, without a stale
+    TF_CONFIG (single-process strategies must not see one), and with this checkout first on
+    PYTHONPATH (`python -m tasks` must resolve here whatever the caller's cwd/sys.path)."""
+    env = dict(environ)
+    env.pop("TF_CONFIG", None)
+    for update in updates:
+        env.update(update)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 def tf_config(addresses: dict[str, list[str]], role: str, index: int) -> str:
@@ -70,7 +86,7 @@ def process_start_ticks(pid: int) -> int | None:
 class _Proc:
     role: str
     index: int
-    popen: subprocess.Popen
+    popen: subprocess.Popen | WarmProcess
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
 
@@ -149,6 +165,9 @@ class LocalCluster:
             ports = iter(free_ports(len(roles)))
             for role, _ in roles:
                 addresses.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")
+        # Imported here: `python -m tasks.provision.warm_start` must be its first import.
+        from tasks.provision import warm_start
+
         argv = list(self.spec.command)
         if argv and argv[0] == "python":
             argv[0] = sys.executable
@@ -158,7 +177,9 @@ class LocalCluster:
                 if self._stopped.is_set():
                     break
                 env = self._env(role, index, addresses)
-                popen = subprocess.Popen(
+                # Forked from a warm server when one serves ($BERTFLOW_WARM_SOCKET), else a
+                # fresh interpreter: the same process either way (tasks/provision/warm_start.py).
+                popen = warm_start.spawn(argv, env, PROJECT_ROOT, self.log) or subprocess.Popen(
                     argv, env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                     errors="replace", start_new_session=True)
@@ -170,13 +191,7 @@ class LocalCluster:
         self._record()
 
     def _env(self, role: str, index: int, addresses: dict[str, list[str]]) -> dict[str, str]:
-        env = dict(os.environ)
-        env.pop("TF_CONFIG", None)  # single-process strategies must not see a stale cluster
-        env.update(self.spec.env)
-        env.update(self._extra_env)
-        # `python -m tasks` must resolve to this checkout whatever the caller's cwd/sys.path.
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+        env = process_env(os.environ, self.spec.env, self._extra_env)
         if addresses:
             env["TF_CONFIG"] = tf_config(addresses, role, index)
         if self.tmp_root is not None:

@@ -1,0 +1,403 @@
+"""Warm start for local step processes: a server that has imported TensorFlow, transformers'
+BERT and the steps once, and forks a `python -m tasks <step>` process per request.
+
+Why: every local step process spent ~2.5-5 s of CPU importing the same modules before it
+did any work (benchmarks/import_time.py: `import tasks.steps.train`); a run starts 5-7 of
+them, a test session ~130. A fork of an interpreter that has them imported starts in
+milliseconds and shares their memory pages.
+
+    python -m tasks.provision.warm_start --socket PATH    # serve until SIGTERM
+    BERTFLOW_WARM_SOCKET=PATH                             # where LocalCluster asks
+
+`make demo` and `make airflow` start one for their lifetime (bertflow_airflow/demo.py).
+Without the variable, or when the server is absent, busy with an incompatible environment,
+or asked for another command, LocalCluster starts a fresh interpreter as before: a warm
+start is only ever a faster path to the same process.
+
+The forked process is the process a fresh `python -m tasks` would be, as far as a step can
+tell: its own session (process group), the requested argv, environment, cwd and stdout
+(passed as a file descriptor), default signal handlers, fresh random seeds, and the same
+ending (exit code, atexit, a traceback on stderr). The server serves only requests whose
+import-time environment (IMPORT_ENV: TF_*, PYTHON*, LD_*, CUDA ...; all read when TensorFlow
+loads) equals its own, and refuses to start if the preload started TensorFlow's runtime:
+forking is safe before the runtime's thread pools exist, never after. The one thread the
+preload leaves is OpenBLAS's (numpy's), which re-creates its pool after a fork. One visible
+difference: what importing prints (absl's "All log messages before absl::InitializeLog()",
+oneDNN's notice) is in the server's log once, not in each step's output.
+
+Protocol (a Unix socket, one connection per process): the client sends the child's stdout
+descriptor (SCM_RIGHTS) and one JSON line {argv, env, cwd}; the server answers JSON lines:
+{"pid": N} then {"exit": code} (Popen's returncode: -N for signal N), or {"cold": reason}.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SOCKET_ENV = "BERTFLOW_WARM_SOCKET"
+# Read when TensorFlow, its plug-ins or Python itself start: a child with other values must
+# start cold. TF_CONFIG is read when a strategy is made, at run time.
+IMPORT_ENV = ("PYTHON", "TF_", "TPU_", "LD_", "CUDA", "NVIDIA", "XLA_", "OMP_", "MKL",
+              "OPENBLAS", "KERAS", "TRANSFORMERS", "HF_", "TOKENIZERS")
+RUNTIME_ENV = frozenset({"TF_CONFIG"})
+# Not tasks.__main__ itself: runpy warns when the module it runs as __main__ is imported.
+PRELOAD = ("tensorflow", "tensorflow_text", "transformers.models.bert.modeling_tf_bert",
+           "tasks.provision.launcher", "tasks.runs.runlayout", "tasks.steps.data",
+           "tasks.steps.tokenize", "tasks.steps.train", "tasks.steps.evaluate",
+           "tasks.steps.export")
+
+
+def import_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_ENV) and k not in RUNTIME_ENV}
+
+
+def is_step_command(argv: list[str]) -> bool:
+    return len(argv) >= 3 and argv[1:3] == ["-m", "tasks"]
+
+
+# --- client ------------------------------------------------------------------------------
+class WarmProcess:
+    """The part of subprocess.Popen that LocalCluster uses, for a process the server forked
+    (not this process's child: its exit status arrives over the socket)."""
+
+    def __init__(self, sock: socket.socket, pid: int, stdout, args: list[str]):
+        self._sock, self.pid, self.stdout, self.args = sock, pid, stdout, args
+        self._buffer = b""
+        self._orphaned = False
+        self.returncode: int | None = None
+        self.cpu_seconds: float | None = None  # user+system, once it exited
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0.0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._read(left if left is not None else 1.0)
+        return self.returncode
+
+    def _read(self, timeout: float) -> None:
+        if self._orphaned:
+            if _alive(self.pid):
+                time.sleep(min(timeout, 0.1))
+            else:
+                self.returncode = -signal.SIGKILL
+            return
+        ready, _, _ = select.select([self._sock], [], [], timeout)
+        if not ready:
+            return
+        chunk = self._sock.recv(4096)
+        if not chunk:
+            # The server died before the process ended, and the exit status with it: once the
+            # process is gone it counts as lost (killed), which the caller may retry.
+            self._sock.close()
+            self._orphaned = True
+            return
+        self._buffer += chunk
+        while b"\n" in self._buffer:
+            line, self._buffer = self._buffer.split(b"\n", 1)
+            message = json.loads(line)
+            if "exit" in message:
+                self.returncode = message["exit"]
+                self.cpu_seconds = message.get("cpu_seconds")
+                self._sock.close()
+                return
+
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie that its new parent has yet to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def spawn(argv: list[str], env: dict[str, str], cwd: str | os.PathLike,
+          log=None) -> WarmProcess | None:
+    """Fork `argv` (a `python -m tasks ...` command) from the server named by
+    $BERTFLOW_WARM_SOCKET with stdout and stderr on one pipe, as Popen(text=True) would give
+    them; None when a warm start is not possible (the caller then starts it cold)."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path or not is_step_command(argv):
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    read_end, write_end = os.pipe()
+    try:
+        sock.settimeout(30)
+        sock.connect(path)
+        socket.send_fds(sock, [b"F"], [write_end])
+        sock.sendall(json.dumps({"argv": list(argv), "env": env, "cwd": str(cwd)}).encode()
+                     + b"\n")
+        reply = json.loads(sock.makefile("rb").readline() or b'{"cold": "no answer"}')
+    except (OSError, ValueError) as err:
+        reply = {"cold": f"{path}: {err}"}
+    finally:
+        os.close(write_end)
+    if "pid" not in reply:
+        sock.close()
+        os.close(read_end)
+        if log is not None:
+            log(f"[cluster] cold start ({reply.get('cold')})")
+        return None
+    sock.settimeout(None)
+    stdout = open(read_end, "r", errors="replace")
+    return WarmProcess(sock, reply["pid"], stdout, list(argv))
+
+
+# --- server ------------------------------------------------------------------------------
+class Server:
+    def __init__(self, path: str):
+        self.path = path
+        self.children: dict[int, socket.socket] = {}
+        self.stopping = False
+        self.parent = os.getppid()
+        self.start_env = dict(os.environ)
+        # What importing sets in os.environ (TensorFlow sets TPU_ML_PLATFORM*, tasks sets its
+        # defaults): a cold process would set it too, so each child gets it on top of its own.
+        self.import_sets: dict[str, str] = {}
+
+    def preload(self) -> None:
+        import importlib
+
+        for name in PRELOAD:
+            importlib.import_module(name)
+        self.import_sets = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
+        from tensorflow.python.eager import context
+
+        # A private flag, checked because a fork after the runtime started would give the
+        # child thread pools without threads: a hang, not an error.
+        if context.context()._initialized:  # noqa: SLF001
+            raise SystemExit("warm_start: importing the steps started TensorFlow's runtime; "
+                             "forking it is unsafe")
+        import gc
+        gc.freeze()  # the preloaded objects stay shared with the children (no refcount copies)
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGTERM, self._stop)
+        signal.signal(signal.SIGINT, self._stop)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = f"{self.path}.{os.getpid()}"
+        listener.bind(tmp)
+        listener.listen(64)
+        os.replace(tmp, self.path)  # clients see the socket only once it is ready
+        print(f"warm_start: serving on {self.path}", flush=True)
+        try:
+            while not self.stopping and os.getppid() == self.parent:
+                try:
+                    ready, _, _ = select.select([listener], [], [], 0.2)
+                except InterruptedError:
+                    continue
+                if ready:
+                    conn, _ = listener.accept()
+                    self._handle(listener, conn)
+                self._reap()
+        finally:
+            listener.close()
+            with _suppress():
+                os.unlink(self.path)
+
+    def _stop(self, signum, frame) -> None:
+        self.stopping = True
+
+    def _handle(self, listener: socket.socket, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(30)
+            _, fds, _, _ = socket.recv_fds(conn, 1, 1)
+            request = json.loads(conn.makefile("rb").readline())
+        except (OSError, ValueError):
+            conn.close()
+            return
+        reason = self._refusal(request)
+        if reason or not fds:
+            print(f"warm_start: refused ({reason})", flush=True)
+            for fd in fds:
+                os.close(fd)
+            _send(conn, {"cold": reason or "no stdout descriptor"})
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            for other in self.children.values():
+                other.close()
+            conn.close()
+            os._exit(_run_child(request, fds[0], self.import_sets))
+        os.close(fds[0])
+        self.children[pid] = conn
+        _send(conn, {"pid": pid})
+        print(f"warm_start: pid {pid}: {' '.join(request['argv'][3:])}", flush=True)
+
+    def _refusal(self, request: dict) -> str | None:
+        argv, env = request.get("argv") or [], request.get("env") or {}
+        if not is_step_command(argv):
+            return f"not a step command: {argv[:3]}"
+        if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
+            return f"another interpreter: {argv[0]}"
+        ours, theirs = import_env(self.start_env), import_env(env)
+        differ = sorted(k for k in ours.keys() | theirs.keys()
+                        if ours.get(k) != theirs.get(k) and k not in self.import_sets)
+        return f"import-time environment differs: {', '.join(differ)}" if differ else None
+
+    def _reap(self) -> None:
+        while self.children:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is not None:
+                with _suppress():
+                    _send(conn, {"exit": os.waitstatus_to_exitcode(status),
+                                 "cpu_seconds": usage.ru_utime + usage.ru_stime})
+                conn.close()
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def _run_child(request: dict, out_fd: int, import_sets: dict[str, str]) -> int:
+    """In the forked process: become what `python -m tasks ARGS` would be, run it, end as it
+    would end. Returns the exit code."""
+    import atexit
+    import random
+    import runpy
+    import threading
+    import traceback
+
+    os.setsid()  # its own process group, as LocalCluster's start_new_session
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(null)
+    os.close(out_fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()  # in place: modules hold os.environ itself
+    os.environ.update(request["env"])
+    os.environ.update(import_sets)
+    tempfile.tempdir = None  # TMPDIR is per process (LocalCluster sets it per role)
+    random.seed()
+    try:
+        import numpy
+        numpy.random.seed()
+    except ImportError:
+        pass
+    sys.argv = [request["argv"][0], *request["argv"][3:]]
+    code = 0
+    try:
+        runpy.run_module("tasks", run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:  # what the interpreter prints for an uncaught exception
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # noqa: SLF001  (as interpreter exit: join non-daemon threads)
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        with _suppress():
+            stream.flush()
+    return code
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def start(path: str | os.PathLike, env: dict[str, str] | None = None,
+          log_path: str | os.PathLike | None = None, timeout: float = 120) -> subprocess.Popen:
+    """Start a server on `path` in the environment its children will be asked for, and wait
+    until it serves. Stop it with terminate()."""
+    from tasks.provision.local import process_env
+    from tasks.provision.spec import BASE_ENV
+
+    path = Path(path)
+    with _suppress():
+        path.unlink()
+    # What LocalCluster gives a step process (tasks/provision/local.py), less the per-process
+    # parts: the import-time environment the children will be asked for.
+    env = process_env(os.environ if env is None else env, BASE_ENV)
+    if log_path:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.provision.warm_start",
+                             "--socket", str(path)], env=env, stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=subprocess.STDOUT)
+    if log_path:
+        out.close()
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"warm_start server did not start (exit {proc.poll()})")
+        time.sleep(0.1)
+    return proc
+
+
+@contextlib.contextmanager
+def serving(env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None):
+    """A server for the duration of a block, on a socket in a fresh private folder; yields
+    the socket path, to be set as $BERTFLOW_WARM_SOCKET where steps are started."""
+    folder = tempfile.mkdtemp(prefix="bertflow-warm-")
+    path = Path(folder) / "socket"  # short: a Unix socket path has at most 107 bytes
+    proc = start(path, env, log_path)
+    try:
+        yield path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tasks.provision.warm_start",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--socket", required=True, help="Unix socket path to serve on")
+    args = parser.parse_args(argv)
+    server = Server(args.socket)
+    server.preload()
+    server.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

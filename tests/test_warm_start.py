@@ -1,0 +1,163 @@
+"""tasks/provision/warm_start.py: a step process forked from the warm-start server is the process
+a fresh `python -m tasks` would be (exit, output, session, signals, what it computes), and
+anything the server cannot serve starts cold.
+
+The blocking step is the data step reading its train file from a FIFO that nobody writes: a
+real `python -m tasks` process that waits, without TensorFlow, as long as a test needs.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasks.provision import LocalCluster, WorkerSpec, warm_start
+from tasks.provision.local import process_env
+from tasks.runs.runlayout import read_manifest
+from train_helpers import h5_weights, make_run, tiny_model_dir  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def step_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tasks", *args]
+
+
+def cold(argv: list[str]) -> subprocess.Popen:
+    """As LocalCluster starts a process without a server."""
+    return subprocess.Popen(argv, env=process_env(os.environ), cwd=ROOT,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace",
+                            start_new_session=True)
+
+
+def warm(argv: list[str], env: dict | None = None, log=None) -> warm_start.WarmProcess:
+    proc = warm_start.spawn(argv, env or process_env(os.environ), ROOT, log)
+    assert proc is not None, "the session's warm-start server did not serve"
+    return proc
+
+
+@pytest.fixture
+def blocked_run(tmp_path) -> str:
+    """A run folder whose data step blocks opening its train file (a FIFO)."""
+    fifo = tmp_path / "train.tsv"
+    os.mkfifo(fifo)
+    run_dir = tmp_path / "run"
+    subprocess.run(step_argv("init-run", "--run-dir", str(run_dir), "--train-uri", str(fifo),
+                             "--artifact-root", str(tmp_path / "artifacts")),
+                   cwd=ROOT, check=True, capture_output=True)
+    return str(run_dir)
+
+
+def _leads_its_session(pid: int, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.getpgid(pid) == pid and os.getsid(pid) == pid:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_failing_step_exits_and_prints_as_a_cold_one(tmp_path):
+    argv = step_argv("train", "--run-dir", str(tmp_path / "no-such-run"))
+    outcomes = {}
+    for name, start in (("cold", cold), ("warm", warm)):
+        proc = start(argv)
+        output = proc.stdout.read()
+        outcomes[name] = (proc.wait(timeout=120), output)
+    assert outcomes["warm"] == outcomes["cold"]
+    code, output = outcomes["warm"]
+    assert code == 2 and "no-such-run" in output, outcomes
+
+
+def test_a_waiting_step_leads_its_session_in_the_checkout_and_dies_of_sigterm(blocked_run):
+    argv = step_argv("data", "--run-dir", blocked_run)
+    for start in (cold, warm):
+        proc = start(argv)
+        try:
+            assert _leads_its_session(proc.pid), f"{start.__name__}: not a session leader"
+            assert Path(f"/proc/{proc.pid}/cwd").resolve() == ROOT
+            assert proc.poll() is None  # blocked opening the FIFO
+            os.killpg(proc.pid, signal.SIGTERM)
+            assert proc.wait(timeout=60) == -signal.SIGTERM, start.__name__
+        finally:
+            with_suppressed_lookup(os.killpg, proc.pid, signal.SIGKILL)
+
+
+def with_suppressed_lookup(fn, *args) -> None:
+    try:
+        fn(*args)
+    except ProcessLookupError:
+        pass
+
+
+def test_warm_and_cold_processes_train_the_same_weights(tmp_path, tiny_model_dir,  # noqa: F811
+                                                        warm_start_server, monkeypatch):
+    weights, losses = {}, {}
+    for name in ("cold", "warm"):
+        if name == "cold":
+            monkeypatch.delenv(warm_start.SOCKET_ENV)
+        else:
+            monkeypatch.setenv(warm_start.SOCKET_ENV, str(warm_start_server["socket"]))
+        cfg, ctx = make_run(tmp_path / name, tiny_model_dir, num_train=32, num_eval=8, epochs=1)
+        lines: list[str] = []
+        LocalCluster(WorkerSpec(command=["python", "-m", "tasks", "train", "--run-dir",
+                                         ctx.run_uri]), log=lines.append).run()
+        assert not any("cold start" in line for line in lines), lines
+        manifest = read_manifest(ctx.manifest_uri("train"))
+        weights[name], losses[name] = h5_weights(Path(manifest["model_dir"])), \
+            manifest["final_loss"]
+    # The warm side really was forked by the server (its log names the run), the cold not.
+    served = warm_start_server["log"].read_text()
+    assert f"train --run-dir {tmp_path / 'warm'}" in served
+    assert f"train --run-dir {tmp_path / 'cold'}" not in served
+    assert losses["warm"] == losses["cold"]
+    assert weights["warm"].keys() == weights["cold"].keys()
+    for key in weights["cold"]:
+        np.testing.assert_array_equal(weights["warm"][key], weights["cold"][key], err_msg=key)
+
+
+def test_an_import_time_variable_of_its_own_starts_cold_and_says_which(tmp_path):
+    logged: list[str] = []
+    env = {**process_env(os.environ), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    assert warm_start.spawn(step_argv("train", "--run-dir", str(tmp_path)), env, ROOT,
+                            logged.append) is None
+    assert logged == ["[cluster] cold start (import-time environment differs: "
+                      "TF_CPP_MIN_LOG_LEVEL)"]
+    # Run-time variables do not matter: TF_CONFIG, TMPDIR, credentials.
+    proc = warm(step_argv("train", "--run-dir", str(tmp_path / "none")),
+                {**process_env(os.environ), "TF_CONFIG": "{}", "TMPDIR": str(tmp_path)})
+    assert proc.wait(timeout=120) == 2
+
+
+def test_other_commands_and_no_server_start_cold(tmp_path, monkeypatch):
+    env = process_env(os.environ)
+    assert warm_start.spawn([sys.executable, "-c", "pass"], env, ROOT) is None
+    logged: list[str] = []
+    monkeypatch.setenv(warm_start.SOCKET_ENV, str(tmp_path / "nobody-serves-here"))
+    assert warm_start.spawn(step_argv("train"), env, ROOT, logged.append) is None
+    assert logged and logged[0].startswith("[cluster] cold start (") and \
+        "nobody-serves-here" in logged[0]
+
+
+def test_a_process_whose_server_died_ends_as_lost(blocked_run, tmp_path, monkeypatch):
+    """The exit status dies with the server: wait() returns -SIGKILL (WorkerLost, which the
+    attempts policy may retry) once the orphaned process is gone, never hangs."""
+    server = warm_start.start(tmp_path / "socket", log_path=tmp_path / "server.log")
+    monkeypatch.setenv(warm_start.SOCKET_ENV, str(tmp_path / "socket"))
+    proc = warm(step_argv("data", "--run-dir", blocked_run))
+    try:
+        assert _leads_its_session(proc.pid)
+        server.kill()
+        server.wait()
+        assert proc.poll() is None  # the process outlives its server
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        with_suppressed_lookup(os.killpg, proc.pid, signal.SIGKILL)
