@@ -269,6 +269,9 @@ def _tf220_env() -> dict[str, str]:
            if k not in ("PYTHONPATH", "VIRTUAL_ENV") and not k.startswith("PYTEST_")}
     env.update(dockerfile_env("tpu"))
     env.update(OFF_TPU_ENV)
+    # TF220_TESTS start no step process: a warm-start server (tests/conftest.py) would only
+    # import TensorFlow once more.
+    env["BERTFLOW_TEST_COLD"] = "1"
     # Off a TPU the PJRT plug-in has no chips to open: switched off as on a pod slice's hosts
     # (tensorflow-tpu loads TF_PLUGGABLE_DEVICE_LIBRARY_PATH only when it is not empty).
     env.update(tpu_vm.POD_ENV)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -161,3 +162,14 @@ def test_a_process_whose_server_died_ends_as_lost(blocked_run, tmp_path, monkeyp
         assert proc.wait(timeout=60) == -signal.SIGKILL
     finally:
         with_suppressed_lookup(os.killpg, proc.pid, signal.SIGKILL)
+
+
+def test_an_exit_message_that_came_with_the_pid_is_not_lost():
+    """A process that ends at once: spawn() may read its exit message in the same read as the
+    pid, and hands the rest over, so poll() answers without waiting on the socket."""
+    ours, theirs = socket.socketpair()
+    with theirs:
+        proc = warm_start.WarmProcess(ours, 12345, None, ["python", "-m", "tasks"],
+                                      b'{"exit": 3, "cpu_seconds": 0.5}\n')
+        assert proc.poll() == 3 and proc.cpu_seconds == 0.5
+        assert proc.wait(timeout=0) == 3

@@ -71,9 +71,10 @@ class WarmProcess:
     """The part of subprocess.Popen that LocalCluster uses, for a process the server forked
     (not this process's child: its exit status arrives over the socket)."""
 
-    def __init__(self, sock: socket.socket, pid: int, stdout, args: list[str]):
+    def __init__(self, sock: socket.socket, pid: int, stdout, args: list[str],
+                 received: bytes = b""):
         self._sock, self.pid, self.stdout, self.args = sock, pid, stdout, args
-        self._buffer = b""
+        self._buffer = received
         self._orphaned = False
         self.returncode: int | None = None
         self.cpu_seconds: float | None = None  # user+system, once it exited
@@ -93,32 +94,39 @@ class WarmProcess:
         return self.returncode
 
     def _read(self, timeout: float) -> None:
+        """Take the exit message if it came within `timeout`. LocalCluster.stop() may call
+        this from another thread or a signal handler meanwhile: whoever closes the socket has
+        set returncode, and the other call returns."""
+        if self._take_exit() or self.returncode is not None:
+            return
         if self._orphaned:
             if _alive(self.pid):
                 time.sleep(min(timeout, 0.1))
             else:
                 self.returncode = -signal.SIGKILL
             return
-        ready, _, _ = select.select([self._sock], [], [], timeout)
-        if not ready:
+        try:
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+            chunk = self._sock.recv(4096) if ready else None
+        except (OSError, ValueError):  # closed by the other caller
             return
-        chunk = self._sock.recv(4096)
-        if not chunk:
+        if chunk == b"":
             # The server died before the process ended, and the exit status with it: once the
             # process is gone it counts as lost (killed), which the caller may retry.
             self._sock.close()
             self._orphaned = True
-            return
-        self._buffer += chunk
-        while b"\n" in self._buffer:
-            line, self._buffer = self._buffer.split(b"\n", 1)
-            message = json.loads(line)
-            if "exit" in message:
-                self.returncode = message["exit"]
-                self.cpu_seconds = message.get("cpu_seconds")
-                self._sock.close()
-                return
+        elif chunk:
+            self._buffer += chunk
+            self._take_exit()
 
+    def _take_exit(self) -> bool:
+        if b"\n" not in self._buffer:
+            return False
+        message = json.loads(self._buffer.split(b"\n", 1)[0])
+        self.cpu_seconds = message.get("cpu_seconds")
+        self.returncode = message["exit"]
+        self._sock.close()
+        return True
 
 
 def _alive(pid: int) -> bool:
@@ -145,7 +153,16 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str | os.PathLike,
         socket.send_fds(sock, [b"F"], [write_end])
         sock.sendall(json.dumps({"argv": list(argv), "env": env, "cwd": str(cwd)}).encode()
                      + b"\n")
-        reply = json.loads(sock.makefile("rb").readline() or b'{"cold": "no answer"}')
+        # Read on the socket itself, not a buffered file: the exit message of a process that
+        # ends at once may follow in the same read, and stays for the WarmProcess.
+        buffer = b""
+        while b"\n" not in buffer:
+            chunk = sock.recv(4096)
+            if not chunk:
+                raise OSError("the server closed the connection")
+            buffer += chunk
+        line, buffer = buffer.split(b"\n", 1)
+        reply = json.loads(line)
     except (OSError, ValueError) as err:
         reply = {"cold": f"{path}: {err}"}
     finally:
@@ -158,7 +175,7 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str | os.PathLike,
         return None
     sock.settimeout(None)
     stdout = open(read_end, "r", errors="replace")
-    return WarmProcess(sock, reply["pid"], stdout, list(argv))
+    return WarmProcess(sock, reply["pid"], stdout, list(argv), buffer)
 
 
 # --- server ------------------------------------------------------------------------------
