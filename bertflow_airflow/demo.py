@@ -24,7 +24,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import TextIO
+from typing import Iterator, TextIO
 
 from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
 
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = {**DEMO_CONF, "num_workers": args.num_workers}
     cfg = parse_config(conf)
     with _warm_steps(airflow_home, os.environ) as env:
-        os.environ.update(env)
+        os.environ.update(env)  # dag.test() runs the tasks, and their LocalClusters, here
         if args.verbose:
             dag_run = run_dag(conf)
             where = "the task logs above"
@@ -275,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             dag_run = run_dag_quietly(conf, log_path)
             print(f"  {'(DAG run)':<14} {dag_run.state:<15}{time.monotonic() - started:8.1f} s")
             where = log_path
+        for name in env:
+            os.environ.pop(name)
     run_uri = run_folder(dag_run, cfg.artifact_root)
     print(f"\nDAG run {dag_run.run_id}: {dag_run.state}; run folder {run_uri}")
     if dag_run.state != "success":
@@ -299,10 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _warm_steps(airflow_home: Path, env) -> dict[str, str]:
+def _warm_steps(airflow_home: Path, env) -> Iterator[dict[str, str]]:
     """A warm-start server for the step processes of this demo or UI session, started in
     `env` (the environment the tasks run in); yields the variable that points them at it.
-    Each step process then skips ~3 s of importing TensorFlow (tasks/provision/warm_start.py)."""
+    Each step process then skips ~4 s of imports (tasks/provision/warm_start.py)."""
     from tasks.provision import warm_start
 
     with warm_start.serving(dict(env), airflow_home / "logs" / "warm_start.log") as path:

@@ -23,6 +23,8 @@ import http.server
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -113,6 +115,20 @@ def check_goodput_adds_up(ctx) -> dict:
     for key in ("waiting_for_capacity_s", "startup_s", "productive_s", "checkpoint_s"):
         assert result["parts"][key] > 0, (key, result)
     return result
+
+
+def test_a_process_start_is_read_to_the_clock_tick():
+    """Start-up is counted from the process's start: read to /proc's 10 ms tick (btime, whole
+    seconds, put it up to 1 s early and the attempt's clipping then took the checkpoint's
+    share)."""
+    script = ("import json, time\ntime.sleep(0.5)\n"
+              "from tasks.training.goodput_clock import process_started_at\n"
+              "print(json.dumps([process_started_at(), time.time()]))")
+    before = time.time()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).resolve().parent.parent)
+    started, printed = json.loads(done.stdout)
+    assert before - 0.02 <= started <= printed - 0.5 + 0.02, (before, started, printed)
 
 
 def test_mwms_sigterm_mid_epoch_resumes_exactly(tmp_path, tiny_model):

@@ -249,13 +249,17 @@ class Server:
             _send(conn, {"cold": reason or "no stdout descriptor"})
             conn.close()
             return
+        # Signals wait until the child has its own handlers: a SIGTERM that reached it while it
+        # still had the server's would stop nothing but a copy of the server's loop.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
         pid = os.fork()
         if pid == 0:
             listener.close()
             for other in self.children.values():
                 other.close()
             conn.close()
-            os._exit(_run_child(request, fds[0], self.import_sets))
+            os._exit(_run_child(request, fds[0], self.import_sets, mask))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.close(fds[0])
         self.children[pid] = conn
         _send(conn, {"pid": pid})
@@ -288,6 +292,9 @@ class Server:
                 conn.close()
 
 
+_HANDLED = {signal.SIGTERM, signal.SIGINT}  # the signals the server has handlers for
+
+
 def _send(conn: socket.socket, message: dict) -> None:
     conn.sendall(json.dumps(message).encode() + b"\n")
 
@@ -300,7 +307,7 @@ class _suppress:
         return exc[0] is not None and issubclass(exc[0], OSError)
 
 
-def _run_child(request: dict, out_fd: int, import_sets: dict[str, str]) -> int:
+def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) -> int:
     """In the forked process: become what `python -m tasks ARGS` would be, run it, end as it
     would end. Returns the exit code."""
     import atexit
@@ -309,10 +316,11 @@ def _run_child(request: dict, out_fd: int, import_sets: dict[str, str]) -> int:
     import threading
     import traceback
 
-    os.setsid()  # its own process group, as LocalCluster's start_new_session
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()  # its own process group, as LocalCluster's start_new_session
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what came meanwhile acts now
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out_fd, 1)
