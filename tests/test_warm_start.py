@@ -7,6 +7,7 @@ real `python -m tasks` process that waits, without TensorFlow, as long as a test
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -88,14 +89,8 @@ def test_a_waiting_step_leads_its_session_in_the_checkout_and_dies_of_sigterm(bl
             os.killpg(proc.pid, signal.SIGTERM)
             assert proc.wait(timeout=60) == -signal.SIGTERM, start.__name__
         finally:
-            with_suppressed_lookup(os.killpg, proc.pid, signal.SIGKILL)
-
-
-def with_suppressed_lookup(fn, *args) -> None:
-    try:
-        fn(*args)
-    except ProcessLookupError:
-        pass
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_warm_and_cold_processes_train_the_same_weights(tmp_path, tiny_model_dir,  # noqa: F811
@@ -161,7 +156,8 @@ def test_a_process_whose_server_died_ends_as_lost(blocked_run, tmp_path, monkeyp
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=60) == -signal.SIGKILL
     finally:
-        with_suppressed_lookup(os.killpg, proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_an_exit_message_that_came_with_the_pid_is_not_lost():

@@ -25,6 +25,10 @@ preload leaves is OpenBLAS's (numpy's), which re-creates its pool after a fork. 
 difference: what importing prints (absl's "All log messages before absl::InitializeLog()",
 oneDNN's notice) is in the server's log once, not in each step's output.
 
+Not multiprocessing's forkserver: it serves only the process that started it, and here the
+controllers are many processes (each Airflow task runs its own LocalCluster) sharing one
+server found through an environment variable.
+
 Protocol (a Unix socket, one connection per process): the client sends the child's stdout
 descriptor (SCM_RIGHTS) and one JSON line {argv, env, cwd}; the server answers JSON lines:
 {"pid": N} then {"exit": code} (Popen's returncode: -N for signal N), or {"cold": reason}.
@@ -227,7 +231,7 @@ class Server:
                 self._reap()
         finally:
             listener.close()
-            with _suppress():
+            with contextlib.suppress(OSError):
                 os.unlink(self.path)
 
     def _stop(self, signum, frame) -> None:
@@ -286,7 +290,7 @@ class Server:
                 return
             conn = self.children.pop(pid, None)
             if conn is not None:
-                with _suppress():
+                with contextlib.suppress(OSError):
                     _send(conn, {"exit": os.waitstatus_to_exitcode(status),
                                  "cpu_seconds": usage.ru_utime + usage.ru_stime})
                 conn.close()
@@ -297,14 +301,6 @@ _HANDLED = {signal.SIGTERM, signal.SIGINT}  # the signals the server has handler
 
 def _send(conn: socket.socket, message: dict) -> None:
     conn.sendall(json.dumps(message).encode() + b"\n")
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
 
 
 def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) -> int:
@@ -350,7 +346,7 @@ def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) ->
     threading._shutdown()  # noqa: SLF001  (as interpreter exit: join non-daemon threads)
     atexit._run_exitfuncs()  # noqa: SLF001
     for stream in (sys.stdout, sys.stderr):
-        with _suppress():
+        with contextlib.suppress(OSError):
             stream.flush()
     return code
 
@@ -372,7 +368,7 @@ def start(path: str | os.PathLike, env: dict[str, str] | None = None,
     from tasks.provision.spec import BASE_ENV
 
     path = Path(path)
-    with _suppress():
+    with contextlib.suppress(OSError):
         path.unlink()
     # What LocalCluster gives a step process (tasks/provision/local.py), less the per-process
     # parts: the import-time environment the children will be asked for.
