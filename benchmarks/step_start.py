@@ -1,5 +1,5 @@
 """A local step process started cold (a fresh interpreter) against one forked from a warm-start
-server (tasks/provision/warm_start.py), both through LocalCluster, alternating in one
+server (tasks/provision/local/warm_start.py), both through LocalCluster, alternating in one
 invocation.
 
 The step is `python -m tasks train` on a tiny random BERT (2 layers, hidden 32) and 64 rows:
@@ -28,7 +28,9 @@ sys.path[:0] = [str(PROJECT_ROOT), str(PROJECT_ROOT / "tests")]
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
-from tasks.provision import LocalCluster, WorkerSpec, warm_start  # noqa: E402
+from tasks.provision.local.cluster import LocalCluster  # noqa: E402
+from tasks.provision.spec import WorkerSpec
+from tasks.provision.local import warm_start
 
 
 def tiny_run(root: Path) -> str:

@@ -304,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
 def _warm_steps(airflow_home: Path, env) -> Iterator[dict[str, str]]:
     """A warm-start server for the step processes of this demo or UI session, started in
     `env` (the environment the tasks run in); yields the variable that points them at it.
-    Each step process then skips ~4 s of imports (tasks/provision/warm_start.py)."""
-    from tasks.provision import warm_start
+    Each step process then skips ~4 s of imports (tasks/provision/local/warm_start.py)."""
+    from tasks.provision.local import warm_start
 
     with warm_start.serving(dict(env), airflow_home / "logs" / "warm_start.log") as path:
         yield {warm_start.SOCKET_ENV: str(path)}

@@ -41,7 +41,8 @@ def checked_run(context, cfg):
     and return (cfg, RunContext) of the run folder to create. Sets cfg.base_model to the
     pinned or staged checkpoint every step then starts from."""
     from tasks.io import storage
-    from tasks.provision import backend_for, memory_budget
+    from tasks.provision.backends import backend_for
+    from tasks.provision import memory_budget
     from tasks.runs.runlayout import RunContext, run_key_for
     from tasks.steps import data
     from tasks.training import checkpoint_sources, hub_staging, memory
@@ -69,7 +70,7 @@ def checked_run(context, cfg):
 
 @task
 def provision(run_uri: str, label: str = "") -> str:
-    from tasks import provision as provision_step
+    from tasks.steps import provision as provision_step
 
     label_map_index(label)
     return provision_step.run(*load_run(run_uri))
@@ -77,7 +78,7 @@ def provision(run_uri: str, label: str = "") -> str:
 
 @task
 def release(run_uri: str, label: str = "") -> str:
-    from tasks.provision import release as release_step
+    from tasks.steps import release as release_step
 
     label_map_index(label)
     return release_step.run(*load_run(run_uri))

@@ -83,16 +83,17 @@ class WorkerStepOperator(BaseOperator):
         from dataclasses import replace
 
         from tasks.io import credentials, storage
-        from tasks import provision
+        from tasks.provision.backends import backend_for
+        from tasks.provision.spec import WorkerSpec, single_process_spec
         from tasks.errors import WorkerError
         from tasks.provision import attempts
 
         cfg, ctx = load_run(self.run_uri)
         if self.distributed:
             manifest = storage.read_json(ctx.manifest_uri("provision"))
-            spec = provision.WorkerSpec.from_dict(manifest["workers"][self.step])
+            spec = WorkerSpec.from_dict(manifest["workers"][self.step])
         else:
-            spec = provision.single_process_spec(self.step, self.run_uri)
+            spec = single_process_spec(self.step, self.run_uri)
         spec = replace(spec, step=self.step)
         self.log.info("%s: %d process(es) on %s, strategy %s, cluster %s", self.step,
                       len(spec.roles), cfg.provisioner, spec.strategy or "-",
@@ -102,7 +103,7 @@ class WorkerStepOperator(BaseOperator):
         # Preempted or lost workers are provisioned again inside this try, up to
         # max_preemptions (tasks/provision/attempts.py): Airflow's retries stay for failures.
         self._controller = attempts.run_step(
-            provision.backend_for(cfg), cfg, ctx, spec, log=self.log.info,
+            backend_for(cfg), cfg, ctx, spec, log=self.log.info,
             secrets=credentials.worker_env(cfg))
         self._controller.run()
         manifest_uri = ctx.manifest_uri(self.step)

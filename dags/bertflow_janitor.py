@@ -54,7 +54,7 @@ def bertflow_janitor():
     @task(retries=0)
     def sweep(**context) -> dict:
         from tasks.config import parse_config
-        from tasks.provision import backend_for
+        from tasks.provision.backends import backend_for
 
         cfg = parse_config(dict(context["params"]))
         removed = backend_for(cfg).sweep(cfg, log=print)

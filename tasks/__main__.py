@@ -24,10 +24,10 @@ from tasks.runs.runlayout import RunContext, init_run, load_run
 STEPS = {
     "data": "tasks.steps.data",
     "tokenize": "tasks.steps.tokenize",
-    "provision": "tasks.provision",
+    "provision": "tasks.steps.provision",
     "train": "tasks.steps.train",
     "evaluate": "tasks.steps.evaluate",
-    "release": "tasks.provision.release",
+    "release": "tasks.steps.release",
     "export": "tasks.steps.export",
     "promote": "tasks.steps.promote",
 }
@@ -132,7 +132,8 @@ def _init_run_command(args: argparse.Namespace) -> str:
 
 
 def _preflight_command(run_dir: str) -> int:
-    from tasks.provision import backend_for, preflight
+    from tasks.provision.backends import backend_for
+    from tasks.provision import preflight
 
     cfg, ctx = load_run(run_dir)
     backend = backend_for(cfg)
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "preflight":
             return _preflight_command(args.run_dir)
         elif getattr(args, "dry_run", False):
-            from tasks.provision import dry_run
+            from tasks.steps.provision import dry_run
             print(dry_run(*load_run(args.run_dir), warn=lambda msg: print(
                 f"bertflow: warning: {msg}", file=sys.stderr)))
         else:

@@ -17,7 +17,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 
 from tasks.io import uri_templates
 from tasks.errors import ConfigError
-from tasks.training.topology import Topology, resolve_strategy_name
+from tasks.topology import Topology, resolve_strategy_name
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEMO_DIR = PROJECT_ROOT / "examples" / "demo"

@@ -42,11 +42,11 @@ def artifact_root(tmp_path, monkeypatch) -> str:
 
 @pytest.fixture(scope="session", autouse=True)
 def warm_start_server(tmp_path_factory):
-    """One warm-start server per test process (tasks/provision/warm_start.py), as `make demo`
+    """One warm-start server per test process (tasks/provision/local/warm_start.py), as `make demo`
     runs one: LocalCluster forks its step processes from it instead of importing TensorFlow
     in each. Tests that need a cold start unset BERTFLOW_WARM_SOCKET; BERTFLOW_TEST_COLD=1
     runs a whole session without a server (to compare, or where no step process starts)."""
-    from tasks.provision import warm_start
+    from tasks.provision.local import warm_start
 
     if os.environ.get("BERTFLOW_TEST_COLD") == "1":
         yield None

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tasks import provision
 from tasks.config import parse_config
 from tasks.errors import ConfigError
 from tasks.provision import backends
@@ -21,7 +20,7 @@ from test_cli import cli
 def test_every_provisioner_value_has_a_backend(name):
     cfg = parse_config({"provisioner": name, "accelerator": "tpu" if name == "tpu_vm" else "auto",
                         "tpu_address": "local" if name == "tpu_vm" else ""})
-    backend = provision.backend_for(cfg)
+    backend = backends.backend_for(cfg)
     assert isinstance(backend, backends.Backend) and backend.name == name
 
 
@@ -55,7 +54,7 @@ def test_release_records_the_backend(artifact_root):
     ctx = RunContext(artifact_root, "bert_finetune", "manual_rel", "manual_rel")
     cfg = parse_config({"artifact_root": artifact_root})
     init_run(cfg, ctx)
-    from tasks.provision import release
+    from tasks.steps import release
     from tasks.io import storage
 
     manifest = storage.read_json(release.run(cfg, ctx))

@@ -291,7 +291,7 @@ def test_gated_repo_is_staged_in_the_bucket_for_workers_without_connections(
     """Vertex AI and TPU VM workers get no connections: validate stages the gated repo in the
     run's bucket with the controller's token; a worker with no token at all reads it there and
     still records the Hub repo and commit."""
-    from tasks.provision import backend_for
+    from tasks.provision.backends import backend_for
     from tasks.training import hub_staging
 
     root = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"

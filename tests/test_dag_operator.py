@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tasks import provision
+from tasks.provision.local.backend import pid_record_uri
+from tasks.provision.local.cluster import local_tmp_root
+from tasks.provision.spec import WorkerSpec
 from tasks.io import storage
 from tasks.runs.runlayout import init_run
 from tasks.config import parse_config
 from tasks.errors import WorkerError
-from tasks.provision import release
+from tasks.steps import release
 from tasks.runs.runlayout import RunContext
 
 DAGS = Path(__file__).resolve().parent.parent / "dags"
@@ -36,14 +38,14 @@ def run_with_worker(artifact_root, tmp_path):
     def make(script: str) -> str:
         path = tmp_path / "worker.py"
         path.write_text(script)
-        spec = provision.WorkerSpec(command=["python", str(path)], cluster={"worker": 2},
+        spec = WorkerSpec(command=["python", str(path)], cluster={"worker": 2},
                                     strategy="multi_worker_mirrored")
         storage.write_json(ctx.manifest_uri("provision"), {"workers": {"train": spec.to_dict()}})
         return ctx.run_uri
 
     yield make
     release.run(cfg, ctx)  # the teardown step removes the workers' scratch folders
-    assert not provision.local_tmp_root(ctx.run_uri).exists()
+    assert not local_tmp_root(ctx.run_uri).exists()
 
 
 def test_worker_failure_fails_the_task_with_its_error(operator_class, run_with_worker):
@@ -68,8 +70,8 @@ def test_on_kill_stops_the_workers(operator_class, run_with_worker):
 
     runner = threading.Thread(target=execute)
     runner.start()
-    record_uri = provision.pid_record_uri(run_uri, "train")
-    ready = [provision.local_tmp_root(run_uri) / f"worker-{i}" / "ready" for i in (0, 1)]
+    record_uri = pid_record_uri(run_uri, "train")
+    ready = [local_tmp_root(run_uri) / f"worker-{i}" / "ready" for i in (0, 1)]
     deadline = time.monotonic() + 60
     while not all(p.exists() for p in ready) and time.monotonic() < deadline:
         time.sleep(0.05)

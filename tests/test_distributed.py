@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 
 from tasks.errors import WorkerError
-from tasks.provision import LocalCluster, distributed_spec
+from tasks.provision.local.cluster import LocalCluster
+from tasks.provision.spec import distributed_spec
 from tasks.runs.runlayout import read_manifest
 from train_helpers import (h5_weights, make_run, run_cluster, run_steps_in_subprocess,
                            single_device_matrix, write_tiny_model)

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from tasks import __version__
-from tasks.provision import images, tpu_vm
+from tasks.provision import images
+from tasks.provision.tpu_vm import backend as tpu_vm
 
 ROOT = Path(__file__).resolve().parent.parent
 import env_cache  # noqa: E402
@@ -138,9 +139,11 @@ def _worker_modules() -> set[str]:
     """Dotted names of the third-party modules the worker code imports (also lazily):
     every module of tasks/ but the provisioning backends, which run in the controller (the
     TPU VM agent, the launcher and the image names run in workers)."""
-    backends = ROOT / "tasks" / "provision"
+    provision = ROOT / "tasks" / "provision"
+    in_workers = {provision / "tpu_vm" / "agent.py", provision / "launcher.py",
+                  provision / "images.py"}
     files = [p for p in sorted((ROOT / "tasks").rglob("*.py"))
-             if p.parent != backends or p.name in ("tpu_agent.py", "launcher.py", "images.py")]
+             if provision not in p.parents or p in in_workers]
     names = set()
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):

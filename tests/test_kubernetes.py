@@ -32,9 +32,9 @@ from fake_kubernetes import FakeKube, FakePod, ScriptedKubelet
 from tasks.provision import launcher
 from tasks.config import RunConfig
 from tasks.errors import ConfigError, WorkerError
-from tasks.provision import k8s_render as render
+from tasks.provision.kubernetes import render
 from tasks.provision.backends import to_text
-from tasks.provision.kubernetes import KubernetesBackend
+from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.spec import distributed_spec, single_process_spec
 from tasks.runs.runlayout import RunContext
 
@@ -290,11 +290,11 @@ def test_owner_references_do_not_block_owner_deletion():
 
 
 def _backend_calls() -> dict[tuple[str, str], set[str]]:
-    """{(API group, resource): verbs} of every client call in tasks/provision/kubernetes.py,
+    """{(API group, resource): verbs} of every client call in tasks/provision/kubernetes/backend.py,
     from the real client's method names (create_/list_/delete_/read_namespaced_<kind>)."""
     from kubernetes import client
 
-    source = (ROOT / "tasks" / "provision" / "kubernetes.py").read_text()
+    source = (ROOT / "tasks" / "provision" / "kubernetes" / "backend.py").read_text()
     found: dict[tuple[str, str], set[str]] = {}
     for api, method in set(re.findall(r"\b(core|batch)\.(\w+_namespaced_\w+)", source)):
         owner = client.CoreV1Api if api == "core" else client.BatchV1Api
@@ -342,7 +342,7 @@ def test_local_folders_fail_a_real_run_and_warn_a_dry_run(tmp_path):
 
 
 def test_backend_module_imports_no_kubernetes_client():
-    code = ("import sys, tasks.provision.kubernetes, tasks.provision.k8s_render; "
+    code = ("import sys, tasks.provision.kubernetes.backend, tasks.provision.kubernetes.render; "
             "assert 'kubernetes' not in sys.modules, 'imported eagerly'")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -741,7 +741,7 @@ def test_credentials_reach_pods_only_through_a_secret(cluster, tmp_path, monkeyp
     assert render.connections_secret_name(ctx) in text and SECRET not in text
     notes = backend.dry_run_notes(cfg, ctx)
     assert len(notes) == 1 and "AIRFLOW_CONN_GCP" in notes[0] and SECRET not in notes[0]
-    from tasks import provision
+    from tasks.steps import provision
     from tasks.runs.runlayout import init_run
 
     local = cfg.model_copy(update={"artifact_root": str(tmp_path / "root")})
@@ -764,7 +764,7 @@ def test_dry_run_yaml_applies_and_its_pods_can_run(cluster, tmp_path):
     from kubernetes import config as k8s_config
     from kubernetes import utils as k8s_utils
 
-    from tasks import provision
+    from tasks.steps import provision
 
     seen: dict[str, object] = {}
 

@@ -29,7 +29,7 @@ import pytest
 
 from fake_kubernetes import FakeKube, ProcessKubelet
 from tasks.errors import WorkerError
-from tasks.provision.kubernetes import KubernetesBackend
+from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.spec import distributed_spec
 from tasks.runs.runlayout import RunContext, read_manifest
 from train_helpers import (h5_weights, make_run, run_cluster, single_device_matrix,

@@ -34,7 +34,8 @@ import numpy as np
 import pytest
 
 from tasks.errors import PREEMPTED_EXIT_CODE, WorkerError
-from tasks.provision import LocalCluster, distributed_spec
+from tasks.provision.local.cluster import LocalCluster
+from tasks.provision.spec import distributed_spec
 from tasks.provision.attempts import AttemptLoop, read_attempts
 from tasks.runs import goodput, run_summary
 from tasks.runs.runlayout import read_manifest

@@ -24,8 +24,10 @@ from storage_servers import BUCKET, connections, gcs_emulator, root, s3_server  
 from tasks.config import parse_config
 from tasks.errors import BertflowError
 from tasks.io import storage
-from tasks.provision import preflight, tpu_vm, vertex_ai
-from tasks.provision import run as provision_run
+from tasks.provision import preflight
+from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.vertex_ai import backend as vertex_ai
+from tasks.steps.provision import run as provision_run
 from tasks.runs.runlayout import RunContext, init_run
 from test_cli import cli
 from test_storage import KINDS, proxied  # noqa: F401
@@ -271,13 +273,13 @@ def test_local_runs_check_only_the_buckets(tmp_path):
 
 
 def test_the_reviewed_access_is_every_call_the_kubernetes_backend_makes():
-    """ACCESS is read off tasks/provision/kubernetes.py: a new client call there without its
+    """ACCESS is read off tasks/provision/kubernetes/backend.py: a new client call there without its
     access review here fails this test."""
     import re
 
     from tasks.config import PROJECT_ROOT
 
-    source = (PROJECT_ROOT / "tasks" / "provision" / "kubernetes.py").read_text()
+    source = (PROJECT_ROOT / "tasks" / "provision" / "kubernetes" / "backend.py").read_text()
     calls = set(re.findall(r"\.(core|batch)\.(create|list|delete|read)_namespaced_(\w+)",
                            source))
     verbs = {"create": "create", "list": "list", "delete": "delete", "read": "get"}

@@ -18,10 +18,12 @@ import pytest
 from tasks.io import storage
 from tasks.config import parse_config
 from tasks.errors import WorkerError
-from tasks.provision import LocalCluster, WorkerSpec, local_tmp_root, pid_record_uri
-from tasks.provision import release
-from tasks.provision import run as provision_run
-from tasks.provision.local import free_ports
+from tasks.provision.local.cluster import LocalCluster, local_tmp_root
+from tasks.provision.spec import WorkerSpec
+from tasks.provision.local.backend import pid_record_uri
+from tasks.steps import release
+from tasks.steps.provision import run as provision_run
+from tasks.provision.local.cluster import free_ports
 from tasks.runs.runlayout import RunContext
 
 PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -202,7 +204,8 @@ def test_sigterm_to_the_controller_stops_workers_via_a_signal_handler(make_spec,
     controller.write_text(textwrap.dedent(f"""
         import json, signal, sys
         from tasks.errors import WorkerError
-        from tasks.provision import LocalCluster, WorkerSpec
+        from tasks.provision.local.cluster import LocalCluster
+        from tasks.provision.spec import WorkerSpec
         cluster = LocalCluster(WorkerSpec.from_dict(json.loads({json.dumps(spec.to_dict())!r})),
                                grace_seconds=2)
         signal.signal(signal.SIGTERM, lambda *_: cluster.stop())
@@ -237,7 +240,8 @@ def test_lines_of_concurrent_workers_stay_whole_when_logged_with_print(make_spec
     controller = tmp_path / "controller.py"
     controller.write_text(textwrap.dedent(f"""
         import json
-        from tasks.provision import LocalCluster, WorkerSpec
+        from tasks.provision.local.cluster import LocalCluster
+        from tasks.provision.spec import WorkerSpec
         spec = WorkerSpec.from_dict(json.loads({json.dumps(spec.to_dict())!r}))
         LocalCluster(spec, print).run()
     """))
@@ -289,7 +293,7 @@ def test_provision_writes_specs_and_release_kills_leftovers(artifact_root):
     # records pids.
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                 start_new_session=True)
-    from tasks.provision.local import process_start_ticks
+    from tasks.provision.local.cluster import process_start_ticks
     storage.write_json(pid_record_uri(ctx.run_uri, "train"), {"pids": [
         {"pid": leftover.pid, "role": "worker", "index": 0,
          "start_ticks": process_start_ticks(leftover.pid)}]})

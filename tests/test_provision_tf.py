@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import textwrap
 
-from tasks.provision import LocalCluster, WorkerSpec
+from tasks.provision.local.cluster import LocalCluster
+from tasks.provision.spec import WorkerSpec
 
 ALL_REDUCE = """
 import json, os

@@ -31,10 +31,13 @@ from fake_kubernetes import FakeKube, ProcessKubelet
 from fake_vertex import FakeVertex
 from tasks.config import RunConfig, parse_config
 from tasks.errors import PREEMPTED_EXIT_CODE, ConfigError, WorkerError
-from tasks.provision import attempts, capacity, dry_run, tpu_vm, vertex_ai
+from tasks.provision import attempts, capacity
+from tasks.steps.provision import dry_run
+from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.vertex_ai import backend as vertex_ai
 from tasks.provision.backends import backend_for
-from tasks.provision.kubernetes import KubernetesBackend
-from tasks.provision.local_backend import LocalBackend
+from tasks.provision.kubernetes.backend import KubernetesBackend
+from tasks.provision.local.backend import LocalBackend
 from tasks.provision.spec import BASE_ENV, WorkerSpec, distributed_spec
 from tasks.runs.runlayout import RunContext
 

@@ -2,7 +2,7 @@
 import pytest
 
 from tasks.errors import ConfigError
-from tasks.training.topology import Topology, cluster_shape, resolve_strategy_name
+from tasks.topology import Topology, cluster_shape, resolve_strategy_name
 
 
 @pytest.mark.parametrize("topology, visible, expected", [

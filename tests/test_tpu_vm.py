@@ -18,7 +18,9 @@ from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT, parse_config
 from tasks.errors import BertflowError, ConfigError, WorkerError
-from tasks.provision import attempts, backend_for, tpu_vm, worker_logs
+from tasks.provision import attempts, worker_logs
+from tasks.provision.backends import backend_for
+from tasks.provision.tpu_vm import backend as tpu_vm
 from tasks.provision.spec import WorkerSpec
 from tasks.runs.runlayout import RunContext
 from test_cli import cli
@@ -99,7 +101,7 @@ def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type,
     assert create["body"]["queueingPolicy"]["validUntilDuration"] == "60s"
     script = node["metadata"]["startup-script"]
     assert "agent-worker-number" in script  # only host 0 runs the agent
-    assert f"tasks.provision.tpu_agent --run-dir {ctx.run_uri}" in script
+    assert f"tasks.provision.tpu_vm.agent --run-dir {ctx.run_uri}" in script
     assert "us-docker.pkg.dev/bertflow-test/trainers/bertflow-trainer-tpu:" in script
     # It waited through the queue's states and found the node.
     assert [ln.split(": ")[-1] for ln in lines if ln.startswith(f"[tpu] {rid}: ")] == [
@@ -302,7 +304,7 @@ def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artif
     queued = next(o for o in objects if o.get("kind") == "tpu.googleapis.com/QueuedResource")
     node = queued["queuedResource"]["tpu"]["nodeSpec"][0]["node"]
     assert node["runtimeVersion"] == "v2-alpha-tpuv5-lite"
-    assert "tpu_agent" in node["metadata"]["startup-script"]
+    assert "tpu_vm.agent" in node["metadata"]["startup-script"]
     # data, tokenize and export run on the Airflow worker (before the VM exists / after
     # release).
     assert [o["command"][3] for o in objects if "runs_on" in o] == ["data", "tokenize",
@@ -319,7 +321,7 @@ def test_dry_run_prints_the_queued_resource_and_warns_about_a_local_folder(artif
 def _start_agent(ctx: RunContext) -> subprocess.Popen:
     """The VM's agent as a real process, polling a run folder on the GCS emulator."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tasks.provision.tpu_agent", "--run-dir", ctx.run_uri,
+        [sys.executable, "-m", "tasks.provision.tpu_vm.agent", "--run-dir", ctx.run_uri,
          "--poll-seconds", "0.2", "--flush-seconds", "0.2", "--heartbeat-seconds", "0.5"],
         cwd=PROJECT_ROOT, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -16,8 +16,8 @@ import pytest
 from fake_vertex import FakeVertex
 from tasks.config import PROJECT_ROOT, RunConfig
 from tasks.errors import ConfigError, WorkerError
-from tasks.provision import step_spec
-from tasks.provision import vertex_ai
+from tasks.provision.spec import step_spec
+from tasks.provision.vertex_ai import backend as vertex_ai
 from tasks.provision.backends import backend_for, to_text
 from tasks.runs.runlayout import RunContext, init_run
 
@@ -157,7 +157,8 @@ def test_retry_cancels_the_job_of_a_dead_earlier_attempt(fake, tmp_path):
 
 CRASHING_CONTROLLER = """
 import sys
-from tasks.provision import step_spec, vertex_ai
+from tasks.provision.spec import step_spec
+from tasks.provision.vertex_ai import backend as vertex_ai
 from tasks.provision.backends import backend_for
 from tasks.runs.runlayout import load_run
 vertex_ai.POLL_MIN_SECONDS = vertex_ai.POLL_MAX_SECONDS = 0.05

@@ -23,10 +23,11 @@ import numpy as np
 import pytest
 
 from tasks.errors import WorkerError
-from tasks.provision import LocalCluster, WorkerSpec, step_spec
+from tasks.provision.local.cluster import LocalCluster
+from tasks.provision.spec import WorkerSpec, step_spec
 from tasks.provision.backends import backend_for
 from tasks.io import storage
-from tasks.provision.vertex_ai import POOL_ROLES
+from tasks.provision.vertex_ai.backend import POOL_ROLES
 from tasks.training.model import make_plan
 from tasks.provision.worker_logs import log_uri
 from tasks.runs.runlayout import read_manifest

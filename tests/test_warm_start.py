@@ -1,4 +1,4 @@
-"""tasks/provision/warm_start.py: a step process forked from the warm-start server is the process
+"""tasks/provision/local/warm_start.py: a step process forked from the warm-start server is the process
 a fresh `python -m tasks` would be (exit, output, session, signals, what it computes), and
 anything the server cannot serve starts cold.
 
@@ -19,8 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.provision import LocalCluster, WorkerSpec, warm_start
-from tasks.provision.local import process_env
+from tasks.provision.local.cluster import LocalCluster
+from tasks.provision.spec import WorkerSpec
+from tasks.provision.local import warm_start
+from tasks.provision.local.cluster import process_env
 from tasks.runs.runlayout import read_manifest
 from train_helpers import h5_weights, make_run, tiny_model_dir  # noqa: F401
 

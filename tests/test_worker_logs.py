@@ -30,9 +30,9 @@ from storage_servers import BUCKET, connections, gcs_emulator, root, s3_server  
 from tasks.config import PROJECT_ROOT, RunConfig, parse_config
 from tasks.errors import WorkerError
 from tasks.io import storage
-from tasks.provision import k8s_render as render
+from tasks.provision.kubernetes import render
 from tasks.provision.backends import backend_for
-from tasks.provision.kubernetes import KubernetesBackend
+from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.spec import WorkerSpec, single_process_spec
 from tasks.provision.worker_logs import log_uri, worker_identity
 from tasks.runs.runlayout import RunContext, init_run

@@ -167,7 +167,8 @@ def run_cluster(cfg, ctx, step: str, **kwargs) -> list[str]:
     """Run one step's WorkerSpec (as the provision step would write it) on loopback with
     the local backend; its log lines."""
     from tasks.errors import WorkerError
-    from tasks.provision import LocalCluster, distributed_spec
+    from tasks.provision.local.cluster import LocalCluster
+    from tasks.provision.spec import distributed_spec
 
     lines: list[str] = []
     spec = distributed_spec(cfg, step, ctx.run_uri)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from tasks.provision import warm_start
+from tasks.provision.local import warm_start
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -107,7 +107,7 @@ class Standalone:
                               timeout=timeout)
 
     def start(self, timeout: float = 240) -> None:
-        # Step processes fork from a warm-start server (tasks/provision/warm_start.py) started
+        # Step processes fork from a warm-start server (tasks/provision/local/warm_start.py) started
         # in the environment Airflow's task processes get, as a user running Airflow would.
         self.extra_env[warm_start.SOCKET_ENV] = str(self._resources.enter_context(
             warm_start.serving(self.env(), self.home / "warm_start.log")))

@@ -36,10 +36,10 @@ Log = Callable[[str], None]
 
 # provisioner -> "module:class", imported only when chosen (cloud clients are heavy).
 BACKENDS = {
-    "local": "tasks.provision.local_backend:LocalBackend",
-    "kubernetes": "tasks.provision.kubernetes:KubernetesBackend",
-    "vertex_ai": "tasks.provision.vertex_ai:VertexAIBackend",
-    "tpu_vm": "tasks.provision.tpu_vm:TpuVmBackend",
+    "local": "tasks.provision.local.backend:LocalBackend",
+    "kubernetes": "tasks.provision.kubernetes.backend:KubernetesBackend",
+    "vertex_ai": "tasks.provision.vertex_ai.backend:VertexAIBackend",
+    "tpu_vm": "tasks.provision.tpu_vm.backend:TpuVmBackend",
 }
 
 

@@ -2,7 +2,7 @@
 
 `python -m tasks <step>` calls `apply(os.environ)` before the step runs:
 
-- Kubernetes pods (tasks/provision/kubernetes.py) carry their role and the cluster's addresses
+- Kubernetes pods (tasks/provision/kubernetes/backend.py) carry their role and the cluster's addresses
   in `BERTFLOW_TF_ROLE` / `BERTFLOW_TF_CLUSTER`, the same for every pod of a role's Indexed Job,
   and Kubernetes sets `JOB_COMPLETION_INDEX` per pod. The TF_CONFIG is built here, so no
   rendered object spells one out by hand.

@@ -4,7 +4,7 @@ without spending money, that the run may do what its backend will ask of the pla
 - Buckets: write, read back and delete a probe object under the run folder (and under
   `export_uri`), through tasks.io.storage and the run's connections.
 - kubernetes: a SelfSubjectAccessReview (authorization.k8s.io/v1) for every verb and
-  resource the backend calls (ACCESS, read from tasks/provision/kubernetes.py).
+  resource the backend calls (ACCESS, read from tasks/provision/kubernetes/backend.py).
 - vertex_ai: the project and region answer (one page of CustomJobs), the job's service
   account exists and the caller may act as it (IAM testIamPermissions with
   `iam.serviceAccounts.actAs`, over the IAM REST API with google-auth's session).
@@ -34,7 +34,7 @@ DOCS = "docs/deployment-iam.md"
 IAM_ENDPOINT_ENV = "BERTFLOW_IAM_ENDPOINT"
 IAM_ENDPOINT = "https://iam.googleapis.com"
 ACT_AS = "iam.serviceAccounts.actAs"
-# (apiGroup, resource, subresource, verbs): every call tasks/provision/kubernetes.py makes
+# (apiGroup, resource, subresource, verbs): every call tasks/provision/kubernetes/backend.py makes
 # (create/list/delete of Jobs, Services and Secrets; list/get/delete of pods; their logs).
 ACCESS = (
     ("batch", "jobs", "", ("create", "list", "delete")),
@@ -144,7 +144,7 @@ def _storage_grant(uri: str, cfg: RunConfig) -> str:
 def kubernetes_checks(cfg: RunConfig, ctx: RunContext, backend=None) -> list[Check]:
     from kubernetes import client
 
-    from tasks.provision.kubernetes import KubernetesBackend
+    from tasks.provision.kubernetes.backend import KubernetesBackend
 
     backend = backend or KubernetesBackend()
     ns = cfg.k8s_namespace
@@ -198,7 +198,7 @@ def kubernetes_checks(cfg: RunConfig, ctx: RunContext, backend=None) -> list[Che
 def vertex_checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
     from google.api_core import exceptions
 
-    from tasks.provision import vertex_ai
+    from tasks.provision.vertex_ai import backend as vertex_ai
 
     try:
         project = vertex_ai.resolve_project(cfg)
@@ -308,7 +308,7 @@ def _google_message(resp) -> str:
 def tpu_checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
     from google.api_core import exceptions
 
-    from tasks.provision import tpu_vm
+    from tasks.provision.tpu_vm import backend as tpu_vm
 
     try:
         client, found = tpu_vm.tpu_client(cfg)

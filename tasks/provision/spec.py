@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import asdict, dataclass, field
 
 from tasks.config import RunConfig
-from tasks.training.topology import Topology, cluster_shape, resolve_strategy_name
+from tasks.topology import Topology, cluster_shape, resolve_strategy_name
 
 def run_hash(run_uri: str, digits: int) -> str:
     """A short stable id of a run (from its folder URI) for names and labels; each backend
@@ -74,3 +74,14 @@ def distributed_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
 def single_process_spec(step: str, run_uri: str) -> WorkerSpec:
     """Spec for steps that import TensorFlow but need no cluster (tokenize, export)."""
     return WorkerSpec(command=step_command(step, run_uri), step=step)
+
+
+DISTRIBUTED_STEPS = ("train", "evaluate")
+# Steps that run as workers (they read the data or import TensorFlow), in pipeline order.
+WORKER_STEPS = ("data", "tokenize", "train", "evaluate", "export")
+
+
+def step_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
+    if step in DISTRIBUTED_STEPS:
+        return distributed_spec(cfg, step, run_uri)
+    return single_process_spec(step, run_uri)

@@ -1,6 +1,6 @@
 """Build the tf.distribute strategy a worker process trains and evaluates under.
 
-The name comes from `tasks.training.topology.resolve_strategy_name` (shared with the controller), fed
+The name comes from `tasks.topology.resolve_strategy_name` (shared with the controller), fed
 with the devices this process really sees. Multi-process strategies read the cluster from
 TF_CONFIG, which the provisioner sets per process.
 """
@@ -13,7 +13,7 @@ import time
 import tensorflow as tf
 
 from tasks.errors import BertflowError
-from tasks.training.topology import Topology, resolve_strategy_name
+from tasks.topology import Topology, resolve_strategy_name
 
 
 def task_role() -> tuple[str, int]:

@@ -11,7 +11,7 @@ Lifecycle
   (`tpu_external_ips`),
   labels (managed-by=bertflow, the run's hash and DAG, an expiry time the sweep reads), a
   queueing policy that gives up after `schedule_timeout_seconds`, and a startup script that
-  starts the agent (tasks/provision/tpu_agent.py) in the TPU trainer image on worker 0. It
+  starts the agent (tasks/provision/tpu_vm/agent.py) in the TPU trainer image on worker 0. It
   waits until ACTIVE and fails with the platform's reason (quota, no capacity) and what to
   change.
 - `controller(...)` for train/evaluate writes a step request into the run folder
@@ -53,7 +53,7 @@ from tasks.config import RunConfig, join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
-from tasks.provision.local_backend import LocalBackend
+from tasks.provision.local.backend import LocalBackend
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.spec import run_hash as spec_run_hash
 from tasks.runs.runlayout import RunContext
@@ -173,10 +173,10 @@ def startup_script(cfg: RunConfig, ctx: RunContext) -> str:
     registry = image.split("/", 1)[0] if "/" in image else ""
     login = (f"gcloud auth configure-docker {shlex.quote(registry)} --quiet\n"
              if registry.endswith(("-docker.pkg.dev", "gcr.io")) else "")
-    agent = ["python", "-m", "tasks.provision.tpu_agent", "--run-dir", ctx.run_uri]
+    agent = ["python", "-m", "tasks.provision.tpu_vm.agent", "--run-dir", ctx.run_uri]
     return (
         "#!/bin/bash\n"
-        f"# bertflow TPU VM agent for run {ctx.run_uri} (tasks/provision/tpu_agent.py)\n"
+        f"# bertflow TPU VM agent for run {ctx.run_uri} (tasks/provision/tpu_vm/agent.py)\n"
         "worker=$(curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/"
         "computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)\n"
         '[ "${worker:-0}" = "0" ] || exit 0  # multi-host: the TF worker runs on host 0\n'
@@ -326,7 +326,7 @@ class TpuVmBackend(Backend):
         if not spec.accelerated:
             return [{**obj, "runs_on": "the Airflow worker (local process)"}
                     for obj in LocalBackend().render(cfg, ctx, spec)]
-        from tasks.provision import DISTRIBUTED_STEPS
+        from tasks.provision.spec import DISTRIBUTED_STEPS
 
         objects = []
         if spec.step == DISTRIBUTED_STEPS[0]:  # made once, at the provision step

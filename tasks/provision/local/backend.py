@@ -7,7 +7,7 @@ import shutil
 from tasks.io import storage
 from tasks.config import RunConfig, join_uri
 from tasks.provision.backends import Backend, Log
-from tasks.provision.local import LocalCluster, kill_recorded, local_tmp_root
+from tasks.provision.local.cluster import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.worker_logs import StepLogs
 from tasks.runs.runlayout import RunContext

@@ -1,5 +1,5 @@
 """`provisioner: kubernetes`: each worker step runs as Indexed Jobs behind a headless Service
-(objects: tasks/provision/k8s_render.py) on any cluster (GKE, EKS, ...).
+(objects: tasks/provision/kubernetes/render.py) on any cluster (GKE, EKS, ...).
 
 Not Airflow's KubernetesJobOperator: it fetches logs only after the Job ends, renames the
 Job (which changes pod hostnames) and leaves the Job running when a deferred task is killed.
@@ -24,10 +24,10 @@ from typing import Callable
 from tasks.io import credentials
 from tasks.config import RunConfig
 from tasks.errors import WorkerError
-from tasks.provision import k8s_render as render
+from tasks.provision.kubernetes import render
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote
-from tasks.provision.local import TAIL_LINES
+from tasks.provision.local.cluster import TAIL_LINES
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.worker_logs import StepLogs, log_uri
 from tasks.runs.runlayout import RunContext

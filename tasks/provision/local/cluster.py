@@ -29,7 +29,7 @@ from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.spec import WorkerSpec, run_hash
 
 if TYPE_CHECKING:
-    from tasks.provision.warm_start import WarmProcess
+    from tasks.provision.local.warm_start import WarmProcess
 
 TAIL_LINES = 30
 # Messages with which TensorFlow's gRPC server reports a port taken between our pick and its
@@ -165,8 +165,8 @@ class LocalCluster:
             ports = iter(free_ports(len(roles)))
             for role, _ in roles:
                 addresses.setdefault(role, []).append(f"127.0.0.1:{next(ports)}")
-        # Imported here: `python -m tasks.provision.warm_start` must be its first import.
-        from tasks.provision import warm_start
+        # Imported here: `python -m tasks.provision.local.warm_start` must be its first import.
+        from tasks.provision.local import warm_start
 
         argv = list(self.spec.command)
         if argv and argv[0] == "python":
@@ -178,7 +178,7 @@ class LocalCluster:
                     break
                 env = self._env(role, index, addresses)
                 # Forked from a warm server when one serves ($BERTFLOW_WARM_SOCKET), else a
-                # fresh interpreter: the same process either way (tasks/provision/warm_start.py).
+                # fresh interpreter: the same process either way (tasks/provision/local/warm_start.py).
                 popen = warm_start.spawn(argv, env, PROJECT_ROOT, self.log) or subprocess.Popen(
                     argv, env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

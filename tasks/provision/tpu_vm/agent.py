@@ -1,7 +1,7 @@
 """The agent on a Cloud TPU VM: runs the steps the controller asks for, through the run folder.
 
-`python -m tasks.provision.tpu_agent --run-dir gs://...` (started by the VM's startup script,
-see tasks/provision/tpu_vm.py) polls `{run}/provision/tpu_vm/` through tasks.io.storage:
+`python -m tasks.provision.tpu_vm.agent --run-dir gs://...` (started by the VM's startup script,
+see tasks/provision/tpu_vm/backend.py) polls `{run}/provision/tpu_vm/` through tasks.io.storage:
 
 - `requests/{step}.json`  `{"id", "step", "command", "env", "timeout_seconds"}`, written by the
   controller. A request whose `status/{id}.json` exists is done; others run one at a time
@@ -236,7 +236,7 @@ def _terminate(popen: subprocess.Popen) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.provision.tpu_agent",
+    parser = argparse.ArgumentParser(prog="python -m tasks.provision.tpu_vm.agent",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--run-dir", required=True, help="run folder URI (gs://...)")
     parser.add_argument("--poll-seconds", type=float, default=2.0)

@@ -6,7 +6,7 @@ did any work (benchmarks/import_time.py: `import tasks.steps.train`); a run star
 them, a test session ~130. A fork of an interpreter that has them imported starts in
 milliseconds and shares their memory pages.
 
-    python -m tasks.provision.warm_start --socket PATH    # serve until SIGTERM
+    python -m tasks.provision.local.warm_start --socket PATH    # serve until SIGTERM
     BERTFLOW_WARM_SOCKET=PATH                             # where LocalCluster asks
 
 `make demo` and `make airflow` start one for their lifetime (bertflow_airflow/demo.py).
@@ -364,19 +364,19 @@ def start(path: str | os.PathLike, env: dict[str, str] | None = None,
           log_path: str | os.PathLike | None = None, timeout: float = 120) -> subprocess.Popen:
     """Start a server on `path` in the environment its children will be asked for, and wait
     until it serves. Stop it with terminate()."""
-    from tasks.provision.local import process_env
+    from tasks.provision.local.cluster import process_env
     from tasks.provision.spec import BASE_ENV
 
     path = Path(path)
     with contextlib.suppress(OSError):
         path.unlink()
-    # What LocalCluster gives a step process (tasks/provision/local.py), less the per-process
+    # What LocalCluster gives a step process (tasks/provision/local/cluster.py), less the per-process
     # parts: the import-time environment the children will be asked for.
     env = process_env(os.environ if env is None else env, BASE_ENV)
     if log_path:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "tasks.provision.warm_start",
+    proc = subprocess.Popen([sys.executable, "-m", "tasks.provision.local.warm_start",
                              "--socket", str(path)], env=env, stdin=subprocess.DEVNULL,
                             stdout=out, stderr=subprocess.STDOUT)
     if log_path:
@@ -410,7 +410,7 @@ def serving(env: dict[str, str] | None = None, log_path: str | os.PathLike | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasks.provision.warm_start",
+    parser = argparse.ArgumentParser(prog="python -m tasks.provision.local.warm_start",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--socket", required=True, help="Unix socket path to serve on")
     args = parser.parse_args(argv)

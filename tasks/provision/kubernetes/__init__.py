@@ -1,0 +1,1 @@
+"""`provisioner: kubernetes`: Indexed Jobs behind a headless Service, on any cluster."""

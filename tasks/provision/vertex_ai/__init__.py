@@ -1,0 +1,1 @@
+"""`provisioner: vertex_ai`: one Vertex AI CustomJob per worker step."""
