@@ -1,0 +1,63 @@
+"""The classifier model: bertflow's encoder and a task head, as one tf_keras.Model."""
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras
+
+from tasks.model.config import EncoderConfig
+from tasks.model.encoder import Encoder
+from tasks.model.heads import SEQUENCE_CLASSIFICATION, build_head
+from tasks.model.layers import Dropout, LayerFactory
+
+
+class Classifier(tf_keras.Model):
+    """call(features, training) -> float32 logits [batch, num_labels]; `features` as the
+    encoder takes them (tasks/model/encoder.py)."""
+
+    def __init__(self, config: EncoderConfig, num_labels: int, *, gelu: str,
+                 cpu_kernels: bool, task: str = SEQUENCE_CLASSIFICATION):
+        super().__init__(name=f"{config.family}_classifier")
+        self.config, self.num_labels, self.task = config, num_labels, task
+        make = LayerFactory(config.initializer_range, gelu, cpu_kernels)
+        self.encoder = Encoder(config, make, name=config.family)
+        self.head = build_head(task, config, num_labels, make)
+
+    # Plain Python inside tf.function, for this call and every layer it calls: AutoGraph
+    # would rewrite each layer's call in every train, evaluate and export process, seconds
+    # of CPU for control flow that is Python over layers, never a branch on a tensor
+    # (tasks/training/checkpoint.py, _run_call_unconverted, has the measurements).
+    @tf.autograph.experimental.do_not_convert
+    def call(self, features, training=None):
+        sequence, pooled = self.encoder(features, training=training)
+        return tf.cast(self.head(sequence, pooled, training=training), tf.float32)
+
+    def seed_dropout(self, seeds) -> int:
+        """Draw every dropout mask from `seeds` (tasks.training.seeded_dropout.DropoutSeeds),
+        each layer by its construction index; returns how many dropout layers there are."""
+        layers = [layer for layer in self._flatten_layers() if isinstance(layer, Dropout)]
+        for layer in layers:
+            layer.set_seeds(seeds)
+        return len(layers)
+
+
+def dummy_features() -> dict[str, tf.Tensor]:
+    """One row of two tokens: enough to create every variable."""
+    ids = tf.zeros([1, 2], tf.int32)
+    return {"input_ids": ids, "token_type_ids": ids, "attention_mask": tf.ones_like(ids)}
+
+
+def build_classifier(config: EncoderConfig, num_labels: int, *, gelu: str | None = None,
+                     cpu_kernels: bool = False,
+                     task: str = SEQUENCE_CLASSIFICATION) -> Classifier:
+    """A freshly initialised classifier with its variables created. Call inside
+    `strategy.scope()` so the variables are distributed.
+
+    `cpu_kernels` runs dropout, LayerNorm and GELU on bertflow's CPU kernels (training and
+    evaluation on CPU only; check tasks.training.cpu_kernels.available() first). `gelu`:
+    "kernel" (the default with cpu_kernels), "float32" (the default without: exact GELU
+    computed in float32 under mixed precision) or "native" (in the compute dtype)."""
+    if gelu is None:
+        gelu = "kernel" if cpu_kernels else "float32"
+    model = Classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels, task=task)
+    model(dummy_features(), training=False)
+    return model

@@ -1,0 +1,133 @@
+"""The encoder's shape and settings, read from a Hugging Face config.json (no transformers).
+
+Keys a config.json leaves out take the defaults of transformers' config class for its family
+(BertConfig, DistilBertConfig, ElectraConfig), as `from_pretrained` does.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.errors import ConfigError
+
+FAMILIES = ("bert", "distilbert", "electra")
+ACTIVATIONS = ("gelu", "gelu_new", "relu")
+ARCHITECTURES = {"bert": "BertForSequenceClassification",
+                 "distilbert": "DistilBertForSequenceClassification",
+                 "electra": "ElectraForSequenceClassification"}
+# What a config needs to be read as BERT's when it names no model_type (early checkpoints).
+BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+_BERT_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                      num_attention_heads=12, intermediate_size=3072, hidden_act="gelu",
+                      hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                      max_position_embeddings=512, type_vocab_size=2, initializer_range=0.02,
+                      layer_norm_eps=1e-12, pad_token_id=0, position_embedding_type="absolute",
+                      classifier_dropout=None)
+_ELECTRA_DEFAULTS = {**_BERT_DEFAULTS, "embedding_size": 128, "hidden_size": 256,
+                     "num_attention_heads": 4, "intermediate_size": 1024}
+_DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
+                            sinusoidal_pos_embds=False, n_layers=6, n_heads=12, dim=768,
+                            hidden_dim=3072, dropout=0.1, attention_dropout=0.1,
+                            activation="gelu", initializer_range=0.02, seq_classif_dropout=0.2,
+                            pad_token_id=0)
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    family: str  # "bert", "distilbert" or "electra"
+    vocab_size: int
+    hidden_size: int
+    embedding_size: int  # ELECTRA's may be smaller than hidden_size, then projected
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    hidden_act: str
+    max_position_embeddings: int
+    # DistilBERT's sinusoidal position table is stored with the weights but never trained.
+    frozen_positions: bool
+    type_vocab_size: int  # 0: no token type embeddings (DistilBERT)
+    layer_norm_eps: float
+    hidden_dropout: float
+    attention_dropout: float
+    classifier_dropout: float
+    initializer_range: float
+    pad_token_id: int
+    raw: dict = field(default_factory=dict, repr=False, compare=False)  # the config.json
+
+    @classmethod
+    def from_pretrained(cls, folder: Path | str) -> EncoderConfig:
+        path = Path(folder) / "config.json"
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise ConfigError("base_model", f"{path}: cannot read it ({err})") from None
+        return cls.from_dict(raw)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> EncoderConfig:
+        family = raw.get("model_type")
+        if family is None and all(key in raw for key in BERT_KEYS):
+            family = "bert"
+        if family not in FAMILIES:
+            found = f"model_type {family!r}" if family else "no model_type"
+            raise ConfigError("base_model", f"config.json has {found}; supported: "
+                                            f"{', '.join(FAMILIES)}")
+        config = (_distilbert(raw) if family == "distilbert" else _bert_shaped(family, raw))
+        config._check()
+        return config
+
+    def _check(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ConfigError("base_model", f"config.json: hidden size {self.hidden_size} is "
+                                            f"not a multiple of {self.num_heads} heads")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError("base_model", f"config.json: activation {self.hidden_act!r} is "
+                                            f"not supported (supported: {', '.join(ACTIVATIONS)})")
+
+    def to_hf_config(self, labels: list[str],
+                     problem_type: str = "single_label_classification") -> dict:
+        """config.json of the classifier: the original config with this family's sequence
+        classification architecture and the labels in output order."""
+        config = {key: value for key, value in self.raw.items() if key != "num_labels"}
+        config.update(model_type=self.family, architectures=[ARCHITECTURES[self.family]],
+                      id2label={str(i): label for i, label in enumerate(labels)},
+                      label2id={label: i for i, label in enumerate(labels)},
+                      problem_type=problem_type)
+        return config
+
+
+def _bert_shaped(family: str, raw: dict) -> EncoderConfig:
+    """BERT and ELECTRA: the same keys; ELECTRA's embeddings may be narrower."""
+    c = {**(_ELECTRA_DEFAULTS if family == "electra" else _BERT_DEFAULTS), **raw}
+    if c["position_embedding_type"] != "absolute":
+        raise ConfigError("base_model", f"config.json: position_embedding_type "
+                                        f"{c['position_embedding_type']!r} is not supported "
+                                        f"(supported: absolute)")
+    dropout = c["classifier_dropout"]
+    return EncoderConfig(
+        family=family, vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        embedding_size=c.get("embedding_size", c["hidden_size"]),
+        num_layers=c["num_hidden_layers"], num_heads=c["num_attention_heads"],
+        intermediate_size=c["intermediate_size"], hidden_act=c["hidden_act"],
+        max_position_embeddings=c["max_position_embeddings"], frozen_positions=False,
+        type_vocab_size=c["type_vocab_size"], layer_norm_eps=c["layer_norm_eps"],
+        hidden_dropout=c["hidden_dropout_prob"],
+        attention_dropout=c["attention_probs_dropout_prob"],
+        classifier_dropout=c["hidden_dropout_prob"] if dropout is None else dropout,
+        initializer_range=c["initializer_range"], pad_token_id=c["pad_token_id"], raw=dict(raw))
+
+
+def _distilbert(raw: dict) -> EncoderConfig:
+    c = {**_DISTILBERT_DEFAULTS, **raw}
+    return EncoderConfig(
+        family="distilbert", vocab_size=c["vocab_size"], hidden_size=c["dim"],
+        embedding_size=c["dim"], num_layers=c["n_layers"], num_heads=c["n_heads"],
+        intermediate_size=c["hidden_dim"], hidden_act=c["activation"],
+        max_position_embeddings=c["max_position_embeddings"],
+        frozen_positions=bool(c["sinusoidal_pos_embds"]), type_vocab_size=0,
+        layer_norm_eps=1e-12,  # fixed in transformers' DistilBERT, not in its config
+        hidden_dropout=c["dropout"], attention_dropout=c["attention_dropout"],
+        classifier_dropout=c["seq_classif_dropout"], initializer_range=c["initializer_range"],
+        pad_token_id=c["pad_token_id"], raw=dict(raw))

@@ -1,0 +1,31 @@
+"""The encoder: embeddings, transformer blocks and (BERT's) pooler."""
+from __future__ import annotations
+
+import tf_keras
+
+from tasks.model.config import EncoderConfig
+from tasks.model.layers import Embeddings, LayerFactory, TransformerBlock, attention_bias
+
+
+class Encoder(tf_keras.layers.Layer):
+    """`features` (input_ids, and optionally attention_mask and token_type_ids: int
+    [batch, seq]) -> (last hidden state [batch, seq, hidden], pooled output [batch, hidden]
+    or None). The pooled output is BERT's pooler (dense + tanh on the first token); DistilBERT
+    and ELECTRA have none. DistilBERT ignores token_type_ids."""
+
+    def __init__(self, config: EncoderConfig, make: LayerFactory, **kwargs):
+        super().__init__(**kwargs)
+        self.embeddings = Embeddings(config, make, name="embeddings")
+        self.blocks = [TransformerBlock(config, make, config.family != "distilbert",
+                                        name=f"block_{i}") for i in range(config.num_layers)]
+        self.pooler = (make.dense(config.hidden_size, "pooler", activation="tanh")
+                       if config.family == "bert" else None)
+
+    def call(self, features, training=None):
+        hidden = self.embeddings(features, training=training)
+        # Built once for all blocks, in the compute dtype.
+        bias = attention_bias(features.get("attention_mask"), hidden.dtype)
+        for block in self.blocks:
+            hidden = block(hidden, bias, training=training)
+        pooled = None if self.pooler is None else self.pooler(hidden[:, 0])
+        return hidden, pooled

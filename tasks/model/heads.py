@@ -1,0 +1,72 @@
+"""Task heads on top of the encoder, each as transformers' PyTorch class of its family has it.
+
+HEADS maps a task and a family to its head class; only sequence classification exists so far.
+A head is called with the encoder's (sequence output, pooled output or None) and returns
+logits in the compute dtype.
+"""
+from __future__ import annotations
+
+import tf_keras
+
+from tasks.model.config import EncoderConfig
+from tasks.model.layers import LayerFactory
+
+SEQUENCE_CLASSIFICATION = "sequence_classification"
+
+
+class BertSequenceHead(tf_keras.layers.Layer):
+    """BertForSequenceClassification: pooled output -> dropout -> classifier."""
+
+    def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
+        super().__init__(**kwargs)
+        self.dropout = make.dropout(config.classifier_dropout)
+        self.classifier = make.dense(num_labels, "classifier")
+
+    def call(self, sequence, pooled, training=None):
+        return self.classifier(self.dropout(pooled, training=training))
+
+
+class DistilBertSequenceHead(tf_keras.layers.Layer):
+    """DistilBertForSequenceClassification: first token -> pre_classifier -> ReLU -> dropout
+    (seq_classif_dropout) -> classifier."""
+
+    def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
+        super().__init__(**kwargs)
+        self.pre_classifier = make.dense(config.hidden_size, "pre_classifier", activation="relu")
+        self.dropout = make.dropout(config.classifier_dropout)
+        self.classifier = make.dense(num_labels, "classifier")
+
+    def call(self, sequence, pooled, training=None):
+        hidden = self.dropout(self.pre_classifier(sequence[:, 0]), training=training)
+        return self.classifier(hidden)
+
+
+class ElectraSequenceHead(tf_keras.layers.Layer):
+    """ElectraForSequenceClassification: first token -> dropout -> dense -> GELU -> dropout ->
+    out_proj. PyTorch applies one Dropout module twice; here they are two layers, so that
+    seeded masks of the same shape are not the same mask."""
+
+    def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
+        super().__init__(**kwargs)
+        self.input_dropout = make.dropout(config.classifier_dropout, "input_dropout")
+        self.dense = make.dense(config.hidden_size, "dense")
+        self.activation = make.activation("gelu")
+        self.hidden_dropout = make.dropout(config.classifier_dropout, "hidden_dropout")
+        self.out_proj = make.dense(num_labels, "out_proj")
+
+    def call(self, sequence, pooled, training=None):
+        hidden = self.dense(self.input_dropout(sequence[:, 0], training=training))
+        hidden = self.hidden_dropout(self.activation(hidden), training=training)
+        return self.out_proj(hidden)
+
+
+HEADS = {SEQUENCE_CLASSIFICATION: {"bert": BertSequenceHead,
+                                   "distilbert": DistilBertSequenceHead,
+                                   "electra": ElectraSequenceHead}}
+
+
+def build_head(task: str, config: EncoderConfig, num_labels: int,
+               make: LayerFactory) -> tf_keras.layers.Layer:
+    if task not in HEADS:
+        raise ValueError(f"unknown task {task!r}; known: {', '.join(HEADS)}")
+    return HEADS[task][config.family](config, num_labels, make, name="head")

@@ -1,0 +1,174 @@
+"""tasks/model against transformers' PyTorch classes (the torch environment of
+tests/torch_env.py; its side is tests/torch_model_reference.py).
+
+- A tiny random BERT (GELU), DistilBERT (ReLU) and ELECTRA (tanh GELU, embedding size 16,
+  hidden size 32), each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
+  PyTorch's last hidden state, pooled output (BERT) and logits within 1e-5, on a padded
+  batch with token types; the weights it saves carry exactly PyTorch's key names.
+- The default MiniLM checkpoint (a bare BertModel, no `bert.` prefix): last hidden state and
+  pooler output within 1e-5 of PyTorch's BertModel.
+- Export: what save_hf_checkpoint writes of a perturbed model loads in PyTorch's
+  AutoModelForSequenceClassification with no missing, unexpected or mismatched keys and
+  gives bertflow's logits within 1e-5.
+PyTorch runs twice per session (all families at once): once to write the checkpoints and
+references, once to load the exports.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import torch_env
+from tasks.model import EncoderConfig, build_classifier, load_hf_weights, save_hf_checkpoint
+
+FAMILIES = ("bert", "distilbert", "electra")
+LABELS = ["neg", "neutral", "pos"]
+TOLERANCE = 1e-5
+SCRIPT = Path(__file__).resolve().parent / "torch_model_reference.py"
+
+
+def batch(vocab: int, rows: int, length: int, seed: int) -> dict[str, np.ndarray]:
+    """Random ids with [CLS]-like id 2 first; row i has i padding positions (mask 0, id 0);
+    token type 1 on the second half of each row."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vocab, size=(rows, length))
+    ids[:, 0] = 2
+    mask = np.ones_like(ids)
+    for row in range(rows):
+        if row:
+            mask[row, -row:] = 0
+    types = np.zeros_like(ids)
+    types[:, length // 2:] = 1
+    return {"input_ids": ids * mask, "token_type_ids": types * mask, "attention_mask": mask}
+
+
+BATCH = batch(99, rows=3, length=9, seed=0)
+MINILM_BATCH = batch(30522, rows=4, length=16, seed=1)
+
+
+def run_torch(*args) -> None:
+    try:
+        python = torch_env.python()
+    except torch_env.Unavailable as missing:
+        pytest.skip(f"no PyTorch environment: {missing}")
+    with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
+        done = subprocess.run([str(python), str(SCRIPT), *map(str, args)], cwd=cwd,
+                              capture_output=True, text=True, timeout=600,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    if done.returncode:
+        raise AssertionError(f"{SCRIPT.name} {args[0]} failed:\n{done.stderr[-3000:]}")
+
+
+def features(arrays: dict[str, np.ndarray]) -> dict:
+    import tensorflow as tf
+
+    return {name: tf.constant(arrays[name], tf.int32)
+            for name in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+@pytest.fixture(scope="session")
+def references(tmp_path_factory) -> Path:
+    """The torch-written checkpoints and their outputs (one PyTorch process)."""
+    from tasks.training.checkpoint import default_base_model_dir
+
+    out = tmp_path_factory.mktemp("torch-references")
+    np.savez(out / "batch.npz", **BATCH, **{f"minilm_{k}": v for k, v in MINILM_BATCH.items()})
+    run_torch("make", out, default_base_model_dir())
+    return out
+
+
+@pytest.fixture(autouse=True)
+def float32_policy():
+    import tf_keras
+
+    tf_keras.mixed_precision.set_global_policy("float32")
+
+
+def load(folder: Path, num_labels: int = len(LABELS)):
+    model = build_classifier(EncoderConfig.from_pretrained(folder), num_labels)
+    fresh = load_hf_weights(model, folder, keep_head=True)
+    return model, fresh
+
+
+def max_error(ours, theirs) -> float:
+    assert ours.shape == theirs.shape
+    return float(np.max(np.abs(np.asarray(ours) - theirs)))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_outputs_match_pytorch(references, family):
+    model, fresh = load(references / family)
+    assert fresh == []
+    expected = np.load(references / family / "reference.npz")
+    sequence, pooled = model.encoder(features(BATCH), training=False)
+    errors = {"last_hidden_state": max_error(sequence, expected["last_hidden_state"]),
+              "logits": max_error(model(features(BATCH), training=False),
+                                  expected["logits"])}
+    if family == "bert":
+        errors["pooler_output"] = max_error(pooled, expected["pooler_output"])
+    else:
+        assert pooled is None
+    print(f"{family} max abs error vs PyTorch: {errors}")
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_saved_keys_are_pytorch_keys(references, tmp_path, family):
+    from safetensors.numpy import load_file
+
+    model, _ = load(references / family)
+    save_hf_checkpoint(model, LABELS, tmp_path)
+    theirs = load_file(str(references / family / "model.safetensors"))
+    ours = load_file(str(tmp_path / "model.safetensors"))
+    assert sorted(ours) == sorted(theirs)
+    for key, value in theirs.items():
+        np.testing.assert_array_equal(ours[key], value, err_msg=key)
+
+
+def test_default_checkpoint_matches_pytorch_bert_model(references):
+    from tasks.training.checkpoint import default_base_model_dir
+
+    model, fresh = load(default_base_model_dir(), num_labels=2)
+    assert fresh == ["classifier.weight", "classifier.bias"]  # a bare encoder: no head
+    expected = np.load(references / "minilm.npz")
+    sequence, pooled = model.encoder(features(MINILM_BATCH), training=False)
+    errors = {"last_hidden_state": max_error(sequence, expected["last_hidden_state"]),
+              "pooler_output": max_error(pooled, expected["pooler_output"])}
+    print(f"MiniLM max abs error vs PyTorch BertModel: {errors}")
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+@pytest.fixture(scope="session")
+def exported(references, tmp_path_factory) -> tuple[Path, dict]:
+    """Each family's model with every weight perturbed, saved by save_hf_checkpoint, and
+    loaded by PyTorch (one process); bertflow's logits by family."""
+    out = tmp_path_factory.mktemp("exported")
+    np.savez(out / "batch.npz", **BATCH)
+    rng = np.random.default_rng(2)
+    logits = {}
+    for family in FAMILIES:
+        model, _ = load(references / family)
+        for variable in model.weights:
+            variable.assign_add(rng.normal(0, 0.05, variable.shape).astype(np.float32))
+        save_hf_checkpoint(model, LABELS, out / family)
+        logits[family] = model(features(BATCH), training=False).numpy()
+    run_torch("load", *(out / family for family in FAMILIES))
+    return out, logits
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_export_loads_in_pytorch_with_the_same_logits(exported, family):
+
+    out, logits = exported
+    info = json.loads((out / family / "loading_info.json").read_text())
+    assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [],
+                    "error_msgs": []}
+    error = max_error(logits[family], np.load(out / family / "torch_logits.npy"))
+    print(f"{family} export: PyTorch logits max abs error {error}")
+    assert error < TOLERANCE

@@ -1,0 +1,91 @@
+"""The PyTorch side of tests/test_model_parity.py: runs in the torch environment
+(tests/torch_env.py; torch and transformers, no TensorFlow, no project code).
+
+    python torch_model_reference.py make OUT MINILM_DIR
+        For each family, a tiny random checkpoint OUT/<family> written by transformers'
+        *ForSequenceClassification (save_pretrained), and OUT/<family>/reference.npz with its
+        last hidden state, pooled output (BERT) and logits on OUT/batch.npz; OUT/minilm.npz
+        with BertModel's outputs for the checkpoint in MINILM_DIR.
+    python torch_model_reference.py load FOLDER...
+        AutoModelForSequenceClassification.from_pretrained(FOLDER, output_loading_info=True):
+        FOLDER/torch_logits.npy on FOLDER/../batch.npz and FOLDER/loading_info.json.
+"""
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import (AutoModelForSequenceClassification, BertConfig,
+                          BertForSequenceClassification, BertModel, DistilBertConfig,
+                          DistilBertForSequenceClassification, ElectraConfig,
+                          ElectraForSequenceClassification)
+
+NUM_LABELS = 3
+TINY = dict(vocab_size=99, max_position_embeddings=64, num_labels=NUM_LABELS)
+# Each activation bertflow reads once: BERT's exact GELU, DistilBERT's ReLU, ELECTRA's tanh
+# GELU (its classification head's GELU is exact whatever the config says).
+MODELS = {
+    "bert": (BertForSequenceClassification, BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        **TINY)),
+    "distilbert": (DistilBertForSequenceClassification, DistilBertConfig(
+        dim=32, n_layers=2, n_heads=4, hidden_dim=37, activation="relu", **TINY)),
+    "electra": (ElectraForSequenceClassification, ElectraConfig(
+        embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, hidden_act="gelu_new", **TINY)),
+}
+
+
+def inputs(batch: dict, family: str) -> dict:
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if family != "distilbert"
+                                               else [])
+    return {name: torch.from_numpy(batch[name]).long() for name in names}
+
+
+@torch.no_grad()
+def make(out: Path, minilm_dir: str) -> None:
+    batches = np.load(out / "batch.npz")
+    batch = {k: batches[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    for family, (cls, config) in MODELS.items():
+        torch.manual_seed(0)
+        model = cls(config).eval()
+        # Off the initial values (LayerNorm 1 and 0, zero biases), so that a swapped or
+        # untransposed weight shows.
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+        model.save_pretrained(out / family)
+        features = inputs(batch, family)
+        encoded = getattr(model, family)(**features)
+        reference = {"last_hidden_state": encoded.last_hidden_state.numpy(),
+                     "logits": model(**features).logits.numpy()}
+        if family == "bert":
+            reference["pooler_output"] = encoded.pooler_output.numpy()
+        np.savez(out / family / "reference.npz", **reference)
+
+    minilm = BertModel.from_pretrained(minilm_dir).eval()
+    encoded = minilm(**{k[len("minilm_"):]: torch.from_numpy(v).long()
+                        for k, v in batches.items() if k.startswith("minilm_")})
+    np.savez(out / "minilm.npz", last_hidden_state=encoded.last_hidden_state.numpy(),
+             pooler_output=encoded.pooler_output.numpy())
+
+
+@torch.no_grad()
+def load(folders: list[str]) -> None:
+    for folder in map(Path, folders):
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            folder, output_loading_info=True)
+        model.eval()
+        batches = np.load(folder.parent / "batch.npz")
+        features = inputs({k: batches[k] for k in batches.files}, model.config.model_type)
+        np.save(folder / "torch_logits.npy", model(**features).logits.numpy())
+        (folder / "loading_info.json").write_text(json.dumps(
+            {key: [str(item) for item in value] for key, value in info.items()}))
+
+
+if __name__ == "__main__":
+    command, *args = sys.argv[1:]
+    if command == "make":
+        make(Path(args[0]), args[1])
+    else:
+        load(args)
