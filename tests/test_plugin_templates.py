@@ -101,3 +101,21 @@ def test_run_ids_labels_and_names_are_printed_as_text(logged_in, hostile):
         assert page.status_code == 200, (path, page.text[:300])
         _clean(page.text)
         assert ESCAPED in page.text, path
+
+
+def test_airflow_imports_the_entry_file_only():
+    """Airflow's plugin loader imports every .py file under the plugins folder as a top-level
+    module named after the file; plugins/.airflowignore keeps it out of the page's package,
+    which the entry file imports as `bertflow_ui`."""
+    import sys
+
+    from airflow import plugins_manager
+
+    plugins, errors = plugins_manager._get_plugins()
+    assert not errors, errors
+    [page] = [p for p in plugins if p.name == "bertflow"]
+    assert str(page.source).endswith("bertflow_plugin.py")
+    for stem in ("routes", "charts", "templating", "formatting", "__init__"):
+        module = sys.modules.get(stem)
+        assert module is None or "bertflow_ui" not in str(getattr(module, "__file__", "")), stem
+    assert sys.modules["bertflow_ui.routes"].app is page.fastapi_apps[0]["app"]
