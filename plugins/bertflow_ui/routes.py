@@ -191,40 +191,36 @@ def index(sort: str = "date", order: str = "desc") -> str:
 
 # --- the run page ------------------------------------------------------------------------
 
-# The run page's config table: (heading, RunConfig field a sweep may search, or None).
+# The run page's config table: (heading, key of the run's summary: a RunConfig field or a
+# figure of its train manifest).
 CONFIG_ROWS = [("learning rate", "learning_rate"), ("epochs", "epochs"),
-               ("per-replica batch", "per_replica_batch_size"), ("global batch", None),
-               ("max_seq_length", "max_seq_length"), ("strategy", None),
-               ("provisioner", None), ("steps", None)]
-TRAINED = ("global batch", "steps")  # from the train manifest: not a sweep folder's
+               ("per-replica batch", "per_replica_batch_size"),
+               ("global batch", "global_batch_size"), ("max_seq_length", "max_seq_length"),
+               ("strategy", "strategy"), ("provisioner", "provisioner"), ("steps", "steps")]
+TRAINED = ("global_batch_size", "steps")  # a sweep folder trains nothing: no such figures
 
 
 def _config_rows(run: dict) -> list[tuple[str, str]]:
     """(heading, text) of the run page's config table. A sweep's searched fields list every
     value its trials took (its own config.json holds only the shared values)."""
+    sweep = run["sweep_record"]
     searched: dict[str, list] = {}
-    for trial in (run["sweep_record"] or {}).get("trials") or []:
+    for trial in (sweep or {}).get("trials") or []:
         for name, value in trial["values"].items():
             if value not in searched.setdefault(name, []):
                 searched[name].append(value)
+
+    def values(name: str) -> str:
+        return "searched: " + ", ".join(exact(v) for v in searched[name])
+
     rows = [("experiment", fmt(run["experiment"])),
             ("logical date", run["logical_date"] or "–"), ("run id", run["run_id"] or "–")]
-    values = {"learning rate": run["learning_rate"], "epochs": run["epochs"],
-              "per-replica batch": run["per_replica_batch_size"],
-              "global batch": run["global_batch_size"], "max_seq_length": run["max_seq_length"],
-              "strategy": run["strategy"], "provisioner": run["provisioner"],
-              "steps": run["steps"]}
-    for heading, field in CONFIG_ROWS:
-        if run["sweep_record"] is not None and heading in TRAINED:
-            continue
-        if field in searched:
-            rows.append((heading, "searched: " + ", ".join(exact(v) for v in searched[field])))
-        else:
-            rows.append((heading, fmt(values[heading])))
-    tabled = {field for _, field in CONFIG_ROWS}
-    for name in (n for n in searched if n not in tabled):
-        rows.append((name, "searched: " + ", ".join(exact(v) for v in searched[name])))
-    if run["sweep_record"] is None:  # a sweep folder trains nothing: its best trial's page
+    for heading, key in CONFIG_ROWS:
+        if sweep is None or key not in TRAINED:
+            rows.append((heading, values(key) if key in searched else fmt(run[key])))
+    tabled = {key for _, key in CONFIG_ROWS}
+    rows += [(name, values(name)) for name in searched if name not in tabled]
+    if sweep is None:  # a sweep's training figures are its best trial's (its page shows them)
         rows += [("train time", duration(run["train_seconds"])),
                  ("examples/s", fmt(run["examples_per_second"])),
                  ("goodput", fmt(goodput.describe(run["goodput_detail"])))]
@@ -237,7 +233,8 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
     a sweep's best trial): charts, confusion matrix, per-class rows, the exported version
     with its card link and location, the gate's decision and the promotion."""
     metrics = run["metrics"]
-    labels = [str(x) for x in (metrics or {}).get("labels") or []]
+    labels = (metrics or {}).get("labels")
+    labels = [str(x) for x in labels] if isinstance(labels, list) else []
     per_class = (metrics or {}).get("per_class")
     default = run_summary.default_location(root)
     tb_dir = run["train"].get("tensorboard_dir") or join_uri(run["uri"], "train",

@@ -350,6 +350,8 @@ def read_sweep(root: str, dag_id: str, run_key: str) -> dict[str, Any] | None:
         if not valid_name(key) or key == run_key or any(t["run_key"] == key for t in trials):
             continue
         index = trial.get("index")
+        if isinstance(index, bool):
+            index = None
         values = trial.get("values") if isinstance(trial.get("values"), dict) else {}
         trials.append({"index": index if isinstance(index, int) else position,
                        "run_key": key, "values": values,
