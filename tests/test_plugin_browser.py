@@ -15,8 +15,9 @@ from plugin_helpers import (DAG_ID, LABELS, SWEEP_DAG, SWEEP_KEY, SWEEP_METRICS,
 from ui_helpers import Browser, free_port
 
 RUN_KEY = "baseline__2024-01-01T00_00_00_00_00"
-# Airflow's UI shows a plugin page in an iframe beside its navigation bar (4rem) inside the
-# main content's padding (0.75rem each side): 1312 px of a 1400 px window.
+# Airflow's UI shows a plugin page in an iframe beside its navigation bar (4rem): 1328 px of
+# a 1400 px window (measured in Airflow 3.3's `airflow standalone`). Checked at 1312, as if
+# the main content's padding (0.75rem each side) applied too.
 WINDOW, IN_AIRFLOW = 1400, 1400 - 64 - 2 * 12
 
 
