@@ -120,6 +120,9 @@ def test_a_sweep_s_page_shows_its_best_trial_s_evaluation_model_and_gate(logged_
     verdict = "passed" if gate["passed"] else "refused"
     assert (f"Quality gate: <span class='{verdict}'>{verdict}</span> "
             f"({html.escape(gate['reason'], quote=False)})") in text
+    # "compare with…": the trials, all at once (the sweep folder itself trains nothing).
+    assert re.findall(r"<a class='compare' href='[^']+'>([^<]+)</a>", text) == \
+        ["compare all 2 trials"]
     # The config table: the shared config, with every value a searched field took.
     assert "<th class='l'>learning rate</th><td class='l'>searched: 3e-05, 5e-05</td>" in text
 

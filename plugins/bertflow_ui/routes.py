@@ -268,7 +268,9 @@ def run_page(dag_id: str, run_key: str) -> str:
     return render(
         "run.html", title=f"bertflow run {dag_id} / {run_key}", dag_id=dag_id,
         run_key=run_key, run=run, is_sweep=is_sweep, config=_config_rows(run),
-        compare_with=_compare_links(root, dag_id, run_key, run["experiment"]),
+        # A sweep folder trains nothing to compare: its trials are (compare_all).
+        compare_with={"links": [], "all": None} if is_sweep else
+        _compare_links(root, dag_id, run_key, run["experiment"]),
         trials=trials, compare_all=compare_all,
         outcome=_outcome(root, shown) if shown is not None else None)
 
