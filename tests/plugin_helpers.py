@@ -152,6 +152,70 @@ def build_export_elsewhere(root: str, base: str, scratch: Path) -> dict[str, str
     return locations
 
 
+# A 2-trial sweep of experiment "tune" (build_sweep): its folder and one per trial under
+# runs/bert_sweep/, as tasks/runs/sweep.py and the steps leave them.
+SWEEP_DAG = "bert_sweep"
+SWEEP_KEY = "tune__2024-04-01T00_00_00_00_00"
+SWEEP_SPACE = {"grid": {"learning_rate": [3e-5, 5e-5], "per_replica_batch_size": [16]}}
+# trial index -> (accuracy, macro-F1); trial 2 is the best
+SWEEP_METRICS = {1: (0.8125, 0.75), 2: (0.875, 0.8333)}
+SWEEP_VERSION = "v20240401T013000-5eeeeeee"
+
+
+def build_sweep(root: str, scratch: Path, experiment: str = "tune") -> dict:
+    """A finished 2-trial sweep: init_sweep's folders and sweep.json, each trial's train
+    manifest, history and evaluation, pick_best's best/manifest.json, then the best trial's
+    export (a published version), the gate (tasks.steps.promote.check) and the promotion
+    (promote.run), as bert_sweep runs them on the best trial's folder. Returns {"sweep": RunContext, "trials": [RunContext], "best": RunContext, "gate": dict}."""
+    from tasks.runs import runlayout, sweep
+    from tasks.runs.runlayout import RunContext
+    from tasks.steps import promote
+
+    logical = "2024-04-01T00:00:00+00:00"
+    plan = sweep.plan({"artifact_root": root, "experiment": experiment, "model_name": MODEL,
+                       "epochs": 2, "max_seq_length": 64}, SWEEP_SPACE)
+    ctx = RunContext(root, SWEEP_DAG, SWEEP_KEY, f"backfill__{logical}", experiment, logical)
+    sweep.init_sweep(plan, ctx, max_parallel_trials=2)
+    trials = []
+    labels = LABELS
+    for planned in plan.trials:
+        tctx = sweep.trial_context(ctx, planned.index)
+        accuracy, f1 = SWEEP_METRICS[planned.index]
+        steps = 10 * planned.index
+        runlayout.write_manifest(tctx.step_uri("train"), {
+            "strategy": "one_device", "global_batch_size": 16, "per_replica_batch_size": 16,
+            "examples_per_second": 40.0 + planned.index, "train_seconds": 60.0 * planned.index,
+            "steps": steps, "tensorboard_dir": join_uri(tctx.step_uri("train"), "tensorboard")})
+        storage.write_json(join_uri(tctx.step_uri("train"), "history.json"), history(steps))
+        matrix = [[10, 1, 1], [2, 9, 1], [0, 1, 7 + planned.index]]
+        metrics = {"accuracy": accuracy, "macro_f1": f1, "labels": labels,
+                   "num_examples": sum(map(sum, matrix)), "confusion_matrix": matrix,
+                   "per_class": {lb: {"precision": 0.8, "recall": 0.8, "f1": 0.8,
+                                      "support": sum(matrix[i])}
+                                 for i, lb in enumerate(labels)}}
+        metrics_uri = join_uri(tctx.step_uri("evaluate"), "metrics.json")
+        storage.write_json(metrics_uri, metrics)
+        runlayout.write_manifest(tctx.step_uri("evaluate"), {
+            "metrics_uri": metrics_uri, "num_examples": metrics["num_examples"],
+            "metrics": {"accuracy": accuracy, "macro_f1": f1}})
+        trials.append((tctx, planned.cfg, metrics))
+    chosen = sweep.pick_best(ctx.run_uri)
+    best_ctx, best_cfg, best_metrics = next(t for t in trials
+                                            if t[0].run_uri == chosen["best"]["run_uri"])
+    folder = scratch / SWEEP_VERSION
+    folder.mkdir(parents=True)
+    (folder / "metrics.json").write_text(json.dumps(best_metrics))
+    (folder / "model_card.md").write_text(f"# {MODEL} {SWEEP_VERSION} (sweep)\n")
+    version_uri = join_uri(best_cfg.resolved_export_uri(), MODEL, SWEEP_VERSION)
+    storage.publish_dir(folder, version_uri)
+    runlayout.write_manifest(best_ctx.step_uri("export"), {
+        "version_uri": version_uri, "version": SWEEP_VERSION, "model_name": MODEL,
+        "experiment": experiment, "logical_date": logical})
+    gate = promote.check(best_cfg, best_ctx)
+    promote.run(best_cfg, best_ctx)
+    return {"sweep": ctx, "trials": [t[0] for t in trials], "best": best_ctx, "gate": gate}
+
+
 @pytest.fixture(scope="module")
 def api_server(airflow_db):
     """Airflow's api-server app (core API, auth manager, plugins) as `airflow api-server`

@@ -1,8 +1,8 @@
-"""The run page in a real browser: Airflow's api-server app served by uvicorn on a loopback
-port (in a thread of the test process, faster than `airflow api-server`), headless Chromium
-logged in with the UI's `_token` cookie. Saves screenshots under the test's tmp path. Like
-tests/test_airflow_standalone.py it fails, not skips, without /usr/bin/chromium
-(`make test-deps`)."""
+"""The bertflow page in a real browser: Airflow's api-server app served by uvicorn on a
+loopback port (in a thread of the test process, faster than `airflow api-server`), headless
+Chromium logged in with the UI's `_token` cookie. Saves screenshots under the test's tmp path
+(light and dark for the index and a sweep's page). Like tests/test_airflow_standalone.py it
+fails, not skips, without /usr/bin/chromium (`make test-deps`)."""
 from __future__ import annotations
 
 import threading
@@ -10,10 +10,15 @@ import time
 
 import pytest
 
-from plugin_helpers import DAG_ID, LABELS, build_artifacts
+from plugin_helpers import (DAG_ID, LABELS, SWEEP_DAG, SWEEP_KEY, SWEEP_METRICS,
+                            SWEEP_VERSION, build_artifacts, build_sweep)
 from ui_helpers import Browser, free_port
 
 RUN_KEY = "baseline__2024-01-01T00_00_00_00_00"
+# Airflow's UI shows a plugin page in an iframe beside its navigation bar (4rem): 1328 px of
+# a 1400 px window (measured in Airflow 3.3's `airflow standalone`). Checked at 1312, as if
+# the main content's padding (0.75rem each side) applied too.
+WINDOW, IN_AIRFLOW = 1400, 1400 - 64 - 2 * 12
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +112,96 @@ def test_compare_two_runs_ticked_on_the_index(served, browser, artifact_root, tm
     browser.click("document.querySelector('details.equal.config summary')")  # the toggle
     browser.wait_js("document.querySelector('details.equal.config').open")
     browser.screenshot(tmp_path / "compare_page.png")
+
+
+def _fits(browser: Browser) -> dict:
+    """Whether the page scrolls sideways: the document's and each table's widths."""
+    return browser.evaluate("""(() => { const d = document.documentElement;
+        return {scroll: d.scrollWidth, client: d.clientWidth, inner: window.innerWidth,
+                tables: [...document.querySelectorAll('table')].map(t =>
+                    Math.ceil(t.getBoundingClientRect().right))}; })()""")
+
+
+def _set_width(browser: Browser, width: int | None) -> None:
+    if width is None:
+        browser.send("Emulation.clearDeviceMetricsOverride")
+    else:
+        browser.send("Emulation.setDeviceMetricsOverride", width=width, height=1800,
+                     deviceScaleFactor=1, mobile=False)
+
+
+def _colour_scheme(browser: Browser, scheme: str) -> dict:
+    browser.send("Emulation.setEmulatedMedia",
+                 features=[{"name": "prefers-color-scheme", "value": scheme}])
+    return browser.evaluate("""(() => { const s = getComputedStyle(document.documentElement);
+        return {bg: s.backgroundColor, fg: s.color, font: s.fontFamily}; })()""")
+
+
+def test_index_fits_the_window_in_airflow_s_look(served, browser, artifact_root, tmp_path):
+    """The index with plain runs and a 2-trial sweep: no horizontal scroll bar at 1400 px, nor
+    at the width Airflow's UI gives the page at 1400 px; Airflow's fonts and colours, light
+    and dark."""
+    base, token = served
+    build_artifacts(artifact_root)
+    build_sweep(artifact_root, tmp_path / "scratch")
+    browser.set_cookie("_token", token, base)
+    browser.navigate(f"{base}/bertflow/")
+    browser.wait_js("document.querySelectorAll('table.experiments tr.run').length === 6")
+    for width in (None, IN_AIRFLOW):
+        _set_width(browser, width)
+        fits = _fits(browser)
+        assert fits["inner"] == (width or WINDOW), fits
+        assert fits["scroll"] <= fits["client"], fits
+        assert max(fits["tables"]) <= fits["client"], fits
+    _set_width(browser, None)
+    light = _colour_scheme(browser, "light")
+    browser.screenshot(tmp_path / "index_light.png")
+    dark = _colour_scheme(browser, "dark")
+    browser.screenshot(tmp_path / "index_dark.png")
+    # Airflow's bg and fg tokens: white on its "black" (oklch(0.23185 0.0323 266.44)) in
+    # light mode, the other way round (fg gray.50) in dark mode.
+    assert light["bg"] == "rgb(255, 255, 255)" and "oklch(0.23185" in light["fg"], light
+    assert "oklch(0.23185" in dark["bg"] and "oklch(0.985" in dark["fg"], dark
+    assert light["font"].startswith("Inter, -apple-system"), light
+    rows = browser.evaluate("""[...document.querySelectorAll("tr.run[data-experiment='tune']")]
+        .map(r => [r.dataset.kind, r.querySelector('td a').textContent,
+                   r.querySelector('td.accuracy').textContent])""")
+    assert rows == [["sweep", "2024-04-01T00:00:00+00:00", "0.875"],
+                    ["trial", "learning_rate=3e-05, per_replica_batch_size=16", "0.8125"],
+                    ["trial", "learning_rate=5e-05, per_replica_batch_size=16", "0.875"]]
+
+
+def test_a_sweep_s_page_shows_its_best_trial(served, browser, artifact_root, tmp_path):
+    """A sweep's page: its best trial's curves, metrics and confusion matrix, the version it
+    exported (the card opens) and the gate's verdict; light and dark."""
+    base, token = served
+    build_artifacts(artifact_root)
+    built = build_sweep(artifact_root, tmp_path / "scratch")
+    browser.set_cookie("_token", token, base)
+    browser.navigate(f"{base}/bertflow/runs/{SWEEP_DAG}/{SWEEP_KEY}")
+    browser.wait_js("document.querySelectorAll('svg.chart polyline').length === 3")
+    page = browser.evaluate("""(() => ({
+        text: document.body.innerText,
+        metrics: document.querySelector('p.metrics').innerText,
+        exported: document.querySelector('p.exported').innerText,
+        card: document.querySelector('p.exported a').href,
+        gate: document.querySelector('p.gate').innerText,
+        cells: document.querySelectorAll('svg.confusion rect.cell').length}))()""")
+    accuracy, f1 = SWEEP_METRICS[2]
+    assert page["metrics"] == f"accuracy {accuracy:g}, macro-F1 {f1:g} on 34 examples"
+    assert page["exported"].startswith(f"Exported as bert-classifier {SWEEP_VERSION}")
+    assert page["gate"].startswith("Quality gate: " + ("passed" if built["gate"]["passed"]
+                                                       else "refused"))
+    assert "Not evaluated yet" not in page["text"] and "Not exported yet" not in page["text"]
+    assert page["cells"] == 9
+    assert _fits(browser)["scroll"] <= _fits(browser)["client"]
+    _colour_scheme(browser, "light")
+    browser.screenshot(tmp_path / "sweep_light.png")
+    _colour_scheme(browser, "dark")
+    fills = browser.evaluate("""[...document.querySelectorAll('svg.confusion rect.cell')]
+        .map(r => getComputedStyle(r).fill)""")
+    assert len(set(fills)) > 3  # still shaded by value in dark mode
+    browser.screenshot(tmp_path / "sweep_dark.png")
+    browser.navigate(page["card"])
+    browser.wait_js("document.body && document.body.innerText.length > 0")
+    assert SWEEP_VERSION in browser.evaluate("document.body.innerText")

@@ -14,6 +14,9 @@ from plugin_helpers import (CHAMPION_RUN, DAG_ID, ELSEWHERE_RUNS, LABELS, MODEL,
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
 
 RUN_KEY = "baseline__2024-01-01T00_00_00_00_00"
+# A row of a models table: (champion class, version, accuracy).
+VERSION_ROW = (r"<tr class='(champion)?'>\s*<td class='l'>(?:&#9733; )?(v[^<]+)</td>\s*"
+               r"<td>([^<]+)</td>")
 
 
 @pytest.fixture
@@ -56,8 +59,7 @@ def test_index_lists_model_versions_with_the_champion_marked(logged_in, tree):
     page = logged_in.get("/bertflow/").text
     models = page.split("<h3>Models</h3>", 1)[1].split("<h3>Experiments</h3>", 1)[0]
     champion = RUNS[CHAMPION_RUN][-1]
-    versions = re.findall(r"<tr class='(champion)?'><td class='l'>(?:&#9733; )?(v[^<]+)</td>"
-                          r"<td>([^<]+)</td>", models)
+    versions = re.findall(VERSION_ROW, models)
     assert versions == [("champion", champion, "0.9012"),
                         ("", "v20240102T000500-bbbbbbbb", "0.8456"),
                         ("", "v20240101T000500-aaaaaaaa", "0.8123")]  # not the partial one
@@ -241,7 +243,7 @@ def test_models_exported_elsewhere_are_listed_with_their_champion_and_card(
                         f"{MODEL} <small>in <code>{shared}</code></small>"], headings
     default_rows = _location_table(models, f"{tree}/models")
     assert f"&#9733; {RUNS[CHAMPION_RUN][-1]}" in default_rows
-    version = r"<tr class='(champion)?'><td class='l'>(?:&#9733; )?(v[^<]+)</td><td>([^<]+)</td>"
+    version = VERSION_ROW
     first, second, dated = (ELSEWHERE_RUNS[k][-1] for k in ELSEWHERE_RUNS)
     shared_rows = _location_table(models, shared)
     # The champion of {shared}/bert-classifier/CHAMPION.json (tasks.steps.promote), not the

@@ -11,10 +11,17 @@ Export locations: models go to `{export_uri}/{model_name}/{version}/`, where `ex
 known locations are that default plus every distinct resolved `export_uri` the runs under
 the root recorded in their config.json. A request names a location only by its
 `location_id` (a hash of the URI), looked up in that server-side set; never by a path.
+
+Sweeps (tasks/runs/sweep.py): a sweep folder `{run_key}/` holds sweep.json (the plan) and
+best/manifest.json (the chosen trial); each trial is a run folder `{run_key}__trial-NN/`
+named in sweep.json. The experiments table nests a sweep's trials under it, labels each trial
+by its searched values and gives the sweep's row its best trial's figures; a sweep's page
+shows its best trial's training, evaluation, exported version and gate.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from typing import Any
@@ -28,6 +35,14 @@ LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may n
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
 CHAMPION = "CHAMPION.json"  # tasks.steps.promote.CHAMPION (not imported: promote pulls in more)
 HISTORY = "history.json"    # train/history.json, written by tasks.steps.train.Progress
+SWEEP_FILE = "sweep.json"   # tasks.runs.sweep.SWEEP_FILE: a sweep folder's plan
+TRIAL_KEY = re.compile(r"(?P<sweep>.+)__trial-(?P<index>\d+)")  # sweep.trial_context's names
+# What a sweep's row in the experiments table takes from its best trial: the trial's config,
+# figures and exported version (the sweep folder itself trains nothing).
+FROM_BEST = ("learning_rate", "epochs", "per_replica_batch_size", "global_batch_size",
+             "max_seq_length", "strategy", "provisioner", "accuracy", "macro_f1",
+             "train_seconds", "examples_per_second", "steps", "goodput", "model_name",
+             "version", "export_location", "export_location_id", "promoted", "promote_reason")
 # Worker log files, {run}/{step}/logs/{role}-{index}.log (tasks/provision/worker_logs.py).
 LOG_STEPS = ("data", "tokenize", "train", "evaluate", "export")
 LOG_NAME = re.compile(r"(chief|worker|ps|evaluator)-\d{1,5}\.log")
@@ -53,14 +68,21 @@ def _dict(uri: str) -> dict[str, Any]:
 
 def _folders_with(prefix: str, name: str, depth: int) -> list[tuple[str, ...]]:
     """The `depth` path parts under `prefix` of every folder holding a file `name`."""
+    return _folders_with_any(prefix, (name,), depth)[name]
+
+
+def _folders_with_any(prefix: str, names: tuple[str, ...],
+                      depth: int) -> dict[str, list[tuple[str, ...]]]:
+    """_folders_with for several file names, from one listing of `prefix`."""
     base = prefix.rstrip("/") + "/"
-    out = set()
+    out: dict[str, set] = {name: set() for name in names}
     for uri in storage.list_uris(prefix):
-        if uri.startswith(base) and uri.endswith("/" + name):
-            parts = tuple(uri[len(base):].split("/")[:-1])
-            if len(parts) == depth and all(valid_name(p) for p in parts):
-                out.add(parts)
-    return sorted(out)
+        if not uri.startswith(base):
+            continue
+        *parts, name = uri[len(base):].split("/")
+        if name in out and len(parts) == depth and all(valid_name(p) for p in parts):
+            out[name].add(tuple(parts))
+    return {name: sorted(found) for name, found in out.items()}
 
 
 def runs_uri(root: str) -> str:
@@ -74,6 +96,13 @@ def models_uri(root: str) -> str:
 def list_runs(root: str) -> list[tuple[str, str]]:
     """(dag_id, run_key) of every run folder (one with a context.json) under `root`."""
     return _folders_with(runs_uri(root), "context.json", 2)
+
+
+def list_runs_and_sweeps(root: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(run folders, the folders among them and others that hold a sweep.json), from one
+    listing of the runs."""
+    found = _folders_with_any(runs_uri(root), ("context.json", SWEEP_FILE), 2)
+    return found["context.json"], found[SWEEP_FILE]
 
 
 def list_versions(root: str) -> list[tuple[str, str]]:
@@ -185,14 +214,41 @@ def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "export_location_id": location_id(location) if location else None,
         "promoted": promote.get("promoted"),
         "promote_reason": promote.get("reason"),
+        # A plain run until experiments() finds it is a sweep or one of a sweep's trials.
+        "kind": "run",
+        "label": context.get("logical_date") or context.get("run_id") or run_key,
+        "sweep_key": None, "trial_index": None, "best_trial": False,
+        "trials": None, "best_key": None, "best_label": None, "best_index": None,
     }
 
 
 def experiments(root: str) -> dict[str, list[dict[str, Any]]]:
-    """Run summaries grouped by experiment (sorted by name), newest date first in a group."""
+    """Run summaries grouped by experiment (sorted by name), newest date first in a group.
+    A sweep's row has `kind` "sweep", its trial count and its best trial's figures
+    (FROM_BEST; `best_key`, `best_label`, `best_index`); its trials' rows have `kind`
+    "trial", `sweep_key`, `trial_index`, `label` (their searched values) and sit in the
+    sweep's experiment."""
+    runs, sweeps = list_runs_and_sweeps(root)
+    rows = {(dag_id, run_key): run_summary(root, dag_id, run_key) for dag_id, run_key in runs}
+    for dag_id, run_key in sweeps:
+        row = rows.get((dag_id, run_key))
+        record = read_sweep(root, dag_id, run_key) if row else None
+        if record is None:
+            continue
+        for trial in record["trials"]:
+            found = rows.get((dag_id, trial["run_key"]))
+            if found is not None and found is not row and found["kind"] == "run":
+                found.update(kind="trial", sweep_key=run_key, trial_index=trial["index"],
+                             label=trial["label"], experiment=row["experiment"],
+                             best_trial=trial["run_key"] == record["best"])
+        row.update(kind="sweep", trials=len(record["trials"]), best_key=record["best"])
+        best = rows.get((dag_id, record["best"])) if record["best"] else None
+        if best is not None and best is not row:
+            row.update({field: best[field] for field in FROM_BEST})
+            chosen = next(t for t in record["trials"] if t["run_key"] == record["best"])
+            row.update(best_label=chosen["label"], best_index=chosen["index"])
     groups: dict[str, list[dict[str, Any]]] = {}
-    for dag_id, run_key in list_runs(root):
-        row = run_summary(root, dag_id, run_key)
+    for row in rows.values():
         groups.setdefault(row["experiment"], []).append(row)
     for rows in groups.values():
         rows.sort(key=lambda r: str(r["date"]), reverse=True)
@@ -227,9 +283,13 @@ def train_goodput(run: str) -> dict[str, Any] | None:
         return None
 
 
-def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
+def run_detail(root: str, dag_id: str, run_key: str, *,
+               with_sweep: bool = True) -> dict[str, Any]:
     """A run's summary plus what its page draws: the training history, the evaluation metrics
-    (confusion matrix, per class), the train manifest and which steps have finished."""
+    (confusion matrix, per class), the train manifest, the gate's decision and which steps
+    have finished. With `with_sweep`: for a sweep folder its trials (`sweep`), plan
+    (`sweep_record`) and best trial's own detail (`best`, None until one is chosen); for a
+    trial, which sweep it belongs to (`trial_of`)."""
     run = join_uri(runs_uri(root), dag_id, run_key)
     detail = run_summary(root, dag_id, run_key)
     history = _dict(join_uri(run, "train", HISTORY))
@@ -238,34 +298,104 @@ def run_detail(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "history": [r for r in history.get("records") or [] if isinstance(r, dict)],
         "history_meta": {k: v for k, v in history.items() if k != "records"},
         "metrics": _dict(join_uri(run, "evaluate", "metrics.json")) or None,
+        "gate": _dict(join_uri(run, "gate", "manifest.json")) or None,
         "goodput_detail": train_goodput(run),
         "steps_done": [s for s in ("data", "tokenize", "provision", "train", "evaluate",
-                                   "release", "export", "promote")
+                                   "release", "export", "gate", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],
         "logs": worker_logs(root, dag_id, run_key),
-        "sweep": sweep_trials(root, dag_id, run_key),
+        "sweep": None, "sweep_record": None, "best": None, "trial_of": None,
     })
+    if not with_sweep:
+        return detail
+    record = read_sweep(root, dag_id, run_key)
+    if record is None:
+        detail["trial_of"] = trial_of(root, dag_id, run_key)
+        if detail["trial_of"]:
+            detail["label"] = detail["trial_of"]["label"]
+        return detail
+    detail["sweep_record"] = record
+    detail["sweep"] = sweep_trials(root, dag_id, run_key, record)
+    if record["best"] and record["best"] != run_key:
+        detail["best"] = run_detail(root, dag_id, record["best"], with_sweep=False)
+        detail["best"]["label"] = next(t["label"] for t in record["trials"]
+                                       if t["run_key"] == record["best"])
     return detail
 
 
-def sweep_trials(root: str, dag_id: str, run_key: str) -> list[dict[str, Any]] | None:
-    """A sweep folder's trials (label, run_key, metrics, whether it is the chosen one) from
-    its sweep.json and best/manifest.json; None for a folder that is not a sweep."""
+def trial_label(values: Any, fallback: str = "") -> str:
+    """A trial named by its searched values, exactly as configured (two trials never read
+    the same), e.g. 'learning_rate=3e-05, per_replica_batch_size=16'; `fallback` (the label
+    sweep.json stored) for a trial without values."""
+    if not isinstance(values, dict) or not values:
+        return fallback
+    return ", ".join(f"{name}={value if isinstance(value, str) else json.dumps(value)}"
+                     for name, value in values.items())
+
+
+def read_sweep(root: str, dag_id: str, run_key: str) -> dict[str, Any] | None:
+    """A sweep folder's plan and outcome: `{"metric", "space", "trials": [{"index",
+    "run_key", "label", "values"}], "best": the chosen trial's run_key or None}` from its
+    sweep.json and best/manifest.json; None for a folder that is not a sweep. Trials whose
+    run_key is not a valid name (or is the sweep's own) are left out."""
     run = join_uri(runs_uri(root), dag_id, run_key)
-    record = read_json_or_none(join_uri(run, "sweep.json"))
+    record = read_json_or_none(join_uri(run, SWEEP_FILE))
     if not isinstance(record, dict):
         return None
-    best = (_dict(join_uri(run, "best", "manifest.json")).get("best") or {}).get("run_key")
-    rows = []
-    for trial in record.get("trials") or []:
-        key = str(trial.get("run_key", ""))
-        if not valid_name(key):
+    trials = []
+    for position, trial in enumerate(record.get("trials") or [], start=1):
+        if not isinstance(trial, dict):
             continue
-        evaluation = _dict(join_uri(runs_uri(root), dag_id, key, "evaluate", "manifest.json"))
-        metrics = evaluation.get("metrics") or {}
-        rows.append({"run_key": key, "label": str(trial.get("label", "")),
-                     "accuracy": metrics.get("accuracy"), "macro_f1": metrics.get("macro_f1"),
-                     "best": key == best})
+        key = str(trial.get("run_key", ""))
+        if not valid_name(key) or key == run_key or any(t["run_key"] == key for t in trials):
+            continue
+        index = trial.get("index")
+        if isinstance(index, bool):
+            index = None
+        values = trial.get("values") if isinstance(trial.get("values"), dict) else {}
+        trials.append({"index": index if isinstance(index, int) else position,
+                       "run_key": key, "values": values,
+                       "label": trial_label(values, str(trial.get("label", "")))})
+    chosen = _dict(join_uri(run, "best", "manifest.json")).get("best")
+    best = chosen.get("run_key") if isinstance(chosen, dict) else None
+    return {"metric": record.get("metric"), "space": record.get("space"), "trials": trials,
+            "best": best if any(t["run_key"] == best for t in trials) else None}
+
+
+def trial_of(root: str, dag_id: str, run_key: str) -> dict[str, Any] | None:
+    """For a trial's folder (`{sweep}__trial-NN` listed in that sweep's sweep.json): its
+    sweep's run_key, its index and label, whether it is the chosen one and how many trials
+    the sweep has; None for any other folder."""
+    match = TRIAL_KEY.fullmatch(run_key)
+    if not match or not valid_name(match["sweep"]):
+        return None
+    record = read_sweep(root, dag_id, match["sweep"])
+    for trial in (record or {}).get("trials") or []:
+        if trial["run_key"] == run_key:
+            return {"sweep_key": match["sweep"], "index": trial["index"],
+                    "label": trial["label"], "best": record["best"] == run_key,
+                    "trials": len(record["trials"])}
+    return None
+
+
+def sweep_trials(root: str, dag_id: str, run_key: str,
+                 record: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
+    """A sweep folder's trials (label, run_key, metrics, whether it is the chosen one) from
+    its sweep.json and best/manifest.json (`record`: read_sweep's, if already read); None
+    for a folder that is not a sweep."""
+    record = record or read_sweep(root, dag_id, run_key)
+    if record is None:
+        return None
+    rows = []
+    for trial in record["trials"]:
+        evaluation = _dict(join_uri(runs_uri(root), dag_id, trial["run_key"], "evaluate",
+                                    "manifest.json"))
+        metrics = evaluation.get("metrics") if isinstance(evaluation.get("metrics"), dict) \
+            else {}
+        rows.append({"run_key": trial["run_key"], "index": trial["index"],
+                     "label": trial["label"], "accuracy": metrics.get("accuracy"),
+                     "macro_f1": metrics.get("macro_f1"),
+                     "best": trial["run_key"] == record["best"]})
     return rows
 
 
