@@ -6,8 +6,8 @@ tests all call the same code.
 import os
 import platform
 
-# transformers' TensorFlow classes need Keras 2 (tf-keras); this must be set before
-# tensorflow or transformers is first imported, in every process.
+# bertflow's model is built on Keras 2 (tf-keras: ParameterServer training and the legacy
+# optimizers it needs); this must be set before tensorflow is first imported, in every process.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # TensorFlow turns on its oneDNN CPU kernels by itself only on CPUs with avx512_vnni,

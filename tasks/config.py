@@ -87,8 +87,9 @@ class RunConfig(BaseModel):
     # --- model and tokenizer ----------------------------------------------------------------
     base_model: str = Field(
         default="", title="Base checkpoint",
-        description="The BERT checkpoint to fine-tune (config.json with model_type bert, "
-                    "vocab.txt, model.safetensors or tf_model.h5): a local folder; a gs:// "
+        description="The checkpoint to fine-tune: a BERT, DistilBERT or ELECTRA encoder "
+                    "(config.json with model_type bert, distilbert or electra, vocab.txt, "
+                    "model.safetensors): a local folder; a gs:// "
                     "or s3:// folder; a Hugging Face Hub id with an optional revision, "
                     "google-bert/bert-base-uncased@<tag or commit> (token: hf_conn_id); "
                     "champion or champion:<model_name> to warm-start from the live model. "

@@ -39,7 +39,7 @@ def test_second_run_starts_at_the_champions_accuracy(tmp_path, tiny_model_dir,  
     trained = runlayout.read_manifest(ctx.manifest_uri("train"))
     assert trained["base_checkpoint"]["kind"] == "local"
     assert trained["base_checkpoint"]["sha256"] == storage.sha256_file(
-        tiny_model_dir / "tf_model.h5")
+        tiny_model_dir / "model.safetensors")
     export.run(cfg, ctx)
     assert runlayout.read_manifest(promote.run(cfg, ctx))["promoted"]
     champion = storage.read_json(promote.champion_uri(cfg))

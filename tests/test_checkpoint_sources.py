@@ -86,9 +86,9 @@ def test_each_form_is_recognised(tmp_path):
 def test_local_folder_resolves_in_place_with_its_hashes(tiny, cache):
     resolved = checkpoint.resolve_base_checkpoint(RunConfig(base_model=str(tiny)))
     assert resolved.path == tiny and resolved.kind == "local"
-    assert resolved.weights == "tf_model.h5"
-    assert resolved.sha256 == storage.sha256_file(tiny / "tf_model.h5")
-    assert set(resolved.files) == {"config.json", "vocab.txt", "tf_model.h5"}
+    assert resolved.weights == "model.safetensors"
+    assert resolved.sha256 == storage.sha256_file(tiny / "model.safetensors")
+    assert set(resolved.files) == {"config.json", "vocab.txt", "model.safetensors"}
     assert not cache.exists()  # nothing copied
 
 
@@ -97,11 +97,10 @@ def test_local_bad_values_are_refused(tmp_path, tiny, cache):
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "novocab", drop="vocab.txt"))),
             "missing vocab.txt")
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "noweights",
-                                             drop="tf_model.h5"))),
-            "missing model.safetensors or tf_model.h5")
-    for other in ("roberta", "distilbert"):
-        refused(RunConfig(base_model=str(variant(tmp_path, tiny, other, model_type=other))),
-                f"is a {other} checkpoint", "model_type must be bert")
+                                             drop="model.safetensors"))),
+            "missing model.safetensors")
+    refused(RunConfig(base_model=str(variant(tmp_path, tiny, "roberta", model_type="roberta"))),
+            "model_type 'roberta'", "supported: bert, distilbert, electra")
 
 
 def test_a_local_path_of_remote_workers_is_left_to_them(tmp_path):
@@ -125,8 +124,8 @@ def bucket(request, tmp_path, tiny):
     (tmp_path / "readme").mkdir()
     (tmp_path / "readme" / "README.md").write_text("not a checkpoint")
     storage.upload_dir(variant(tmp_path, tiny, "novocab", drop="vocab.txt"), f"{prefix}/novocab")
-    storage.upload_dir(variant(tmp_path, tiny, "distil", model_type="distilbert"),
-                       f"{prefix}/distil")
+    storage.upload_dir(variant(tmp_path, tiny, "roberta", model_type="roberta"),
+                       f"{prefix}/roberta")
     yield prefix, conns
     storage.configure(storage.Connections())
 
@@ -142,17 +141,17 @@ def test_bucket_folder_is_fetched_once_verified_and_reused(bucket, tiny, cache, 
     first = checkpoint.resolve_base_checkpoint(cfg)
     assert first.kind == "bucket" and first.location == f"{prefix}/bert"
     assert first.path.is_relative_to(cache)
-    assert first.sha256 == storage.sha256_file(tiny / "tf_model.h5")
-    for name in ("config.json", "vocab.txt", "tf_model.h5"):
+    assert first.sha256 == storage.sha256_file(tiny / "model.safetensors")
+    for name in ("config.json", "vocab.txt", "model.safetensors"):
         assert (first.path / name).read_bytes() == (tiny / name).read_bytes()
-    assert sorted(u.rsplit("/", 1)[1] for u in reads) == ["config.json", "tf_model.h5",
+    assert sorted(u.rsplit("/", 1)[1] for u in reads) == ["config.json", "model.safetensors",
                                                           "vocab.txt"]
     # Another step (a new process: the in-process memo cleared) reuses the cache entry.
     checkpoint_sources._resolved.clear()
     again = checkpoint.resolve_base_checkpoint(cfg)
     assert again.path == first.path and len(reads) == 3
     # A damaged entry (size differs from the record) is fetched again.
-    with open(first.path / "tf_model.h5", "ab") as f:
+    with open(first.path / "model.safetensors", "ab") as f:
         f.write(b"x")
     checkpoint_sources._resolved.clear()
     repaired = checkpoint.resolve_base_checkpoint(cfg)
@@ -166,7 +165,7 @@ def test_bucket_folder_is_fetched_once_verified_and_reused(bucket, tiny, cache, 
 def test_bucket_bad_values_are_refused(bucket, cache):
     prefix, conns = bucket
     refused(RunConfig(base_model=f"{prefix}/novocab", **conns), "missing vocab.txt")
-    refused(RunConfig(base_model=f"{prefix}/distil", **conns), "is a distilbert checkpoint")
+    refused(RunConfig(base_model=f"{prefix}/roberta", **conns), "model_type 'roberta'")
     refused(RunConfig(base_model=f"{prefix}/nothing-here", **conns), "holds no files")
     scheme = prefix.split("://")[0]
     refused(RunConfig(base_model=f"{scheme}://no-such-bucket-{uuid.uuid4().hex[:6]}/bert",
@@ -216,10 +215,10 @@ def hub(tmp_path, tiny, monkeypatch):
 def test_hub_revisions_fetch_only_what_loading_needs(hub, cache, tiny):
     main = checkpoint.resolve_base_checkpoint(RunConfig(base_model="org/tiny-bert"))
     assert (main.kind, main.location, main.revision) == ("hub", "org/tiny-bert", hub.main)
-    assert sorted(p.name for p in main.path.iterdir()) == ["config.json", "tf_model.h5",
+    assert sorted(p.name for p in main.path.iterdir()) == ["config.json", "model.safetensors",
                                                            "vocab.txt"]
     assert main.path.is_relative_to(cache / "hub")
-    assert main.sha256 == storage.sha256_file(tiny / "tf_model.h5")
+    assert main.sha256 == storage.sha256_file(tiny / "model.safetensors")
     assert hub.file_gets("pytorch_model.bin") == 0 and hub.file_gets("README.md") == 0
 
     tagged = checkpoint.resolve_base_checkpoint(RunConfig(base_model="org/tiny-bert@v2"))
@@ -227,7 +226,7 @@ def test_hub_revisions_fetch_only_what_loading_needs(hub, cache, tiny):
         RunConfig(base_model=f"org/tiny-bert@{hub.v2}"))
     assert tagged.revision == by_commit.revision == hub.v2 != hub.main
     assert json.loads((tagged.path / "config.json").read_text())["num_hidden_layers"] == 1
-    assert hub.file_gets("tf_model.h5") == 1  # v2 has main's weights: one blob, kept once
+    assert hub.file_gets("model.safetensors") == 1  # v2 has main's weights: one blob, kept once
 
 
 def test_hub_cache_is_reused_and_offline_mode_reads_it(hub, cache, monkeypatch):
@@ -235,7 +234,7 @@ def test_hub_cache_is_reused_and_offline_mode_reads_it(hub, cache, monkeypatch):
     first = checkpoint.resolve_base_checkpoint(cfg)
     checkpoint_sources._resolved.clear()
     again = checkpoint.resolve_base_checkpoint(cfg)
-    assert again.path == first.path and hub.file_gets("tf_model.h5") == 1
+    assert again.path == first.path and hub.file_gets("model.safetensors") == 1
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     checkpoint_sources._resolved.clear()
@@ -253,9 +252,9 @@ def test_hub_bad_values_are_refused_without_fetching_weights(hub, cache):
     refused(RunConfig(base_model="org/tiny-bert@v9"), "no revision 'v9'",
             "branch, tag or commit")
     refused(RunConfig(base_model="org/novocab"), "missing vocab.txt")
-    refused(RunConfig(base_model="org/roberta"), "is a roberta checkpoint")
+    refused(RunConfig(base_model="org/roberta"), "model_type 'roberta'")
     refused(RunConfig(base_model="org/gated-bert"), "is gated", "hf_conn_id")
-    assert hub.file_gets("tf_model.h5") == 0  # validate reads config.json and listings only
+    assert hub.file_gets("model.safetensors") == 0  # validate reads config.json and listings only
 
 
 def test_gated_repo_with_the_connection_token(hub, cache, monkeypatch):
@@ -323,7 +322,7 @@ def test_gated_repo_is_staged_in_the_bucket_for_workers_without_connections(
         "hub", "org/gated-bert", controller.revision, "org/gated-bert")
     assert worker.sha256 == controller.sha256 and worker.files == controller.files
     # A folder whose weights no longer match its origin record is reported as the bucket.
-    storage.write_bytes(f"{staged}/tf_model.h5", b"retrained elsewhere")
+    storage.write_bytes(f"{staged}/model.safetensors", b"retrained elsewhere")
     checkpoint_sources._resolved.clear()
     changed = checkpoint_sources.resolve(cfg.model_copy(update={"base_model": staged,
                                                                 "hf_conn_id": ""}))
@@ -347,7 +346,7 @@ def test_champion_is_pinned_and_read_from_the_export_location(tmp_path, tiny, ca
                                                                  version_dir)
     other = RunConfig(base_model="champion:reviews", export_uri=export_uri, model_name="x")
     assert checkpoint_sources.check(other) == pinned
-    (version_dir / "tf_model.h5").unlink()
+    (version_dir / "model.safetensors").unlink()
     refused(cfg, "without a Hugging Face checkpoint")
 
 
@@ -358,9 +357,9 @@ def test_classifier_head_is_kept_only_for_the_same_labels(tmp_path):
                                label2id={k: i for i, k in enumerate(LABELS)})
     kept = checkpoint.load_classifier(trained, LABELS)
     fresh = checkpoint.load_classifier(trained, ["pos", "neg"])
-    original = kept.classifier.kernel.numpy()
+    original = kept.head.classifier.kernel.numpy()
     assert "reused (labels" in checkpoint.describe_head(trained, LABELS)
     assert "differ from this run's" in checkpoint.describe_head(trained, ["pos", "neg"])
-    assert not np.allclose(fresh.classifier.kernel.numpy(), original)
-    assert np.allclose(fresh.bert.weights[0].numpy(), kept.bert.weights[0].numpy())
+    assert not np.allclose(fresh.head.classifier.kernel.numpy(), original)
+    assert np.allclose(fresh.encoder.weights[0].numpy(), kept.encoder.weights[0].numpy())
     assert checkpoint.head_labels(write_tiny_model(tmp_path / "base")) is None

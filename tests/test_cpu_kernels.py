@@ -1,4 +1,5 @@
-"""tasks/training/cpu_kernels and tasks/training/cpu_layers: bertflow's CPU kernels against TensorFlow's own ops.
+"""tasks/training/cpu_kernels and the model's kernel layers (tasks/model/layers.py): bertflow's CPU
+kernels against TensorFlow's own ops.
 
 `make install` builds the library; these tests fail, not skip, when it is missing, because
 training on CPU would then silently take the slow path. BERTFLOW_CPU_KERNELS=0 (switched off
@@ -11,7 +12,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from tasks.training import checkpoint, cpu_kernels, cpu_layers, model as model_lib
+from tasks.model import layers
+from tasks.training import checkpoint, cpu_kernels, model as model_lib
 from train_helpers import LABELS, logits_and_gradients, tiny_batch, tiny_model_dir  # noqa: F401
 
 if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
@@ -179,34 +181,31 @@ def test_adamw_kernel_leaves_a_value_read_before_the_step_alone():
     assert (before.numpy() == 1.0).all() and (var.numpy() < 1.0).all()
 
 
-def test_layers_swap_onto_the_kernels_with_the_same_weights_and_outputs(
-        tiny_model_dir):  # noqa: F811
+def test_kernel_layers_give_the_stock_outputs_and_gradients(tiny_model_dir):  # noqa: F811
     batch = tiny_batch()
-    stock = checkpoint.load_classifier(tiny_model_dir, LABELS, float32_gelu=False)
+    stock = checkpoint.load_classifier(tiny_model_dir, LABELS, gelu="native")
     ours = checkpoint.load_classifier(tiny_model_dir, LABELS, cpu_kernels=True)
-    kinds = {type(layer) for layer in ours.submodules}
-    assert {cpu_layers.KernelDropout, cpu_layers.KernelLayerNorm} <= kinds
-    assert tf_keras.layers.Dropout not in kinds and tf_keras.layers.LayerNormalization not in kinds
-    assert [v.name.split("/", 1)[1] for v in ours.weights] == \
-        [v.name.split("/", 1)[1] for v in stock.weights]
-    ours.set_weights(stock.get_weights())
+    kernel_layers = [layer for layer in ours.submodules
+                     if isinstance(layer, (layers.Dropout, layers.LayerNorm))]
+    assert kernel_layers and all(layer.use_cpu_kernel for layer in kernel_layers)
+    assert [v.name for v in ours.weights] == [v.name for v in stock.weights]
     results = [logits_and_gradients(model, batch) for model in (stock, ours)]
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     for ours_g, stock_g in zip(results[1][1], results[0][1]):
         np.testing.assert_allclose(ours_g, stock_g, rtol=1e-4, atol=1e-6)
     # Training mode draws dropout masks: two calls differ, inference is deterministic.
-    train1, train2 = (ours(batch, training=True).logits.numpy() for _ in range(2))
+    train1, train2 = (ours(batch, training=True).numpy() for _ in range(2))
     assert not np.allclose(train1, train2)
-    np.testing.assert_array_equal(ours(batch).logits.numpy(), ours(batch).logits.numpy())
+    np.testing.assert_array_equal(ours(batch).numpy(), ours(batch).numpy())
 
 
 def test_float16_layers_fall_back_to_the_stock_implementation():
     x = tf.random.stateless_normal([2, 3, 8], [1, 2])
-    ln = cpu_layers.KernelLayerNorm(dtype="float16")
+    ln = layers.LayerNorm(epsilon=1e-3, use_cpu_kernel=True, dtype="float16")
     ref = tf_keras.layers.LayerNormalization(dtype="float16")
     np.testing.assert_array_equal(ln(tf.cast(x, tf.float16)).numpy(),
                                   ref(tf.cast(x, tf.float16)).numpy())
-    y = cpu_layers.kernel_gelu(tf.cast(x, tf.float16))
+    y = layers.kernel_gelu(tf.cast(x, tf.float16))
     assert y.dtype == tf.float16
 
 

@@ -127,7 +127,7 @@ def test_pods_fetch_base_model_from_the_bucket_with_no_checkpoint_in_the_image(k
     trained = storage.read_json(join_uri(k8s_run.run_uri, "train", "manifest.json"))
     base = trained["base_checkpoint"]
     assert (base["kind"], base["location"]) == ("bucket", k8s_run.conf["base_model"])
-    assert base["sha256"] == storage.sha256_file(k8s_run.tiny / "tf_model.h5")
+    assert base["sha256"] == storage.sha256_file(k8s_run.tiny / "model.safetensors")
     # Each pod fetched into its own, new cache (tokenize and train pods alike).
     fetched = sorted(k8s_run.kubelet.workdir.glob("*.tmp/cache/bertflow/checkpoints/folders/*"))
     assert len({p.parts[-6] for p in fetched}) >= 2, fetched

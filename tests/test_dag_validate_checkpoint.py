@@ -20,6 +20,6 @@ def test_validate_fails_on_another_architecture_and_makes_no_run_folder(airflow_
     done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=900)
     log = done.stdout + done.stderr
-    assert "config field 'base_model'" in log and "is a roberta checkpoint" in log, log[-4000:]
-    assert "model_type must be bert" in log
+    assert "config field 'base_model'" in log and "model_type 'roberta'" in log, log[-4000:]
+    assert "supported: bert, distilbert, electra" in log
     assert not (tmp_path / "artifacts" / "runs").exists()  # refused before init_run

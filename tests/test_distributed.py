@@ -32,7 +32,7 @@ from tasks.errors import WorkerError
 from tasks.provision.local.cluster import LocalCluster
 from tasks.provision.spec import distributed_spec
 from tasks.runs.runlayout import read_manifest
-from train_helpers import (h5_weights, make_run, run_cluster, run_steps_in_subprocess,
+from train_helpers import (saved_weights, make_run, run_cluster, run_steps_in_subprocess,
                            single_device_matrix, write_tiny_model)
 
 # Trained weights of the 2-worker MWMS run and the 2-device Mirrored run agree to within this
@@ -93,10 +93,10 @@ def test_mwms_trains_the_same_weights_as_mirrored(trained):
         assert ("2 replicas x 8 per replica x 1 accumulation = global batch 16; learning rate "
                 "0.01 (none: no scaling) = 0.01; 4 steps per epoch, 24 steps in 6 epochs") in out
 
-    a = h5_weights(Path(mirrored["model_dir"]))
-    b = h5_weights(Path(mwms["model_dir"]))
+    a = saved_weights(Path(mirrored["model_dir"]))
+    b = saved_weights(Path(mwms["model_dir"]))
     assert a.keys() == b.keys() and len(a) > 30
-    base = h5_weights(Path(trained["mirrored"][0].base_model))
+    base = saved_weights(Path(trained["mirrored"][0].base_model))
     moved = max(float(np.abs(a[k] - base[k]).max()) for k in a)
     diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
     print(f"MWMS vs mirrored: max |weight difference| {diff:.3g} (training moved weights by "
@@ -139,7 +139,7 @@ def test_parameter_server_trains_with_fit(tmp_path, tiny_model):
     assert manifest["global_batch_size"] == 8 * manifest["num_replicas"]
     assert manifest["steps"] == manifest["total_steps"] > 0
     assert manifest["final_loss"] is not None and np.isfinite(manifest["final_loss"])
-    assert (Path(manifest["model_dir"]) / "tf_model.h5").is_file()
+    assert (Path(manifest["model_dir"]) / "model.safetensors").is_file()
     assert (Path(manifest["checkpoint_dir"]) / "checkpoint").is_file()
     assert any(ln.startswith("[worker:1] serving as worker 1") for ln in lines)
     assert any(ln.startswith("[ps:0] serving as ps 0") for ln in lines)

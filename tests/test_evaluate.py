@@ -47,7 +47,7 @@ def test_confusion_matrix_counts_each_row_once(tiny_model_dir, tmp_path, static_
     width = max(len(ids) for ids, _, _ in rows)
     ids = np.array([r[0] + [0] * (width - len(r[0])) for r in rows], np.int32)
     logits = model({"input_ids": ids, "token_type_ids": np.zeros_like(ids),
-                    "attention_mask": (ids > 0).astype(np.int32)}).logits
+                    "attention_mask": (ids > 0).astype(np.int32)})
     expected = np.zeros((2, 2), np.int64)
     np.add.at(expected, ([r[2] for r in rows], np.argmax(logits, axis=1)), 1)
     np.testing.assert_array_equal(matrix, expected)

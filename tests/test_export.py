@@ -17,6 +17,7 @@ from tasks.runs import runlayout
 from tasks.io import storage
 from tasks.config import parse_config
 from tasks.runs.runlayout import RunContext
+from train_helpers import write_tiny_model
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "the", "and", "short", "sentence",
          "to", "check", "model", "second", "different", "one", "good", "bad", "movie", ",",
@@ -30,20 +31,13 @@ def model_dir(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("train") / "model")
 
 
-def write_model(path, **config):
-    import tensorflow as tf
-    from transformers import BertConfig, TFBertForSequenceClassification
+def write_model(path, model_type: str = "bert", **config):
+    """A classifier of `model_type` with the run's labels, as the train step saves it."""
+    import tf_keras
 
-    tf.random.set_seed(0)
-    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1,
-                        num_attention_heads=2, intermediate_size=32,
-                        max_position_embeddings=64, num_labels=len(LABELS),
-                        id2label=dict(enumerate(LABELS)),
-                        label2id={name: i for i, name in enumerate(LABELS)}, **config)
-    model = TFBertForSequenceClassification(config)
-    model(model.dummy_inputs)
-    model.save_pretrained(path)
-    (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    tf_keras.utils.set_random_seed(0)
+    write_tiny_model(path, model_type, id2label=dict(enumerate(LABELS)), **config)
+    (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")  # real words for the texts
     return path
 
 
@@ -126,9 +120,9 @@ def test_export_publishes_a_loadable_version(root, tmp_path, model_dir):
                                         "files": []}}
     assert record["tfrecord_cache_key"] == "cd" * 32
     assert record["config"] == json.loads(cfg.to_json())
-    weights = hashlib.sha256((model_dir / "tf_model.h5").read_bytes()).hexdigest()
+    weights = hashlib.sha256((model_dir / "model.safetensors").read_bytes()).hexdigest()
     assert record["base_model"] == {"source": lineage.DEFAULT_SOURCE, "path": str(model_dir),
-                                    "weights": "tf_model.h5", "sha256": weights}
+                                    "weights": "model.safetensors", "sha256": weights}
     assert record["code"] == {"bertflow": tasks.__version__, "git_commit": git_head()}
     assert (record["dag_id"], record["run_id"]) == ("bert_finetune", "manual__1")
     assert record["metrics"] == {"accuracy": 0.75, "macro_f1": 0.7, "num_examples": 4}
@@ -170,11 +164,12 @@ def test_versions_differ_between_runs_and_sort_by_time(tmp_path):
     assert export.version_for(RunContext(str(tmp_path), "d", "run-a", "run-a")) == first
 
 
-def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
+@pytest.mark.parametrize("model_type", ["bert", "distilbert", "electra"])
+def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path, model_type):
     """The version folder's root is a standard HF checkpoint: PyTorch transformers loads it
     (in a venv with the torch CPU wheel and no TensorFlow) and gives the SavedModel's
-    probabilities on the same texts, within 1e-5 (float32 on both sides). Weights drawn
-    wide (initializer_range 1) so that the probabilities are far from uniform."""
+    probabilities on the same texts, within 1e-5 (float32 on both sides), for each family.
+    Weights drawn wide (initializer_range 1) so that the probabilities are far from uniform."""
     import numpy as np
 
     import torch_env
@@ -183,7 +178,10 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
         torch_env.python()
     except torch_env.Unavailable as err:
         pytest.skip(str(err))
-    ctx = fake_run(tmp_path, write_model(tmp_path / "wide", initializer_range=1.0))
+    # BERT's tanh pooler bounds what its head sees; DistilBERT's and ELECTRA's heads read the
+    # first token unbounded and saturate the softmax at initializer_range 1 (1e-18).
+    spread = 1.0 if model_type == "bert" else 0.3
+    ctx = fake_run(tmp_path, write_model(tmp_path / "wide", model_type, initializer_range=spread))
     cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "tiny"})
     version = runlayout.read_manifest(export.run(cfg, ctx))["version_uri"]
     names = {p.name for p in storage.local_path(version).iterdir()}
@@ -192,7 +190,9 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path):
     config = json.loads(storage.read_text(f"{version}/config.json"))
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert config["label2id"] == {"negative": 0, "positive": 1}
-    assert config["architectures"] == ["BertForSequenceClassification"]
+    assert config["architectures"] == [{"bert": "BertForSequenceClassification",
+                                        "distilbert": "DistilBertForSequenceClassification",
+                                        "electra": "ElectraForSequenceClassification"}[model_type]]
 
     texts = ["a good movie", "the second one , and a bad exported model", "different"]
     got = torch_env.predict(version, texts)

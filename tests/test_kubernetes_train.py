@@ -32,7 +32,7 @@ from tasks.errors import WorkerError
 from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.spec import distributed_spec
 from tasks.runs.runlayout import RunContext, read_manifest
-from train_helpers import (h5_weights, make_run, run_cluster, single_device_matrix,
+from train_helpers import (saved_weights, make_run, run_cluster, single_device_matrix,
                            write_tiny_model)
 
 pytestmark = pytest.mark.skipif(not ProcessKubelet.available(),
@@ -118,9 +118,9 @@ def local_ctx(tmp_path: Path, which: str = "local") -> RunContext:
 
 
 def weight_difference(a_manifest: dict, b_manifest: dict, base_dir: Path) -> tuple:
-    a = h5_weights(Path(a_manifest["model_dir"]))
-    b = h5_weights(Path(b_manifest["model_dir"]))
-    base = h5_weights(base_dir)
+    a = saved_weights(Path(a_manifest["model_dir"]))
+    b = saved_weights(Path(b_manifest["model_dir"]))
+    base = saved_weights(base_dir)
     assert a.keys() == b.keys() and len(a) > 30
     moved = max(float(np.abs(a[k] - base[k]).max()) for k in a)
     diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)

@@ -11,8 +11,9 @@ import tensorflow as tf
 import tf_keras
 
 from tasks.errors import BertflowError, ConfigError
-from tasks.model import (EncoderConfig, build_classifier, load_classifier, load_hf_weights,
-                         save_hf_checkpoint)
+from tasks.model.classifier import build_classifier, load_classifier
+from tasks.model.config import EncoderConfig
+from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 from tasks.model.layers import Dropout
 from tasks.training import cpu_kernels, seeded_dropout
 

@@ -25,7 +25,9 @@ import numpy as np
 import pytest
 
 import torch_env
-from tasks.model import EncoderConfig, build_classifier, load_hf_weights, save_hf_checkpoint
+from tasks.model.classifier import build_classifier
+from tasks.model.config import EncoderConfig
+from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 
 FAMILIES = ("bert", "distilbert", "electra")
 LABELS = ["neg", "neutral", "pos"]

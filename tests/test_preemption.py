@@ -39,7 +39,7 @@ from tasks.provision.spec import distributed_spec
 from tasks.provision.attempts import AttemptLoop, read_attempts
 from tasks.runs import goodput, run_summary
 from tasks.runs.runlayout import read_manifest
-from train_helpers import h5_weights, make_run, write_tiny_model
+from train_helpers import saved_weights, make_run, write_tiny_model
 
 FIXED = (10, 10)  # one batch shape: one trace of the train function
 # 128 rows / 16 = 8 steps per epoch, 2 epochs: a notice at step 3 lands mid-epoch.
@@ -166,8 +166,8 @@ def test_mwms_sigterm_mid_epoch_resumes_exactly(tmp_path, tiny_model):
     assert manifest["resumed_from_step"] == step
     assert manifest["steps"] == manifest["total_steps"] == 16
     assert ref_lines[0][1] is None, str(ref_lines[0][1])
-    a = h5_weights(Path(manifest["model_dir"]))
-    b = h5_weights(Path(read_manifest(ref[1].manifest_uri("train"))["model_dir"]))
+    a = saved_weights(Path(manifest["model_dir"]))
+    b = saved_weights(Path(read_manifest(ref[1].manifest_uri("train"))["model_dir"]))
     assert a.keys() == b.keys() and len(a) > 30
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
@@ -228,8 +228,8 @@ def test_parameter_server_worker_sigterm_chief_saves_and_resumes(tmp_path, tiny_
     result = check_goodput_adds_up(ctx)
     assert result["recomputed_steps"] == 0
     assert ref_result[0][1] is None, str(ref_result[0][1])
-    a = h5_weights(Path(manifest["model_dir"]))
-    b = h5_weights(Path(read_manifest(ref[1].manifest_uri("train"))["model_dir"]))
+    a = saved_weights(Path(manifest["model_dir"]))
+    b = saved_weights(Path(read_manifest(ref[1].manifest_uri("train"))["model_dir"]))
     diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
     print(f"PS resumed at step {step} vs uninterrupted: max |weight difference| {diff:.3g}")
     assert diff == 0.0

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from train_helpers import h5_weights, make_run, write_tiny_model  # first: puts tasks on the path
+from train_helpers import saved_weights, make_run, write_tiny_model  # first: puts tasks on the path
 from tasks.runs.runlayout import read_manifest  # noqa: E402
 from tasks.steps import train  # noqa: E402
 from tasks.training import preemption  # noqa: E402
@@ -97,8 +97,8 @@ def test_resumed_run_with_dropout_ends_with_the_uninterrupted_weights(
     assert manifest["resumed_from_step"] == NOTICE_AT and manifest["steps"] == 16
     assert manifest["cpu_kernels"] is reference["cpu_kernels"] is kernels
     assert manifest["training_loop"] == loop
-    a, b = h5_weights(Path(manifest["model_dir"])), h5_weights(Path(reference["model_dir"]))
-    base = h5_weights(dropout_model)
+    a, b = saved_weights(Path(manifest["model_dir"])), saved_weights(Path(reference["model_dir"]))
+    base = saved_weights(dropout_model)
     assert a.keys() == b.keys() and len(a) > 30
     assert max(float(np.abs(a[k] - base[k]).max()) for k in a) > 1e-2  # it trained
     for key in a:
@@ -114,16 +114,17 @@ def masks_under_mirrored() -> dict:
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import tf_keras
 
-    from tasks.training import cpu_kernels, cpu_layers, seeded_dropout
+    from tasks.model.layers import Dropout
+    from tasks.training import cpu_kernels, seeded_dropout
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():
         step = tf.Variable(0, dtype=tf.int64)
-        layers = tf_keras.Sequential([tf_keras.layers.Dropout(0.5) for _ in range(2)])
-    # The kernels' layer for the second: both ways of drawing take seeds.
-    if cpu_kernels.available():
-        layers.layers[1].__class__ = cpu_layers.KernelDropout
-    assert seeded_dropout.apply_to(layers, seeded_dropout.DropoutSeeds(7, step, 2)) == 2
+        # The second on the CPU kernel: both ways of drawing take seeds.
+        layers = tf_keras.Sequential([Dropout(0.5, 0), Dropout(0.5, 1, cpu_kernels.available())])
+    seeds = seeded_dropout.DropoutSeeds(7, step, 2)
+    for layer in layers.layers:
+        layer.set_seeds(seeds)
     x = tf.ones([32, 32])
 
     @tf.function
@@ -140,7 +141,7 @@ def masks_under_mirrored() -> dict:
         out.setdefault(f"{at}/{micro}", []).append(
             [[r.numpy().tolist() for r in strategy.experimental_local_results(m)]
              for m in per_layer])
-    out["kernel_layer"] = type(layers.layers[1]).__name__
+    out["kernel_layer"] = layers.layers[1].use_cpu_kernel
     return out
 
 
@@ -149,7 +150,7 @@ def test_layers_steps_micro_batches_and_replicas_draw_their_own_masks():
                           timeout=300, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["kernel_layer"] == "KernelDropout"  # built by make install
+    assert out["kernel_layer"] is True  # built by make install
     first, again = (np.array(m) for m in out["0/0"])  # [layer, replica, 32, 32]
     np.testing.assert_array_equal(first, again)  # the same step draws the same masks
     assert 0.4 < first.mean() < 0.6

@@ -11,7 +11,7 @@ import pytest
 from tasks.steps import evaluate, train
 from tasks.runs.runlayout import read_manifest
 from train_helpers import (LABELS, make_run, run_steps_in_subprocess,  # noqa: F401
-                           h5_weights, tiny_model_dir, tiny_rows, write_tiny_model)
+                           saved_weights, tiny_model_dir, tiny_rows, write_tiny_model)
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +34,7 @@ def check_outputs(ctx, strategy, replicas, per_replica):
     model_dir = Path(manifest["model_dir"])
     config = json.loads((model_dir / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}
-    assert {"tf_model.h5", "vocab.txt"} <= {p.name for p in model_dir.iterdir()}
+    assert {"model.safetensors", "vocab.txt"} <= {p.name for p in model_dir.iterdir()}
     assert (Path(manifest["checkpoint_dir"]) / "checkpoint").is_file()
     assert list(Path(manifest["tensorboard_dir"]).rglob("events.out.tfevents.*"))
 
@@ -175,7 +175,7 @@ def test_fit_and_custom_loop_reach_the_same_model(tmp_path):
         assert manifest["mixed_precision"] == "float32" and manifest["steps"] == 16
         metrics = json.loads(Path(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
                              .read_text())
-        results[loop] = manifest, metrics, h5_weights(Path(manifest["model_dir"]))
+        results[loop] = manifest, metrics, saved_weights(Path(manifest["model_dir"]))
     (fit, fit_metrics, fit_w), (custom, custom_metrics, custom_w) = results["fit"], \
         results["custom"]
     diff = max(float(np.abs(fit_w[k] - custom_w[k]).max()) for k in fit_w)
@@ -215,6 +215,6 @@ def test_fit_in_mixed_bfloat16_logs_the_plan(tmp_path, tiny_model_dir, capsys):
     assert (manifest["base_learning_rate"], manifest["lr_scaling"]) == (0.02, "linear")
     assert manifest["learning_rate"] == pytest.approx(0.01)
     # Variables stay float32 under the mixed policy (bfloat16 is the compute type only).
-    assert {w.dtype for w in h5_weights(Path(manifest["model_dir"])).values()} == \
+    assert {w.dtype for w in saved_weights(Path(manifest["model_dir"])).values()} == \
         {np.dtype("float32")}
 

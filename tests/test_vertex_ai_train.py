@@ -32,7 +32,7 @@ from tasks.training.model import make_plan
 from tasks.provision.worker_logs import log_uri
 from tasks.runs.runlayout import read_manifest
 from test_distributed import COMMON, FIXED, NUM_EVAL, NUM_TRAIN, WEIGHT_ATOL
-from train_helpers import h5_weights, make_run, run_cluster, write_tiny_model
+from train_helpers import saved_weights, make_run, run_cluster, write_tiny_model
 
 VERTEX = dict(provisioner="vertex_ai", gcp_project="proj", gcp_region="us-central1",
               image_registry="us-docker.pkg.dev/proj/repo")
@@ -86,7 +86,7 @@ def run_vertex_pools(cfg, ctx, step: str = "train") -> list[str]:
 
 def trained_weights(ctx) -> tuple[dict, dict]:
     manifest = read_manifest(ctx.manifest_uri("train"))
-    return manifest, h5_weights(Path(manifest["model_dir"]))
+    return manifest, saved_weights(Path(manifest["model_dir"]))
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_mwms_chief_plus_worker_trains_what_two_local_workers_train(tmp_path, ti
             for role in ("chief", "worker")}
     assert logs["chief"].rstrip().endswith(vertex[1].manifest_uri("train"))
     assert logs["worker"].strip()
-    base = h5_weights(Path(tiny_model))
+    base = saved_weights(Path(tiny_model))
     moved = max(float(np.abs(b[k] - base[k]).max()) for k in b)
     diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
     print(f"MWMS chief+worker (Vertex AI pools) vs worker+worker (local): max |weight "
@@ -138,7 +138,7 @@ def test_parameter_server_pools_train_like_the_local_cluster(tmp_path, tiny_mode
     assert any(ln.startswith("[ps:0] serving as ps 0") for ln in lines)
     assert any(ln.startswith(f"[worker:{workers - 1}] serving as worker {workers - 1}")
                for ln in lines)
-    base = h5_weights(Path(tiny_model))
+    base = saved_weights(Path(tiny_model))
     moved = max(float(np.abs(b[k] - base[k]).max()) for k in b)
     assert b.keys() == base.keys() and moved > 100 * WEIGHT_ATOL
     if workers == 2:

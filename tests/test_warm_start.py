@@ -24,7 +24,7 @@ from tasks.provision.spec import WorkerSpec
 from tasks.provision.local import warm_start
 from tasks.provision.local.cluster import process_env
 from tasks.runs.runlayout import read_manifest
-from train_helpers import h5_weights, make_run, tiny_model_dir  # noqa: F401
+from train_helpers import saved_weights, make_run, tiny_model_dir  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,7 +109,7 @@ def test_warm_and_cold_processes_train_the_same_weights(tmp_path, tiny_model_dir
                                          ctx.run_uri]), log=lines.append).run()
         assert not any("cold start" in line for line in lines), lines
         manifest = read_manifest(ctx.manifest_uri("train"))
-        weights[name], losses[name] = h5_weights(Path(manifest["model_dir"])), \
+        weights[name], losses[name] = saved_weights(Path(manifest["model_dir"])), \
             manifest["final_loss"]
     # The warm side really was forked by the server (its log names the run), the cold not.
     served = warm_start_server["log"].read_text()

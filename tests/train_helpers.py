@@ -33,16 +33,24 @@ CLS, SEP = 2, 3
 WORDS = ((5, 52), (52, len(VOCAB)))
 
 
-def write_tiny_model(model_dir: Path, **config) -> Path:
-    """A random 2-layer, hidden-32 BERT saved as a TF checkpoint folder (tf_model.h5)."""
-    from transformers import BertConfig, TFBertForSequenceClassification
+def write_tiny_model(model_dir: Path, model_type: str = "bert", **config) -> Path:
+    """A random 2-layer, hidden-32 encoder of `model_type` with a 2-label head, saved as
+    bertflow saves a trained model (a Hugging Face folder: config.json, model.safetensors,
+    vocab.txt). The head's labels are unnamed unless `id2label` is given."""
+    from tasks.model.classifier import build_classifier
+    from tasks.model.config import EncoderConfig
+    from tasks.model.hf_weights import save_hf_checkpoint
 
-    config = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=64, **config)
-    model = TFBertForSequenceClassification(config)
-    model(model.dummy_inputs)
-    model.save_pretrained(model_dir)
+    id2label = config.pop("id2label", None) or {0: "LABEL_0", 1: "LABEL_1"}
+    if model_type == "distilbert":
+        shape = dict(dim=32, n_layers=2, n_heads=2, hidden_dim=64)
+    else:
+        shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64)
+    raw = dict(model_type=model_type, vocab_size=len(VOCAB), max_position_embeddings=64,
+               **shape, **config)
+    model = build_classifier(EncoderConfig.from_dict(raw), len(id2label))
+    save_hf_checkpoint(model, [id2label[i] for i in range(len(id2label))], model_dir)
     (model_dir / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     return model_dir
 
@@ -66,7 +74,7 @@ def logits_and_gradients(model, batch) -> tuple:
     import tensorflow as tf
     labels = tf.constant([0, 1])
     with tf.GradientTape() as tape:
-        logits = model(batch, training=False).logits
+        logits = model(batch, training=False)
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
     grads = tape.gradient(loss, model.trainable_variables)
     return logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
@@ -140,20 +148,11 @@ def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 
     return cfg, ctx
 
 
-def h5_weights(model_dir: Path) -> dict:
-    """Variable name -> value from a save_pretrained folder's tf_model.h5, names stripped of
-    the per-process model instance suffix (so two models of one process compare)."""
-    import re
+def saved_weights(model_dir: Path) -> dict:
+    """Parameter name -> value from the model.safetensors a train step wrote."""
+    from safetensors.numpy import load_file
 
-    import h5py
-
-    out = {}
-    with h5py.File(Path(model_dir) / "tf_model.h5", "r") as f:
-        def add(name, obj):
-            if isinstance(obj, h5py.Dataset):
-                out[re.sub(r"tf_bert_for_sequence_classification(_\d+)?/", "", name)] = obj[()]
-        f.visititems(add)
-    return out
+    return load_file(str(Path(model_dir) / "model.safetensors"))
 
 
 def run_steps_in_subprocess(run_dir: str, *steps: str, env: dict | None = None,

@@ -4,9 +4,12 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras
 
+from pathlib import Path
+
 from tasks.model.config import EncoderConfig
 from tasks.model.encoder import Encoder
 from tasks.model.heads import SEQUENCE_CLASSIFICATION, build_head
+from tasks.model.hf_weights import load_hf_weights
 from tasks.model.layers import Dropout, LayerFactory
 
 
@@ -60,4 +63,15 @@ def build_classifier(config: EncoderConfig, num_labels: int, *, gelu: str | None
         gelu = "kernel" if cpu_kernels else "float32"
     model = Classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels, task=task)
     model(dummy_features(), training=False)
+    return model
+
+
+def load_classifier(folder: Path | str, num_labels: int, *, keep_head: bool = True,
+                    gelu: str | None = None, cpu_kernels: bool = False) -> Classifier:
+    """The classifier of the checkpoint in `folder` (config.json, model.safetensors), its
+    head kept where `keep_head` and the checkpoint has one of this size. Call inside
+    `strategy.scope()`."""
+    model = build_classifier(EncoderConfig.from_pretrained(folder), num_labels, gelu=gelu,
+                             cpu_kernels=cpu_kernels)
+    load_hf_weights(model, folder, keep_head=keep_head)
     return model

@@ -72,7 +72,7 @@ def confusion_matrix(strategy: tf.distribute.Strategy, model, files: list[str],
                                         max_seq_length))
 
     def replica_counts(features, labels):
-        predicted = tf.argmax(model(features, training=False).logits, -1, output_type=tf.int32)
+        predicted = tf.argmax(model(features, training=False), -1, output_type=tf.int32)
         real = labels != inputs.PAD_LABEL
         return tf.math.confusion_matrix(tf.boolean_mask(labels, real),
                                         tf.boolean_mask(predicted, real),

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tasks.model.hf_weights import save_hf_checkpoint
 from tasks.training import checkpoint
 from tasks.runs import goodput, lineage, runlayout
 from tasks.io import storage
@@ -85,7 +86,7 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
         model = checkpoint.load_classifier(model_dir, labels)
         encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
                                   tokens["max_seq_length"])
-        write_hf_checkpoint(model, checkpoint.vocab_path(model_dir), out,
+        write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
                             tokens["lower_case"], tokens["max_seq_length"])
     module = serving_module(encoder, model, labels, has_pair)
     saved = out / "saved_model"
@@ -102,35 +103,22 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
                        + lineage.card_lines(record))
 
 
-def write_hf_checkpoint(model, vocab_file: Path, out: Path, lower_case: bool,
-                        max_seq_length: int) -> None:
-    """The classifier as a standard Hugging Face checkpoint in `out`: config.json (id2label,
-    label2id), model.safetensors in PyTorch's key layout, vocab.txt and the tokenizer files.
-    PyTorch's AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
+def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
+                        lower_case: bool, max_seq_length: int) -> None:
+    """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
+    family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
+    (tasks/model/hf_weights.py), vocab.txt and the tokenizer files. PyTorch's
+    AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
-    from safetensors.numpy import save_file
-    from transformers import BertTokenizerFast
-    from transformers.modeling_tf_pytorch_utils import (
-        TransposeType, convert_tf_weight_name_to_pt_weight_name)
+    from transformers import BertTokenizerFast  # the tokenizer files only; no model code
 
-    state = {}
-    for var in model.weights:
-        # transformers' own TF->PT name mapping (what load_tf2_weights_in_pytorch_model
-        # uses); Dense kernels are stored transposed in PyTorch.
-        name, transpose = convert_tf_weight_name_to_pt_weight_name(
-            var.name, tf_weight_shape=var.shape)
-        if transpose not in (TransposeType.NO, TransposeType.SIMPLE):
-            raise BertflowError(f"export: no PyTorch layout for {var.name} ({transpose})")
-        value = var.numpy().astype(np.float32)
-        state[name] = np.ascontiguousarray(value.T if transpose is TransposeType.SIMPLE
-                                           else value)
-    # "format": "pt" is what PyTorch's from_pretrained asks of a safetensors file.
-    save_file(state, str(out / checkpoint.SAFETENSORS), metadata={"format": "pt"})
-    config = model.config.__class__.from_dict(model.config.to_dict())
-    config.architectures = ["BertForSequenceClassification"]
-    config.save_pretrained(out)
+    save_hf_checkpoint(model, labels, out)
+    # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
+    inputs = (["input_ids", "attention_mask"] if model.config.type_vocab_size == 0
+              else ["input_ids", "token_type_ids", "attention_mask"])
     BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=lower_case,
-                      model_max_length=max_seq_length).save_pretrained(out)
+                      model_max_length=max_seq_length,
+                      model_input_names=inputs).save_pretrained(out)
 
 
 def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool):
@@ -138,15 +126,15 @@ def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair:
     module = tf.Module()
     module.encoder = encoder
     # Track the weights, not the Keras model: saving the model object would also trace and
-    # store Hugging Face's own serving functions, which the export does not need.
+    # store Keras' own call functions, which the export does not need.
     module.weights = list(model.variables)
     label_names = tf.constant(labels)
 
     def predict(texts, pairs=None):
         ids, types = encoder(texts) if pairs is None else encoder(texts, pairs)
-        logits = model(input_ids=ids.to_tensor(), token_type_ids=types.to_tensor(),
-                       attention_mask=tf.ones_like(ids).to_tensor(), training=False).logits
-        probabilities = tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)
+        logits = model({"input_ids": ids.to_tensor(), "token_type_ids": types.to_tensor(),
+                        "attention_mask": tf.ones_like(ids).to_tensor()}, training=False)
+        probabilities = tf.nn.softmax(logits, axis=-1)
         return {"probabilities": probabilities,
                 "label": tf.gather(label_names, tf.argmax(probabilities, axis=-1))}
 
@@ -216,7 +204,7 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "goodput": goodput.describe(goodput.read_goodput(join_uri(ctx.run_uri, "train")))}
     return f"""# {cfg.model_name} {version}
 
-BERT sequence classifier fine-tuned by bertflow. Serving signature `serving_default`:
+{train.get('model_family', 'bert')} sequence classifier fine-tuned by bertflow. Serving signature `serving_default`:
 {", ".join(f"`{k}`" for k in sample_inputs(data["has_pair"]))} (tf.string [batch]) ->
 `probabilities` (float32 [batch, {len(data["labels"])}]) and `label` (tf.string [batch]).
 Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.

