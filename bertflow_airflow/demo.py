@@ -26,7 +26,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator, TextIO
 
-from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
+from tasks.config import DEMO_DIR, PROJECT_ROOT
+
+from tasks.io.uris import join_uri
 
 DAG_ID = "bert_finetune"
 # The demo evaluates on its own hand-written eval file (RunConfig's eval_uri is empty: a train

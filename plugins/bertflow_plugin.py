@@ -53,7 +53,8 @@ if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
 from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
 from tasks.runs import compare, goodput, lineage, run_summary  # noqa: E402
 from tasks.io import storage
-from tasks.config import default_artifact_root, join_uri  # noqa: E402
+from tasks.config import default_artifact_root  # noqa: E402
+from tasks.io.uris import join_uri  # noqa: E402
 from tasks.errors import StorageError  # noqa: E402
 
 # The api-server mounts plugin apps without the core API's auth dependencies, so the page

@@ -15,8 +15,9 @@ from typing import Any, Literal, Optional, get_args
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from tasks.io import uri_templates
 from tasks.errors import ConfigError
+from tasks.io import uri_templates
+from tasks.io.uris import join_uri
 from tasks.topology import Topology, resolve_strategy_name
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -380,14 +381,6 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
                                            "hf_conn_id"),
 }
-
-
-def join_uri(base: str, *parts: str) -> str:
-    """Join URI/path segments with '/' (works for local paths, gs:// and s3://)."""
-    out = base.rstrip("/")
-    for p in parts:
-        out += "/" + p.strip("/")
-    return out
 
 
 def _error_from_validation(err: ValidationError) -> ConfigError:

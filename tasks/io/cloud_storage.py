@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tasks.errors import StorageError
-from tasks.io.storage import COMPLETE, Connections, completion_manifest, redact
+from tasks.io.credentials import Connections
+from tasks.io.uris import COMPLETE, completion_manifest, redact
 
 # Concurrent object transfers per folder operation. transfer_manager's default of 8 was up
 # to 1.7x slower than 4 against the loopback emulators on 2 cores.

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.io import storage
-from tasks.config import PROJECT_ROOT, RunConfig, join_uri
+from tasks.config import PROJECT_ROOT, RunConfig
+from tasks.io.uris import join_uri, sha256_file
 from tasks.errors import StorageError
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
@@ -63,7 +64,7 @@ def base_checkpoint(cfg: RunConfig, train: dict) -> dict[str, Any]:
     for name in WEIGHT_FILES:
         path = Path(folder) / name
         if folder and path.is_file():
-            out.update(weights=name, sha256=storage.sha256_file(path))
+            out.update(weights=name, sha256=sha256_file(path))
             break
     return out
 

@@ -20,7 +20,7 @@ import re
 from typing import Any
 
 from tasks.io import storage
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.errors import StorageError
 
 LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may name

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.io import storage
-from tasks.config import RunConfig, join_uri, load_config
+from tasks.config import RunConfig, load_config
+from tasks.io.uris import join_uri
 
 MANIFEST = "manifest.json"
 CONFIG = "config.json"

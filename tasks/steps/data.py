@@ -46,7 +46,8 @@ import msgspec
 from tasks.runs import runlayout
 from tasks.io import storage
 from tasks.io.chunked_reader import BLOCK_SIZE, TextStream
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
 
