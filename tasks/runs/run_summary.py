@@ -22,11 +22,11 @@ from typing import Any
 from tasks.io import storage
 from tasks.io.uris import join_uri
 from tasks.errors import StorageError
+from tasks.runs.runlayout import CHAMPION
 
 LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may name
 # dag ids, run keys (runlayout.run_key_for keeps [A-Za-z0-9._-]), model names and versions.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
-CHAMPION = "CHAMPION.json"  # tasks.steps.promote.CHAMPION (not imported: promote pulls in more)
 HISTORY = "history.json"    # train/history.json, written by tasks.steps.train.Progress
 # Worker log files, {run}/{step}/logs/{role}-{index}.log (tasks/provision/worker_logs.py).
 LOG_STEPS = ("data", "tokenize", "train", "evaluate", "export")

@@ -22,9 +22,8 @@ from tasks.io import storage
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import StorageError
-from tasks.runs.runlayout import RunContext
+from tasks.runs.runlayout import CHAMPION, RunContext
 
-CHAMPION = "CHAMPION.json"
 ATTEMPTS = 10  # compare-and-swap rounds before giving up on a pointer that keeps moving
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from tasks.io.uris import join_uri, redact, sha256_file
 from tasks.errors import ConfigError, StorageError
 from tasks.io import storage
+from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
 WEIGHTS = ("model.safetensors", "tf_model.h5")  # in order of preference
@@ -305,8 +306,6 @@ def _download(value: str, uri: str, entry: Path, listed: dict) -> dict:
 def _champion_version(cfg, src: Source) -> tuple[str, str]:
     """(version, version URI) of the champion of src.location (default cfg.model_name), or
     of the pinned version."""
-    from tasks.steps.promote import CHAMPION
-
     name = src.location or cfg.model_name
     location = join_uri(cfg.resolved_export_uri(), name)
     if src.revision:
