@@ -37,7 +37,7 @@ from airflow.sdk import Param, dag, task  # noqa: E402
 from bertflow_airflow import run_tasks  # noqa: E402
 from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
 from bertflow_airflow.worker_operator import WorkerStepOperator  # noqa: E402
-from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
+from tasks.params_form import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
 
 DAG_ID = "bert_finetune"
 PROMOTED = run_tasks.PROMOTED

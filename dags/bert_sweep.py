@@ -27,7 +27,7 @@ from airflow.sdk import Param, dag, task, task_group  # noqa: E402
 
 from bertflow_airflow import run_tasks  # noqa: E402
 from bertflow_airflow.worker_operator import LABEL_TEMPLATE, WorkerStepOperator  # noqa: E402
-from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
+from tasks.params_form import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
 from tasks.runs.sweep_space import MAX_TRIALS  # noqa: E402
 
 DAG_ID = "bert_sweep"

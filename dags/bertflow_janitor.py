@@ -25,7 +25,7 @@ if _PROJECT_ROOT not in sys.path:
 
 from airflow.sdk import Param, dag, task  # noqa: E402
 
-from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
+from tasks.params_form import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
 
 # The RunConfig fields that say where a backend's resources live.
 LOCATING_FIELDS = ("provisioner", "k8s_conn_id", "k8s_namespace", "gcp_conn_id", "aws_conn_id",

@@ -44,7 +44,7 @@ import httpx
 import pytest
 
 from tasks.io import storage
-from tasks.config import SECTIONS
+from tasks.params_form import SECTIONS
 from tasks.io.uris import join_uri, sha256_file
 from bertflow_airflow.demo import predict_in_fresh_process, sample_rows
 
@@ -229,7 +229,7 @@ def test_trigger_form_shows_params_with_titles(trigger_form):
     for title in PARAM_TITLES:
         assert title in text, f"trigger form lacks the Param title {title!r}"
     assert "Stop after this many steps; 0 means run all epochs." in text  # a description
-    # The form is in sections, in tasks.config.SECTIONS order; only the first (the fields a
+    # The form is in sections, in tasks.params_form.SECTIONS order; only the first (the fields a
     # first-time user changes) is open when the form appears.
     first = trigger_form["first_text"]
     lines = [line.strip() for line in first.splitlines()]

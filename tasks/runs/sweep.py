@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import SECTIONS, RunConfig, parse_config
+from tasks.config import RunConfig, parse_config
+from tasks.params_form import SECTIONS
 
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, ConfigError
