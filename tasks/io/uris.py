@@ -30,12 +30,15 @@ def redact(uri: str) -> str:
     return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.split('?', 1)[0]}"
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_hexdigest(path: Path, algorithm: str = "sha256") -> str:
+    """The hex digest of a local file (`hashlib.file_digest`: read in blocks, never the whole
+    file in memory)."""
     with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(fh, algorithm).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    return file_hexdigest(path, "sha256")
 
 
 def completion_manifest(local_dir: Path) -> dict:
