@@ -36,8 +36,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import sys
-from pathlib import Path
 from urllib.parse import quote
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
@@ -45,10 +43,6 @@ from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from fastapi import Depends, FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse, PlainTextResponse
-
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
-    sys.path.insert(0, _PROJECT_ROOT)
 
 from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
 from tasks.runs import compare, goodput, lineage, run_summary  # noqa: E402

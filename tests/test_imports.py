@@ -306,3 +306,14 @@ def test_tasks_imports_no_airflow_at_module_level():
                 bad += [f"{module}:{node.lineno}" for n in names
                         if n == "airflow" or n.startswith("airflow.")]
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder", ["dags", "plugins", "benchmarks"])
+def test_no_sys_path_edits(folder):
+    """The package is installed (pyproject.toml, `make install`): DAGs, the plugin and the
+    benchmarks import it as any installed package."""
+    edits = [f"{path.relative_to(ROOT)}:{number}"
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if "sys.path" in line]  # in code run as a string too
+    assert not edits, "\n".join(edits)
