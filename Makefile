@@ -16,7 +16,7 @@ KERNELS := tasks/training/cpu_kernels/build/.built
 
 install: $(STAMP) $(KERNELS)
 
-$(STAMP): requirements.txt pyproject.toml Makefile
+$(STAMP): requirements.txt requirements.in pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "bertflow needs Python 3.11, found " + sys.version.split()[0]'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# uv installs the same pinned lock as pip would, from its cache in seconds where pip took
