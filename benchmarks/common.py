@@ -26,10 +26,6 @@ DATA_ROOT = Path(os.environ.get(DATA_ENV) or PROJECT_ROOT.parent / "shared" / "d
 _INTERESTING_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
                       "avx512_bf16", "amx_bf16", "amx_int8", "amx_tile", "avx_vnni")
 
-if str(PROJECT_ROOT) not in sys.path:  # so `import tasks` works when run as a script
-    sys.path.insert(0, str(PROJECT_ROOT))
-
-
 def require_data(*relative: str) -> list[Path]:
     """Paths under the shared data root. A missing one is an error (exit 2) that names it and
     the variable to set: a benchmark that measured nothing must not look like a success."""

@@ -33,8 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import PROJECT_ROOT, RESULTS_DIR, require_data, write_results  # noqa: E402
+from common import PROJECT_ROOT, RESULTS_DIR, require_data, write_results
 
 GB = 1 << 30
 TARGETS = {"max_rss_bytes": int(1.5 * GB), "throughput_ratio": 0.8,
@@ -83,7 +82,6 @@ def generate(path: Path, n: int, rows: list[tuple[str, str]]) -> None:
 CONTROLLER = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-sys.path.insert(0, sys.argv[3])
 import importlib.util
 spec = importlib.util.spec_from_file_location("bert_finetune_dag", sys.argv[3] + "/dags/bert_finetune.py")
 dag_module = importlib.util.module_from_spec(spec); spec.loader.exec_module(dag_module)
@@ -152,7 +150,6 @@ def split_tolerance(manifest: dict, fraction: float) -> dict:
 
 INPUT_EPOCH = r"""
 import json, resource, sys, time
-sys.path.insert(0, sys.argv[2])
 import tasks  # TF_USE_LEGACY_KERAS
 from tasks.io import storage
 from tasks.training import inputs
@@ -173,9 +170,8 @@ print("SCALE " + json.dumps({"rows": rows, "seconds": seconds, "rows_per_second"
 
 
 def input_epoch(tokenize_manifest: str, env: dict) -> dict:
-    proc = subprocess.run([sys.executable, "-c", INPUT_EPOCH, tokenize_manifest,
-                           str(PROJECT_ROOT)], cwd=PROJECT_ROOT, env=env, capture_output=True,
-                          text=True)
+    proc = subprocess.run([sys.executable, "-c", INPUT_EPOCH, tokenize_manifest],
+                          cwd=PROJECT_ROOT, env=env, capture_output=True, text=True)
     marker = [ln for ln in proc.stdout.splitlines() if ln.startswith("SCALE ")]
     if proc.returncode or not marker:
         raise SystemExit(f"input epoch failed:\n{proc.stderr[-3000:]}")
@@ -266,7 +262,7 @@ def compare_writers(n: int, work: Path, repeats: int = 2) -> int:
     for i in range(repeats):
         order = list(runs) if i % 2 == 0 else list(reversed(list(runs)))
         for writer in order:
-            env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT),
+            env = {**os.environ,
                    "BERTFLOW_TFRECORD_WRITER": "library" if writer == "library" else ""}
             root = work / f"writers-{writer}-{i}"
             subprocess.run(["rm", "-rf", str(root)], check=True)
@@ -307,7 +303,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     base = base_rows()
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    env = dict(os.environ)
     results = []
     for n in sizes:
         path = work / f"scale-{n}.tsv"

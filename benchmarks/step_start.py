@@ -17,14 +17,12 @@ import argparse
 import os
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from common import PROJECT_ROOT, alternate, median, write_results
 
-sys.path[:0] = [str(PROJECT_ROOT), str(PROJECT_ROOT / "tests")]
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 
@@ -35,8 +33,12 @@ from tasks.provision.local import warm_start
 
 def tiny_run(root: Path) -> str:
     """A run folder ready for train (tests/train_helpers.py, as the unit tests make one)."""
-    import train_helpers
+    import importlib.util
 
+    spec = importlib.util.spec_from_file_location(
+        "train_helpers", PROJECT_ROOT / "tests" / "train_helpers.py")
+    train_helpers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_helpers)
     model = train_helpers.write_tiny_model(root / "model")
     _, ctx = train_helpers.make_run(root / "artifacts", model, num_train=64, num_eval=16,
                                     epochs=1)

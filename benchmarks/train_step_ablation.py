@@ -35,7 +35,6 @@ VARIANTS = ["bertflow", "tf_kernels", "bf16_gelu", "keras_adamw"]
 
 def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
            profile: bool = False, precision: str = "mixed_bfloat16") -> dict:
-    sys.path.insert(0, str(common.PROJECT_ROOT))
     import tasks  # noqa: F401  (TensorFlow's settings of every bertflow process, before TF)
     import tensorflow as tf
     import tf_keras

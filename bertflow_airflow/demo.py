@@ -26,7 +26,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator, TextIO
 
-from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
+from tasks.config import DEMO_DIR, PROJECT_ROOT
+
+from tasks.io.uris import join_uri
 
 DAG_ID = "bert_finetune"
 # The demo evaluates on its own hand-written eval file (RunConfig's eval_uri is empty: a train
@@ -316,14 +318,17 @@ def _warm_steps(airflow_home: Path, env) -> Iterator[dict[str, str]]:
 def _pids_with(marker: bytes) -> list[int]:
     """Processes whose environment holds `marker` (NAME=value): everything started for one
     UI session, including task workers in their own process groups."""
+    import psutil
+
+    name, _, value = marker.decode().partition("=")
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for proc in psutil.process_iter():
+        if proc.pid == os.getpid():
             continue
         try:
-            if marker in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
+            if proc.environ().get(name) == value:
+                pids.append(proc.pid)
+        except (psutil.Error, OSError):  # gone, a zombie, or another user's
             continue
     return pids
 

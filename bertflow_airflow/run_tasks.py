@@ -104,7 +104,7 @@ def gate(run_uri: str, export_manifest_uri: str) -> dict:
 def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
     """Champion pointer (gate re-applied, approval honoured); a promoted model becomes an
     asset event consumers can schedule on, with the version's lineage as its extra."""
-    from tasks.config import join_uri
+    from tasks.io.uris import join_uri
     from tasks.io import storage
     from tasks.runs import lineage
     from tasks.steps import promote as promote_step

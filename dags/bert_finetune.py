@@ -23,21 +23,14 @@ require_approval and when the gate passed; skipped otherwise) -> promote.
 from __future__ import annotations
 
 import os
-import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 
-# The pipeline package lives next to dags/; images put it on PYTHONPATH, a checkout may not.
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:
-    sys.path.insert(0, _PROJECT_ROOT)
+from airflow.sdk import Param, dag, task
 
-from airflow.sdk import Param, dag, task  # noqa: E402
-
-from bertflow_airflow import run_tasks  # noqa: E402
-from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
-from bertflow_airflow.worker_operator import WorkerStepOperator  # noqa: E402
-from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
+from bertflow_airflow import run_tasks
+from bertflow_airflow.timetables import BackfillOnlyTimetable
+from bertflow_airflow.worker_operator import WorkerStepOperator
+from tasks.params_form import param_schemas  # pydantic only; no TensorFlow
 
 DAG_ID = "bert_finetune"
 PROMOTED = run_tasks.PROMOTED

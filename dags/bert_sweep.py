@@ -15,20 +15,14 @@ Thin wiring only, as in bert_finetune: nothing heavy is imported at parse time.
 """
 from __future__ import annotations
 
-import sys
 from datetime import datetime, timedelta
-from pathlib import Path
 
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:
-    sys.path.insert(0, _PROJECT_ROOT)
+from airflow.sdk import Param, dag, task, task_group
 
-from airflow.sdk import Param, dag, task, task_group  # noqa: E402
-
-from bertflow_airflow import run_tasks  # noqa: E402
-from bertflow_airflow.worker_operator import LABEL_TEMPLATE, WorkerStepOperator  # noqa: E402
-from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
-from tasks.runs.sweep_space import MAX_TRIALS  # noqa: E402
+from bertflow_airflow import run_tasks
+from bertflow_airflow.worker_operator import LABEL_TEMPLATE, WorkerStepOperator
+from tasks.params_form import param_schemas  # pydantic only; no TensorFlow
+from tasks.runs.sweep_space import MAX_TRIALS
 
 DAG_ID = "bert_sweep"
 SWEEP_SECTION = "Sweep"

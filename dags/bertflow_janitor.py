@@ -15,17 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from datetime import datetime
-from pathlib import Path
 
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:
-    sys.path.insert(0, _PROJECT_ROOT)
+from airflow.sdk import Param, dag, task
 
-from airflow.sdk import Param, dag, task  # noqa: E402
-
-from tasks.config import param_schemas  # noqa: E402  (pydantic only; no TensorFlow)
+from tasks.params_form import param_schemas  # pydantic only; no TensorFlow
 
 # The RunConfig fields that say where a backend's resources live.
 LOCATING_FIELDS = ("provisioner", "k8s_conn_id", "k8s_namespace", "gcp_conn_id", "aws_conn_id",

@@ -38,19 +38,12 @@ This file only registers the page; the page itself is the package next to it
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from airflow.plugins_manager import AirflowPlugin
 
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
-if _PROJECT_ROOT not in sys.path:  # the pipeline package lives next to plugins/
-    sys.path.insert(0, _PROJECT_ROOT)
-
-from bertflow_airflow.timetables import BackfillOnlyTimetable  # noqa: E402
+from bertflow_airflow.timetables import BackfillOnlyTimetable
 # Airflow puts the plugins folder on sys.path; plugins/.airflowignore keeps its loader, which
 # imports every .py file there as a top-level module, out of the package.
-from bertflow_ui.routes import app  # noqa: E402
+from bertflow_ui.routes import app
 
 
 class BertflowPlugin(AirflowPlugin):

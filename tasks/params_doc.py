@@ -1,4 +1,5 @@
-"""docs/params.md, the Params reference, generated from RunConfig (`param_schemas()`).
+"""docs/params.md, the Params reference, generated from RunConfig (`tasks.params_form.
+param_schemas()`).
 
     .venv/bin/python -m tasks.params_doc           # rewrite docs/params.md
     .venv/bin/python -m tasks.params_doc --check   # exit 1 if docs/params.md is stale
@@ -13,15 +14,16 @@ import json
 import sys
 from typing import Any
 
-from tasks.config import FIRST_SECTION, PROJECT_ROOT, SECTIONS, RunConfig, param_schemas
+from tasks.config import PROJECT_ROOT, RunConfig
+from tasks.params_form import FIRST_SECTION, SECTIONS, param_schemas
 
 DOC = PROJECT_ROOT / "docs" / "params.md"
 
 HEADER = """\
 # Params
 
-Generated from `tasks/config.py` by `.venv/bin/python -m tasks.params_doc`; do not edit by
-hand (`tests/test_config.py` fails when this page is stale).
+Generated from `tasks/config.py` and `tasks/params_form.py` by `.venv/bin/python -m
+tasks.params_doc`; do not edit by hand (`tests/test_config.py` fails when this page is stale).
 
 Every field of `RunConfig` is a DAG Param (the trigger form) and an `init-run` CLI flag
 (`--per-replica-batch-size 32`, or `--per_replica_batch_size 32`). Lists take `a,b` or a JSON

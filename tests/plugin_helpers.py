@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks.io import storage
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 
 DAG_ID = "bert_finetune"
 MODEL = "bert-classifier"

@@ -44,7 +44,8 @@ import httpx
 import pytest
 
 from tasks.io import storage
-from tasks.config import SECTIONS, join_uri
+from tasks.params_form import SECTIONS
+from tasks.io.uris import join_uri, sha256_file
 from bertflow_airflow.demo import predict_in_fresh_process, sample_rows
 
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
@@ -228,7 +229,7 @@ def test_trigger_form_shows_params_with_titles(trigger_form):
     for title in PARAM_TITLES:
         assert title in text, f"trigger form lacks the Param title {title!r}"
     assert "Stop after this many steps; 0 means run all epochs." in text  # a description
-    # The form is in sections, in tasks.config.SECTIONS order; only the first (the fields a
+    # The form is in sections, in tasks.params_form.SECTIONS order; only the first (the fields a
     # first-time user changes) is open when the form appears.
     first = trigger_form["first_text"]
     lines = [line.strip() for line in first.splitlines()]
@@ -547,7 +548,7 @@ def test_lineage_matches_the_run_that_produced_the_version(server, finished_run,
     assert record["config"]["require_approval"] is True
     weights = next(Path(train["base_model"]) / n for n in lineage.WEIGHT_FILES
                    if (Path(train["base_model"]) / n).is_file())
-    assert record["base_model"]["sha256"] == storage.sha256_file(weights)
+    assert record["base_model"]["sha256"] == sha256_file(weights)
     assert record["base_model"]["source"] == train["base_checkpoint"]["source"]
     # The worker's checkout: this one, at HEAD or an ancestor (a commit made meanwhile).
     assert record["code"]["bertflow"] == lineage.code_version()["bertflow"]

@@ -9,6 +9,7 @@ import numpy as np
 
 from tasks.config import RunConfig
 from tasks.io import storage
+from tasks.io.uris import sha256_file
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext, write_manifest, write_run_config
 from tasks.steps import export, promote
@@ -38,7 +39,7 @@ def test_second_run_starts_at_the_champions_accuracy(tmp_path, tiny_model_dir,  
     assert done.returncode == 0, done.stderr[-3000:]
     trained = runlayout.read_manifest(ctx.manifest_uri("train"))
     assert trained["base_checkpoint"]["kind"] == "local"
-    assert trained["base_checkpoint"]["sha256"] == storage.sha256_file(
+    assert trained["base_checkpoint"]["sha256"] == sha256_file(
         tiny_model_dir / "model.safetensors")
     export.run(cfg, ctx)
     assert runlayout.read_manifest(promote.run(cfg, ctx))["promoted"]

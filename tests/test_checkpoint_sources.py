@@ -16,7 +16,8 @@ import pytest
 
 from fake_hub import FakeHub
 from storage_servers import BUCKET, S3_CONN_ID, gcs_emulator, s3_server  # noqa: F401
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri, sha256_file
 from tasks.errors import ConfigError
 from tasks.io import storage
 from tasks.training import checkpoint, checkpoint_sources
@@ -87,7 +88,7 @@ def test_local_folder_resolves_in_place_with_its_hashes(tiny, cache):
     resolved = checkpoint.resolve_base_checkpoint(RunConfig(base_model=str(tiny)))
     assert resolved.path == tiny and resolved.kind == "local"
     assert resolved.weights == "model.safetensors"
-    assert resolved.sha256 == storage.sha256_file(tiny / "model.safetensors")
+    assert resolved.sha256 == sha256_file(tiny / "model.safetensors")
     assert set(resolved.files) == {"config.json", "vocab.txt", "model.safetensors"}
     assert not cache.exists()  # nothing copied
 
@@ -141,7 +142,7 @@ def test_bucket_folder_is_fetched_once_verified_and_reused(bucket, tiny, cache, 
     first = checkpoint.resolve_base_checkpoint(cfg)
     assert first.kind == "bucket" and first.location == f"{prefix}/bert"
     assert first.path.is_relative_to(cache)
-    assert first.sha256 == storage.sha256_file(tiny / "model.safetensors")
+    assert first.sha256 == sha256_file(tiny / "model.safetensors")
     for name in ("config.json", "vocab.txt", "model.safetensors"):
         assert (first.path / name).read_bytes() == (tiny / name).read_bytes()
     assert sorted(u.rsplit("/", 1)[1] for u in reads) == ["config.json", "model.safetensors",
@@ -218,7 +219,7 @@ def test_hub_revisions_fetch_only_what_loading_needs(hub, cache, tiny):
     assert sorted(p.name for p in main.path.iterdir()) == ["config.json", "model.safetensors",
                                                            "vocab.txt"]
     assert main.path.is_relative_to(cache / "hub")
-    assert main.sha256 == storage.sha256_file(tiny / "model.safetensors")
+    assert main.sha256 == sha256_file(tiny / "model.safetensors")
     assert hub.file_gets("pytorch_model.bin") == 0 and hub.file_gets("README.md") == 0
 
     tagged = checkpoint.resolve_base_checkpoint(RunConfig(base_model="org/tiny-bert@v2"))

@@ -1,9 +1,11 @@
-"""The typed config is the single source for Params, CLI flags and validation."""
+"""The typed config is the single source for Params (tasks/params_form.py), CLI flags and
+validation."""
 import json
 
 import pytest
 
-from tasks.config import PROJECT_ROOT, RunConfig, parse_config, param_schemas
+from tasks.config import PROJECT_ROOT, RunConfig, parse_config
+from tasks.params_form import param_schemas
 from tasks.errors import ConfigError
 
 
@@ -73,19 +75,19 @@ def test_param_schemas_cover_every_field_with_title_default_and_type():
 
 
 def test_form_sections_keep_their_fields_together_first_steps_first(monkeypatch):
-    from tasks import config
+    from tasks import params_form as form
 
     # The first-time fields carry no section: the form's default box, the one shown open.
-    sections = [schema.get("section", config.FIRST_SECTION)
+    sections = [schema.get("section", form.FIRST_SECTION)
                 for schema in param_schemas().values()]
     # Each section is one contiguous run of fields, in SECTIONS order.
     runs = [s for i, s in enumerate(sections) if i == 0 or sections[i - 1] != s]
-    assert runs == list(config.SECTIONS) and runs[0] == config.FIRST_SECTION
+    assert runs == list(form.SECTIONS) and runs[0] == form.FIRST_SECTION
     first = [name for name, schema in param_schemas().items() if "section" not in schema]
     assert {"train_uri", "eval_uri", "labels", "epochs", "accelerator",
             "num_workers"} <= set(first)
     # A field left out of SECTIONS would vanish from the form: refused loudly instead.
-    monkeypatch.setitem(config.SECTIONS, "Data", config.SECTIONS["Data"][1:])
+    monkeypatch.setitem(form.SECTIONS, "Data", form.SECTIONS["Data"][1:])
     with pytest.raises(RuntimeError, match="file_format"):
         param_schemas()
 
@@ -120,7 +122,7 @@ def test_params_reference_shows_titles_types_defaults_and_ranges():
     assert "| `train_uri` | string | `examples/demo/train.tsv` |" in page
     assert str(PROJECT_ROOT) not in page and "$BERTFLOW_ARTIFACT_ROOT" in page
     sections = [line[3:] for line in page.splitlines() if line.startswith("## ")]
-    from tasks.config import SECTIONS
+    from tasks.params_form import SECTIONS
     assert sections == list(SECTIONS)
 
 

@@ -21,7 +21,8 @@ import pytest
 from storage_servers import (BUCKET, S3_CONN_ID, S3_KEY_ID, S3_SECRET,  # noqa: F401
                              gcs_emulator, s3_server)
 from tasks.io import storage
-from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri, parse_config
+from tasks.config import DEMO_DIR, PROJECT_ROOT, parse_config
+from tasks.io.uris import join_uri
 from bertflow_airflow.demo import DAG_ID, predict_in_fresh_process, run_folder, sample_rows
 from tasks.errors import ConfigError
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.io import storage
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from bertflow_airflow.demo import predict_in_fresh_process, run_dag, run_folder, sample_rows
 
 TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 6, "per_replica_batch_size": 8,

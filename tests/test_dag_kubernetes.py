@@ -24,7 +24,8 @@ import pytest
 from fake_kubernetes import FakeKube, ProcessKubelet
 from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
-from tasks.config import DEMO_DIR, PROJECT_ROOT, join_uri
+from tasks.config import DEMO_DIR, PROJECT_ROOT
+from tasks.io.uris import join_uri, sha256_file
 from tasks.training import checkpoint
 from bertflow_airflow.demo import DAG_ID, run_folder
 from test_dag_cloud import RUN_DAG, TASKS, TINY
@@ -127,7 +128,7 @@ def test_pods_fetch_base_model_from_the_bucket_with_no_checkpoint_in_the_image(k
     trained = storage.read_json(join_uri(k8s_run.run_uri, "train", "manifest.json"))
     base = trained["base_checkpoint"]
     assert (base["kind"], base["location"]) == ("bucket", k8s_run.conf["base_model"])
-    assert base["sha256"] == storage.sha256_file(k8s_run.tiny / "model.safetensors")
+    assert base["sha256"] == sha256_file(k8s_run.tiny / "model.safetensors")
     # Each pod fetched into its own, new cache (tokenize and train pods alike).
     fetched = sorted(k8s_run.kubelet.workdir.glob("*.tmp/cache/bertflow/checkpoints/folders/*"))
     assert len({p.parts[-6] for p in fetched}) >= 2, fetched

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import param_schemas
+from tasks.params_form import param_schemas
 
 DAGS = Path(__file__).resolve().parent.parent / "dags"
 

@@ -44,6 +44,25 @@ def test_output_to_sends_python_fd_and_child_output_to_the_log(tmp_path, capfd):
     assert "from" not in out + err
 
 
+def test_the_ui_session_s_processes_are_found_by_their_environment():
+    """`make airflow`'s Ctrl-C stops every process of its session, also those in their own
+    process groups (task workers): they are found by a variable in their environment."""
+    from bertflow_airflow.demo import _pids_with
+
+    marker = f"BERTFLOW_UI_SESSION=test-{os.getpid()}"
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    mine = subprocess.Popen(sleep, env={**os.environ, "BERTFLOW_UI_SESSION": marker[20:]},
+                            start_new_session=True)
+    other = subprocess.Popen(sleep, env={**os.environ, "BERTFLOW_UI_SESSION": "another"})
+    try:
+        assert _pids_with(marker.encode()) == [mine.pid]
+    finally:
+        for proc in (mine, other):
+            proc.kill()
+            proc.wait()
+    assert _pids_with(marker.encode()) == []
+
+
 QUIET_RUN = """
 import sys
 from pathlib import Path

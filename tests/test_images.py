@@ -305,7 +305,7 @@ import importlib.metadata as md, json
 import tensorflow as tf, tf_keras, tensorflow_text, transformers
 from transformers import TFBertForSequenceClassification  # noqa: F401
 from tasks.io import cloud_storage
-from tasks.io.storage import Connections
+from tasks.io.credentials import Connections
 store = cloud_storage.backend("s3", Connections(aws_conn_id="bertflow_s3"))
 print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
                   "tf_keras": tf_keras.__version__, "text": tensorflow_text.__version__,

@@ -67,11 +67,13 @@ def test_largest_batch_is_the_last_that_fits():
     assert memory.largest_batch(LARGE, 2 * memory.GIB, max_seq_length=128) == 0
 
 
-def test_worker_memory_from_env_cgroup_and_meminfo(tmp_path):
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       24684084 kB\nMemAvailable:    8000000 kB\n")
+def test_worker_memory_from_env_cgroup_and_the_machine(tmp_path):
     v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
-    paths = dict(cgroup_v2=v2, cgroup_v1=v1, meminfo=meminfo)
+
+    def machine():  # (MemTotal, MemAvailable)
+        return 24684084 * 1024, 8_000_000 * 1024
+
+    paths = dict(cgroup_v2=v2, cgroup_v1=v1, machine=machine)
     assert memory.worker_memory({memory.MEMORY_ENV: "123"}, **paths) == (123, memory.MEMORY_ENV)
     with pytest.raises(ConfigError, match=memory.MEMORY_ENV):
         memory.worker_memory({memory.MEMORY_ENV: "16G"}, **paths)
@@ -86,6 +88,19 @@ def test_worker_memory_from_env_cgroup_and_meminfo(tmp_path):
     assert memory.worker_memory({}, **paths)[1].startswith("MemAvailable")
     v1.write_text(f"{64 << 30}\n")  # above the machine: capped by MemTotal
     assert memory.worker_memory({}, **paths)[0] == 24684084 * 1024
+    v1.unlink()
+    assert memory.worker_memory({}, cgroup_v2=v2, cgroup_v1=v1, machine=lambda: None) == (
+        None, "the machine's memory is unknown")
+
+
+def test_machine_memory_is_this_machine_s():
+    """psutil's figures are /proc/meminfo's MemTotal and MemAvailable on Linux."""
+    total, available = memory.machine_memory()
+    meminfo = {line.split(":")[0]: int(line.split()[1]) * 1024
+               for line in open("/proc/meminfo") if line.split()[1].isdigit()}
+    assert total == meminfo["MemTotal"]
+    assert abs(available - meminfo["MemAvailable"]) < 256 << 20  # read a moment apart
+    assert memory._own_rss() > 10 << 20  # this interpreter and pytest at least
 
 
 def test_local_cluster_processes_share_the_machine():

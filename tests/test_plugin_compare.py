@@ -12,7 +12,8 @@ import pytest
 
 from plugin_helpers import DAG_ID, RUNS, api_server, build_artifacts, logged_in  # noqa: F401
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
-from tasks.config import join_uri, parse_config
+from tasks.config import parse_config
+from tasks.io.uris import join_uri
 from tasks.io import storage
 from tasks.runs import compare, runlayout
 from tasks.runs.runlayout import RunContext

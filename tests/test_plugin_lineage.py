@@ -10,7 +10,8 @@ import re
 import pytest
 
 from plugin_helpers import DAG_ID, MODEL, RUNS, api_server, build_artifacts, logged_in  # noqa: F401
-from tasks.config import join_uri, parse_config
+from tasks.config import parse_config
+from tasks.io.uris import join_uri
 from tasks.io import storage
 from tasks.runs import lineage
 

@@ -12,7 +12,7 @@ from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: 
 from tasks.runs import run_summary
 from tasks.io import storage
 from tasks.steps import train
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.runs.runlayout import read_manifest
 from train_helpers import make_run, tiny_model_dir  # noqa: F401
 

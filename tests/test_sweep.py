@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from tasks.config import join_uri, parse_config
+from tasks.config import parse_config
+
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, ConfigError
 from tasks.io import storage
 from tasks.runs import runlayout, sweep

@@ -19,9 +19,10 @@ from fastapi.responses import HTMLResponse, PlainTextResponse
 from bertflow_ui import charts
 from bertflow_ui.formatting import duration, exact, fmt
 from bertflow_ui.templating import render
-from tasks.config import default_artifact_root, join_uri
+from tasks.config import default_artifact_root
 from tasks.errors import StorageError
 from tasks.io import storage
+from tasks.io.uris import join_uri
 from tasks.runs import compare, goodput, lineage, run_summary
 
 # The api-server mounts plugin apps without the core API's auth dependencies, so the page

@@ -29,7 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tasks.errors import StorageError
-from tasks.io.storage import COMPLETE, Connections, completion_manifest, redact
+from tasks.io.credentials import Connections
+from tasks.io.uris import COMPLETE, completion_manifest, file_hexdigest, redact
 
 # Concurrent object transfers per folder operation. transfer_manager's default of 8 was up
 # to 1.7x slower than 4 against the loopback emulators on 2 cores.
@@ -71,14 +72,6 @@ def split(uri: str) -> tuple[str, str]:
 
 def _md5(data: bytes) -> str:
     return hashlib.md5(data).hexdigest()
-
-
-def _md5_file(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _airflow_connection(conn_id: str):
@@ -235,7 +228,8 @@ class ObjectStore(ABC):
             in_place = self._list(bucket, final)
         root = Path(local_dir)
         manifest = completion_manifest(root)
-        want = {f["path"]: (f["size"], _md5_file(root / f["path"])) for f in manifest["files"]}
+        want = {f["path"]: (f["size"], file_hexdigest(root / f["path"], "md5"))
+                for f in manifest["files"]}
         parent, _, name = key.rstrip("/").rpartition("/")
         staging = _folder(_join(parent, ".staging", f"{name}.{uuid.uuid4().hex[:12]}"))
         try:

@@ -13,9 +13,22 @@ or a manifest, or return it as XCom.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from tasks.config import RunConfig
 from tasks.errors import ConfigError
+
+if TYPE_CHECKING:  # tasks.config is above tasks.io: for annotations only
+    from tasks.config import RunConfig
+
+
+@dataclass(frozen=True)
+class Connections:
+    """Airflow connection ids the storage of this process takes credentials from
+    (`tasks.io.storage.configure`); empty means ambient credentials."""
+
+    gcp_conn_id: str = ""
+    aws_conn_id: str = ""
 
 
 def env_name(conn_id: str) -> str:

@@ -6,7 +6,6 @@ and are imported lazily, so local runs never load google-cloud-storage or boto3.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -14,29 +13,17 @@ import re
 import shutil
 import tempfile
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Protocol
 
-from tasks.config import join_uri
 from tasks.errors import StorageError
-
-
-COMPLETE = "_COMPLETE.json"  # completion manifest of a published folder, written last
+from tasks.io.credentials import Connections
+from tasks.io.uris import COMPLETE, completion_manifest, join_uri, redact
 
 # Signed-URL query parameters (S3 SigV2/V4, GCS V2/V4): credentials travelling in a URI.
 _SIGNED_PARAMS = re.compile(
     r"[?&](x-amz-(signature|credential|security-token)|x-goog-(signature|credential)|"
     r"signature|awsaccesskeyid|googleaccessid)=", re.IGNORECASE)
-
-
-def redact(uri: str) -> str:
-    """`uri` without user info or query string, safe to put in logs and error messages."""
-    scheme, sep, rest = uri.partition("://")
-    if not sep:
-        return uri
-    netloc, slash, path = rest.partition("/")
-    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{path.split('?', 1)[0]}"
 
 
 def scheme_of(uri: str) -> str:
@@ -80,14 +67,6 @@ class Storage(Protocol):
     def publish_dir(self, local_dir: Path, uri: str) -> bool: ...
     def read_versioned(self, uri: str) -> tuple[bytes, str] | None: ...
     def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool: ...
-
-
-@dataclass(frozen=True)
-class Connections:
-    """Airflow connection ids to take credentials from; empty means ambient credentials."""
-
-    gcp_conn_id: str = ""
-    aws_conn_id: str = ""
 
 
 class LocalStorage:
@@ -195,13 +174,15 @@ class LocalStorage:
     def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool:
         """Write only if the content still has `token` (None: only if missing).
 
-        An exclusive lock on a sidecar file makes check-and-replace atomic between
-        processes on this host; readers never lock, they see the old or the new file.
+        An exclusive lock on a sidecar file (filelock: flock where the file system has it)
+        makes check-and-replace atomic between processes and threads on this host; readers
+        never lock, they see the old or the new file.
         """
+        from filelock import FileLock  # lazy: 20-40 ms to import, and only promote needs it
+
         path = local_path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(f".{path.name}.lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with FileLock(path.with_name(f".{path.name}.lock")):
             current = self.read_versioned(uri)
             if (current[1] if current else None) != token:
                 return False
@@ -323,22 +304,6 @@ def glob_uris(pattern: str) -> list[str]:
     regex = re.compile("".join(
         "[^/]*" if c == "*" else "[^/]" if c == "?" else re.escape(c) for c in pattern))
     return [u for u in list_uris(base) if regex.fullmatch(u)]
-
-
-def completion_manifest(local_dir: Path) -> dict:
-    """File list with sizes and sha256 of a folder: the content of `_COMPLETE.json`."""
-    root = Path(local_dir)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != COMPLETE)
-    return {"files": [{"path": p.relative_to(root).as_posix(), "size": p.stat().st_size,
-                       "sha256": sha256_file(p)} for p in files]}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class staged_local_dir:

@@ -23,7 +23,9 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+
+from tasks.io.uris import join_uri
 from tasks.errors import PREEMPTED_EXIT_CODE, WorkerError
 from tasks.io import storage
 from tasks.provision.spec import WorkerSpec

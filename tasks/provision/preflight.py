@@ -25,7 +25,9 @@ import re
 import uuid
 from dataclasses import asdict, dataclass
 
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, StorageError
 from tasks.io import storage
 from tasks.runs.runlayout import RunContext

@@ -34,7 +34,7 @@ import tempfile
 import threading
 from typing import Callable
 
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 
 FLUSH_SECONDS = 30.0

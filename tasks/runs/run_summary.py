@@ -27,13 +27,13 @@ import re
 from typing import Any
 
 from tasks.io import storage
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.errors import StorageError
+from tasks.runs.runlayout import CHAMPION
 
 LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may name
 # dag ids, run keys (runlayout.run_key_for keeps [A-Za-z0-9._-]), model names and versions.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
-CHAMPION = "CHAMPION.json"  # tasks.steps.promote.CHAMPION (not imported: promote pulls in more)
 HISTORY = "history.json"    # train/history.json, written by tasks.steps.train.Progress
 SWEEP_FILE = "sweep.json"   # tasks.runs.sweep.SWEEP_FILE: a sweep folder's plan
 TRIAL_KEY = re.compile(r"(?P<sweep>.+)__trial-(?P<index>\d+)")  # sweep.trial_context's names

@@ -12,11 +12,16 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.io import storage
-from tasks.config import RunConfig, join_uri, load_config
+from tasks.config import RunConfig, load_config
+from tasks.io.uris import join_uri
 
 MANIFEST = "manifest.json"
 CONFIG = "config.json"
 CONTEXT = "context.json"
+# The model store, {export_uri}/{model_name}/: a folder per exported version and this pointer
+# to the current one, written by tasks.steps.promote and read by tasks.training.
+# checkpoint_sources (base_model "champion") and tasks.runs.run_summary (the plugin's pages).
+CHAMPION = "CHAMPION.json"
 
 
 def run_key_for(run_type: str, logical_date_iso: str | None, run_id: str,

@@ -20,7 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import SECTIONS, RunConfig, join_uri, parse_config
+from tasks.config import RunConfig, parse_config
+from tasks.params_form import SECTIONS
+
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, ConfigError
 from tasks.io import storage
 from tasks.runs import runlayout, sweep_space

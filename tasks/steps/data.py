@@ -1,15 +1,13 @@
 """Data step: read, validate and split the labelled text, write the prepared rows as shards.
 
-Inputs are CSV, TSV (tab-separated; a field may be quoted like CSV, e.g. to hold a line
-break, as BANKING77's TSV does) or JSON Lines, from any URI `tasks.io.storage` reads.
-`train_uri` / `eval_uri` name one file, a prefix ending in `/`
+Inputs are CSV, TSV or JSON Lines, read by `tasks.io.text_readers` from any URI
+`tasks.io.storage` reads. `train_uri` / `eval_uri` name one file, a prefix ending in `/`
 (every data file under it) or a glob (`*`, `?` within one path segment); several files are
 read in sorted order and concatenated. Every problem is raised as a `DataError` naming the
 file and the line as an editor shows it (the header is line 1) before any output is written.
 
-Bounded memory. Files are streamed in blocks (`tasks.io.chunked_reader`, BLOCK_SIZE bytes; local
-reads, ranged GETs on gs:// and s3://) and rows are validated as they pass; no list of rows
-is ever built. Two passes over the inputs:
+Bounded memory. Files are streamed in blocks (BLOCK_SIZE bytes) and rows are validated as they
+pass; no list of rows is ever built. Two passes over the inputs:
 1. validate every row, count the rows of each label (the label vocabulary, the checks across
    rows, the split's per-class quotas), hash each file;
 2. read again, assign each row to its split and append it to the split's current shard
@@ -31,9 +29,7 @@ Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards, one
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import json
 import os
 import tempfile
 from collections import Counter
@@ -44,14 +40,13 @@ from typing import Iterator, Optional
 import msgspec
 
 from tasks.runs import runlayout
-from tasks.io import storage
-from tasks.io.chunked_reader import BLOCK_SIZE, TextStream
-from tasks.config import RunConfig, join_uri
+from tasks.io import storage, text_readers
+from tasks.io.chunked_reader import BLOCK_SIZE
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
 
-_FORMATS_BY_EXTENSION = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
-                         ".json": "jsonl", ".ndjson": "jsonl"}
 SHARD_ROWS = 1_000_000  # prepared rows per shard file (~50-100 MB of JSON Lines)
 MAX_LABELS = 100_000  # distinct labels: bounds the per-label counters
 PREFLIGHT_BLOCK = 64 << 10  # check_inputs reads about this much of each file
@@ -101,17 +96,6 @@ def _combined_sha256(files: list[tuple[str, str]]) -> str:
 
 
 @dataclass
-class _Table:
-    """A parsed input file, read lazily: its column names, (line, record) pairs (a record
-    is a list for CSV/TSV, a dict for JSON Lines) and the key of each wanted column."""
-
-    stream: TextStream
-    columns: list[str]
-    records: Iterator[tuple[int, object]]
-    keys: dict[str, object]
-
-
-@dataclass
 class _Scan:
     """What pass 1 learns about one input setting."""
 
@@ -129,40 +113,26 @@ def check_inputs(cfg: RunConfig) -> None:
     file only). Raises DataError."""
     for pattern in _input_uris(cfg):
         for uri in input_files(cfg, pattern):
-            table = _open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg),
-                                PREFLIGHT_BLOCK)
+            table = text_readers.open_table(uri, _file_format(cfg, uri),
+                                            _wanted_columns(cfg), PREFLIGHT_BLOCK)
             if next(table.records, None) is None:
-                _raise_no_rows(uri)
+                text_readers.raise_no_rows(uri)
 
 
 def input_files(cfg: RunConfig, uri: str) -> list[str]:
-    """The files `uri` names, sorted: itself, the data files under a prefix ending in `/`
-    (recursively; marker files such as `_SUCCESS` or `.keep` skipped), or a glob's matches.
-    Raises DataError naming the prefix or pattern when nothing matches."""
-    if uri.endswith("/"):
-        files = [u for u in storage.list_uris(uri) if _is_data_file(cfg, u)]
-        if not files:
-            raise DataError(uri, "no data files under this prefix", hint=(
-                f"data files end in {', '.join(_FORMATS_BY_EXTENSION)} unless file_format "
-                "is set; names starting with _ or . are skipped"))
-    elif "*" in uri or "?" in uri:
-        files = storage.glob_uris(uri)
-        if not files:
-            raise DataError(uri, "the pattern matches no files",
-                            hint="* and ? match within one path segment")
-    else:
-        return [uri]
-    return sorted(files)
+    """The files `uri` names, sorted (`tasks.io.text_readers.data_files`)."""
+    return text_readers.data_files(uri, cfg.file_format)
 
 
 def iter_rows(cfg: RunConfig, uri: str,
-              block_size: Optional[int] = None) -> tuple[_Table, Iterator[tuple]]:
+              block_size: Optional[int] = None) -> tuple[text_readers.Table, Iterator[tuple]]:
     """The validated rows `(line, text, text_pair, label)` of one file, streamed in blocks of
     `block_size` (default BLOCK_SIZE) bytes; the table's `stream.sha256` is known once the
     iterator is exhausted."""
-    table = _open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg),
-                        block_size or BLOCK_SIZE)
-    return table, _validated(cfg, uri, table)
+    table = text_readers.open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg),
+                                    block_size or BLOCK_SIZE)
+    return table, text_readers.rows(uri, table, cfg.text_column, cfg.label_column,
+                                    cfg.text_pair_column, cfg.labels)
 
 
 def load_source(cfg: RunConfig, uri: str) -> Source:
@@ -371,177 +341,12 @@ def _input_uris(cfg: RunConfig) -> list[str]:
     return [cfg.train_uri] + ([cfg.eval_uri] if cfg.eval_uri else [])
 
 
-def _is_data_file(cfg: RunConfig, uri: str) -> bool:
-    name = uri.rsplit("/", 1)[-1]
-    if name.startswith(("_", ".")):  # job markers and hidden files, not data
-        return False
-    return cfg.file_format != "auto" or name.lower().endswith(tuple(_FORMATS_BY_EXTENSION))
-
-
 def _wanted_columns(cfg: RunConfig) -> list[str]:
     return [c for c in (cfg.text_column, cfg.text_pair_column, cfg.label_column) if c]
 
 
 def _file_format(cfg: RunConfig, uri: str) -> str:
-    if cfg.file_format != "auto":
-        return cfg.file_format
-    name = uri.rsplit("/", 1)[-1].lower()
-    for ext, fmt in _FORMATS_BY_EXTENSION.items():
-        if name.endswith(ext):
-            return fmt
-    raise DataError(uri, "cannot tell the file format from the extension",
-                    hint="use .csv, .tsv or .jsonl, or set file_format")
-
-
-def _open_table(uri: str, fmt: str, wanted: list[str], block_size: int) -> _Table:
-    if not storage.exists(uri):
-        raise DataError(uri, "file not found", hint="check train_uri / eval_uri")
-    stream = TextStream(uri, storage.iter_bytes(uri, block_size))
-    if fmt == "jsonl":
-        columns, records = _open_jsonl(uri, stream)
-        keys = {c: c for c in wanted}
-    else:
-        columns, records = _open_delimited(uri, stream, fmt)
-        keys = {c: columns.index(c) for c in wanted if c in columns}
-    missing = [c for c in wanted if c not in columns]
-    if missing:
-        raise DataError(uri, f"no column '{missing[0]}'; columns found: "
-                             f"{', '.join(columns) or '(none)'}",
-                        line=1, hint=_column_hint(missing[0], columns))
-    return _Table(stream, columns, records, keys)
-
-
-def _validated(cfg: RunConfig, uri: str, table: _Table) -> Iterator[tuple]:
-    """(line, text, text_pair, label) of each row, every cell checked as it passes."""
-    allowed = set(cfg.labels) if cfg.labels is not None else None
-    text_key = table.keys[cfg.text_column]
-    label_key = table.keys[cfg.label_column]
-    pair_key = table.keys[cfg.text_pair_column] if cfg.text_pair_column else None
-    any_rows = False
-    for line, record in table.records:
-        try:  # fast path; any problem is re-checked below for its exact error
-            text = _clean(record[text_key])
-            pair = None if pair_key is None else _clean(record[pair_key])
-            label = _clean(record[label_key])
-        except KeyError:
-            text = pair = label = ""
-        if not text or not label or (pair_key is not None and not pair):
-            if isinstance(record, list) and not any(cell.strip() for cell in record):
-                continue  # a blank line (e.g. only tabs)
-            mapping = record if isinstance(record, dict) else dict(zip(table.columns, record))
-            text = _required_cell(uri, line, mapping, cfg.text_column, "text")
-            pair = (_required_cell(uri, line, mapping, cfg.text_pair_column, "text")
-                    if cfg.text_pair_column else None)
-            label = _required_cell(uri, line, mapping, cfg.label_column, "label")
-        if allowed is not None and label not in allowed:
-            raise DataError(uri, f"label '{label}' is not one of the allowed labels "
-                                 f"{cfg.labels}", line=line,
-                            hint="fix the row, or add the label to the 'labels' setting")
-        any_rows = True
-        yield line, text, pair, label
-    if not any_rows:
-        _raise_no_rows(uri)
-
-
-def _clean(value) -> str:
-    # Strip: SST-2 and other sources end texts with a space before the tab.
-    if type(value) is str:
-        return value.strip()
-    return "" if value is None else str(value).strip()
-
-
-def _open_delimited(uri: str, stream: TextStream, fmt: str) -> tuple[list[str], Iterator]:
-    if fmt == "tsv":
-        reader = csv.reader(stream.lines(), delimiter="\t")
-    else:
-        reader = csv.reader(stream.lines())
-    try:
-        header = [name.strip() for name in next(reader)]
-    except csv.Error as err:
-        raise DataError(uri, f"unreadable header: {err}", line=1) from None
-    except StopIteration:
-        header = []
-    return header, _delimited_records(uri, reader, header, fmt)
-
-
-def _delimited_records(uri: str, reader, header: list[str],
-                       fmt: str) -> Iterator[tuple[int, list]]:
-    previous_end = reader.line_num
-    width = len(header)
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as err:
-            raise DataError(uri, f"malformed {fmt.upper()} row: {err}",
-                            line=previous_end + 1) from None
-        line, previous_end = previous_end + 1, reader.line_num  # a quoted row may span lines
-        if len(row) != width:
-            if not any(cell.strip() for cell in row):
-                continue  # blank line
-            sep = "tab-separated" if fmt == "tsv" else "comma-separated"
-            raise DataError(uri, f"expected {width} {sep} fields like the header, "
-                                 f"found {len(row)}", line=line,
-                            hint="a text may contain a stray tab" if fmt == "tsv"
-                            else "quote texts that contain commas")
-        yield line, row
-
-
-def _open_jsonl(uri: str, stream: TextStream) -> tuple[list[str], Iterator]:
-    records = _jsonl_records(uri, stream)
-    first = next(records, None)
-    if first is None:
-        _raise_no_rows(uri)
-
-    def chained() -> Iterator[tuple[int, dict]]:
-        yield first
-        yield from records
-
-    return list(first[1]), chained()
-
-
-def _jsonl_records(uri: str, stream: TextStream) -> Iterator[tuple[int, dict]]:
-    line = 0
-    for block in stream.text_blocks():
-        pieces = block.split("\n")
-        if block.endswith("\n"):
-            pieces.pop()  # the empty piece after the block's last newline is no line
-        for raw in pieces:
-            line += 1
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except json.JSONDecodeError as err:
-                raise DataError(uri, f"malformed JSON: {err.msg} at column {err.colno}",
-                                line=line, hint="each line must be one JSON object") from None
-            if not isinstance(record, dict):
-                raise DataError(uri, f"expected a JSON object, found "
-                                     f"{type(record).__name__}", line=line)
-            yield line, record
-
-
-def _required_cell(uri: str, line: int, record: dict, column: str, what: str) -> str:
-    if column not in record:  # JSON Lines records may differ from the first one
-        raise DataError(uri, f"no field '{column}'; fields found: {', '.join(record)}",
-                        line=line)
-    value = _clean(record[column])
-    if not value:
-        raise DataError(uri, f"empty {what} in column '{column}'", line=line,
-                        hint="remove the row or fill it in")
-    return value
-
-
-def _column_hint(missing: str, found: list[str]) -> str:
-    close = [c for c in found if c.lower() == missing.lower()]
-    if close:
-        return f"column names are case-sensitive: did you mean '{close[0]}'?"
-    return "set text_column / text_pair_column / label_column to the file's column names"
-
-
-def _raise_no_rows(uri: str) -> None:
-    raise DataError(uri, "no data rows (only a header)", line=1)
+    return text_readers.format_of(uri, cfg.file_format)
 
 
 # --- validation across rows ----------------------------------------------------------------

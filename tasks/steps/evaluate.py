@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
 from tasks.io import storage
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 

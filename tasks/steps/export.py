@@ -24,7 +24,8 @@ from tasks.model.hf_weights import save_hf_checkpoint
 from tasks.training import checkpoint
 from tasks.runs import goodput, lineage, runlayout
 from tasks.io import storage
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.steps.tokenize import BertTextEncoder

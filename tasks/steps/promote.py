@@ -19,11 +19,11 @@ from datetime import datetime, timezone
 
 from tasks.runs import runlayout
 from tasks.io import storage
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import StorageError
-from tasks.runs.runlayout import RunContext
+from tasks.runs.runlayout import CHAMPION, RunContext
 
-CHAMPION = "CHAMPION.json"
 ATTEMPTS = 10  # compare-and-swap rounds before giving up on a pointer that keeps moving
 
 

@@ -54,7 +54,8 @@ from tasks.io import tfrecord_io
 from tasks.errors import BertflowError
 from tasks.io.tfrecord_io import example_records as _example_records  # noqa: F401
 from tasks.io.tfrecord_io import serialize_examples  # noqa: F401
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
 
 # Part of the cache key: bump when the encoder or the record layout changes.

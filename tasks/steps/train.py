@@ -29,7 +29,8 @@ from tasks.training import strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
                                           previous_high_water, process_started_at)
 from tasks.io import storage
-from tasks.config import RunConfig, check_training_loop, join_uri
+from tasks.config import RunConfig, check_training_loop
+from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 
 KEEP_CHECKPOINTS = 3

@@ -28,9 +28,10 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tasks.config import join_uri
+from tasks.io.uris import join_uri, redact, sha256_file
 from tasks.errors import ConfigError, StorageError
 from tasks.io import storage
+from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
 # PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
@@ -135,7 +136,7 @@ def _listing(value: str, uri: str) -> dict[str, tuple[int, str | None]]:
     names = {u[len(prefix):]: v for u, v in found.items() if u.startswith(prefix)}
     names = {n: v for n, v in names.items() if "/" not in n}
     if not names:
-        raise _error(value, f"{storage.redact(uri)} holds no files (wrong path?); point "
+        raise _error(value, f"{redact(uri)} holds no files (wrong path?); point "
                             f"base_model at the folder with {CONFIG}")
     return names
 
@@ -150,7 +151,7 @@ def _pick_files(value: str, names, where: str, champion: bool = False) -> list[s
         hint = ("this version was exported without a Hugging Face checkpoint; set "
                 "base_model to a checkpoint folder, or promote a version that has one"
                 if champion else "copy the missing files there, or choose another checkpoint")
-        raise _error(value, f"{storage.redact(where)} is missing {', '.join(missing)} ({hint})")
+        raise _error(value, f"{redact(where)} is missing {', '.join(missing)} ({hint})")
     return [CONFIG, VOCAB, weights]
 
 
@@ -160,7 +161,7 @@ def _read_config(value: str, uri: str) -> dict:
     except StorageError as err:
         raise _unreadable(value, uri, err) from None
     except ValueError as err:
-        raise _error(value, f"{storage.redact(uri)} is not JSON ({err})") from None
+        raise _error(value, f"{redact(uri)} is not JSON ({err})") from None
 
 
 def _check_config(value: str, config: dict) -> None:
@@ -181,7 +182,7 @@ def _error(value: str, reason: str) -> ConfigError:
 
 
 def _unreadable(value: str, uri: str, err: Exception) -> ConfigError:
-    return _error(value, f"cannot read {storage.redact(uri)} ({err}); check the URI and "
+    return _error(value, f"cannot read {redact(uri)} ({err}); check the URI and "
                          f"give the run's credentials (gcp_conn_id / aws_conn_id, or the "
                          f"workers' service account) read access to that bucket")
 
@@ -258,7 +259,7 @@ def _local_record(value: str, folder: Path, kind: str, champion: bool = False) -
     """A folder used where it is (no copy), its files hashed."""
     names = _listing(value, str(folder))
     picked = _pick_files(value, names, str(folder), champion)
-    files = {n: {"size": names[n][0], "sha256": storage.sha256_file(folder / n)}
+    files = {n: {"size": names[n][0], "sha256": sha256_file(folder / n)}
              for n in picked}
     return Resolved(folder, kind, value, str(folder), "", picked[-1],
                     files[picked[-1]]["sha256"], files)
@@ -295,7 +296,7 @@ def _download(value: str, uri: str, entry: Path, listed: dict) -> dict:
                 except StorageError as err:
                     raise _unreadable(value, join_uri(uri, name), err) from None
             if written != size or (md5 and md.hexdigest() != md5):
-                raise _error(value, f"{storage.redact(join_uri(uri, name))} changed or "
+                raise _error(value, f"{redact(join_uri(uri, name))} changed or "
                                     f"arrived damaged (got {written} bytes, listed {size}; "
                                     f"MD5 {'differs' if md5 else 'not listed'}); retry")
             files[name] = {"size": size, "sha256": sha.hexdigest()}
@@ -316,8 +317,6 @@ def _download(value: str, uri: str, entry: Path, listed: dict) -> dict:
 def _champion_version(cfg, src: Source) -> tuple[str, str]:
     """(version, version URI) of the champion of src.location (default cfg.model_name), or
     of the pinned version."""
-    from tasks.steps.promote import CHAMPION
-
     name = src.location or cfg.model_name
     location = join_uri(cfg.resolved_export_uri(), name)
     if src.revision:
@@ -325,7 +324,7 @@ def _champion_version(cfg, src: Source) -> tuple[str, str]:
     pointer = join_uri(location, CHAMPION)
     try:
         if not storage.exists(pointer):
-            raise _error(src.value, f"model {name} has no champion yet ({storage.redact(pointer)}"
+            raise _error(src.value, f"model {name} has no champion yet ({redact(pointer)}"
                                     f" not found); leave base_model empty for its first run, "
                                     f"or check model_name and export_uri")
         champion = storage.read_json(pointer)
@@ -449,7 +448,7 @@ def _fetch_hub(cfg, src: Source) -> Resolved:
         picked = _pick_files(src.value, {p.name for p in folder.iterdir()},
                              f"{src.location} (cached)")
         files = {n: {"size": (folder / n).stat().st_size,
-                     "sha256": storage.sha256_file(folder / n)} for n in picked}
+                     "sha256": sha256_file(folder / n)} for n in picked}
         return Resolved(folder, "hub", src.value, src.location, folder.name, picked[-1],
                         files[picked[-1]]["sha256"], files)
     info = _model_info(cfg, src)
@@ -462,7 +461,7 @@ def _fetch_hub(cfg, src: Source) -> Resolved:
     files = {}
     for name in picked:
         path, meta = folder / name, siblings[name]
-        size, digest = path.stat().st_size, storage.sha256_file(path)
+        size, digest = path.stat().st_size, sha256_file(path)
         expected = meta.lfs.sha256 if meta.lfs else None
         if (meta.size is not None and size != meta.size) or (expected and digest != expected):
             raise _error(src.value, f"{name} of {src.location}@{info.sha} in the cache "

@@ -10,7 +10,7 @@ import os
 import time
 from contextlib import contextmanager
 
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.io import storage
 
 ATTEMPT_ENV = "BERTFLOW_ATTEMPT"  # set by the controller in every worker of attempt n

@@ -14,7 +14,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+
+from tasks.io.uris import join_uri
 from tasks.io import storage
 from tasks.training import checkpoint_sources
 

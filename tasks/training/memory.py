@@ -157,7 +157,6 @@ def largest_batch(shape: BertShape, budget: int, **kwargs) -> int:
 # and Containers").
 CGROUP_V2_MAX = Path("/sys/fs/cgroup/memory.max")
 CGROUP_V1_LIMIT = Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")
-MEMINFO = Path("/proc/meminfo")
 _NO_LIMIT = 1 << 60
 
 
@@ -173,36 +172,35 @@ def _cgroup_limit(v2: Path = CGROUP_V2_MAX, v1: Path = CGROUP_V1_LIMIT) -> Optio
     return None
 
 
-def _meminfo(meminfo: Path = MEMINFO) -> dict[str, int]:
-    out = {}
+def machine_memory() -> Optional[tuple[int, int]]:
+    """(total, available) bytes of this machine, from psutil (on Linux MemTotal and
+    MemAvailable of /proc/meminfo); None where it cannot tell."""
+    import psutil  # lazy: only the checks need it
+
     try:
-        for line in meminfo.read_text().splitlines():
-            key, _, rest = line.partition(":")
-            fields = rest.split()
-            if fields and fields[0].isdigit():
-                out[key] = int(fields[0]) * 1024  # kB
-    except OSError:
-        pass
-    return out
+        vm = psutil.virtual_memory()
+    except (OSError, RuntimeError):  # e.g. no /proc mounted
+        return None
+    return vm.total, vm.available
 
 
 def _own_rss() -> int:
+    import psutil
+
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return psutil.Process().memory_info().rss
+    except (OSError, psutil.Error):
+        return 0
 
 
 def worker_memory(environ=os.environ, cgroup_v2: Path = CGROUP_V2_MAX,
                   cgroup_v1: Path = CGROUP_V1_LIMIT,
-                  meminfo: Path = MEMINFO) -> tuple[Optional[int], str]:
+                  machine=machine_memory) -> tuple[Optional[int], str]:
     """(bytes this process may use, where that figure came from); (None, reason) if unknown.
 
     BERTFLOW_WORKER_MEMORY_BYTES if set; else the cgroup's limit (a pod's limit on
     Kubernetes), capped by MemTotal; else MemAvailable plus what this process holds already.
+    `machine`: () -> (total, available) or None, `machine_memory` unless a test gives one.
     """
     if environ.get(MEMORY_ENV):
         try:
@@ -210,15 +208,13 @@ def worker_memory(environ=os.environ, cgroup_v2: Path = CGROUP_V2_MAX,
         except ValueError:
             raise ConfigError(MEMORY_ENV, f"{environ[MEMORY_ENV]!r} is not a number of "
                                           f"bytes") from None
-    info = _meminfo(meminfo)
+    total, available = machine() or (None, None)
     limit = _cgroup_limit(cgroup_v2, cgroup_v1)
     if limit is not None:
-        return min(limit, info.get("MemTotal", limit)), "the cgroup memory limit"
-    if "MemAvailable" in info:
-        return info["MemAvailable"] + _own_rss(), "MemAvailable in /proc/meminfo"
-    if "MemTotal" in info:
-        return info["MemTotal"], "MemTotal in /proc/meminfo"
-    return None, "no /proc/meminfo"
+        return min(limit, total or limit), "the cgroup memory limit"
+    if available is not None:
+        return available + _own_rss(), "MemAvailable (the machine's available memory)"
+    return None, "the machine's memory is unknown"
 
 
 def colocated_trainers(tf_config: str) -> int:

@@ -26,7 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.errors import PREEMPTED_EXIT_CODE
 from tasks.io import storage
 

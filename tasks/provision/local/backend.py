@@ -5,7 +5,8 @@ from __future__ import annotations
 import shutil
 
 from tasks.io import storage
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.provision.backends import Backend, Log
 from tasks.provision.local.cluster import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.spec import WorkerSpec

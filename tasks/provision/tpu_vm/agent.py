@@ -33,7 +33,8 @@ import threading
 import time
 
 from tasks.io import storage
-from tasks.config import PROJECT_ROOT, join_uri
+from tasks.config import PROJECT_ROOT
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.provision.worker_logs import Spool, log_uri
 

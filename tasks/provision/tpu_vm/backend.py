@@ -49,7 +49,8 @@ from typing import Any
 
 from tasks.io import credentials, storage
 from tasks.provision import capacity, images, worker_logs
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value

@@ -48,7 +48,8 @@ import time
 import urllib.parse
 
 from tasks.io import credentials, storage
-from tasks.config import RunConfig, join_uri
+from tasks.config import RunConfig
+from tasks.io.uris import join_uri
 from tasks.errors import ConfigError, WorkerError
 from tasks.provision import capacity, worker_logs
 from tasks.provision.images import default_image, image_kind

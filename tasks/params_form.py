@@ -1,0 +1,81 @@
+"""The Airflow trigger form, derived from RunConfig: the form's sections and one Param's JSON
+schema per field (`param_schemas()`, the keyword arguments `airflow.sdk.Param` takes).
+
+Kept free of Airflow imports so it can be tested and reused (docs/params.md is rendered from
+it by tasks/params_doc.py). A field is declared once, in tasks/config.py; here it is only
+placed in a section.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.config import RunConfig
+
+# The trigger form's sections, in order (Airflow draws one box per Param `section`). The first
+# holds what a first-time user changes: its fields carry no `section`, so they land in the
+# form's default box, "Run Parameters", the one Airflow shows open; the others start collapsed,
+# and "(advanced)" ones can stay at their defaults.
+FIRST_SECTION = "Run Parameters"
+SECTIONS: dict[str, tuple[str, ...]] = {
+    FIRST_SECTION: ("experiment", "train_uri", "eval_uri", "labels", "epochs", "accelerator",
+                   "num_workers", "provisioner"),
+    "Data": ("file_format", "text_column", "text_pair_column", "label_column",
+             "eval_fraction", "seed"),
+    "Model": ("base_model", "max_seq_length", "lower_case", "num_shards"),
+    "Workers": ("strategy", "devices_per_worker", "num_ps", "tpu_address", "tpu_zone",
+                "tpu_project"),
+    "Training": ("training_loop", "per_replica_batch_size", "max_steps", "learning_rate",
+                 "warmup_ratio", "weight_decay", "mixed_precision"),
+    "Export and quality gate": ("export_uri", "model_name", "gate_metric", "gate_min_value",
+                                "gate_max_regression", "require_approval",
+                                "approval_timeout_minutes"),
+    "Remote workers (advanced)": (
+        "worker_image", "image_registry", "accelerator_type", "tpu_topology", "machine_type",
+        "worker_cpu", "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",
+        "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
+        "network", "tpu_runtime_version", "tpu_external_ips", "worker_timeout_minutes",
+        "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
+        "max_preemptions"),
+    "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
+                            "checkpoint_every_steps", "eval_batch_size"),
+    "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
+                                           "hf_conn_id"),
+}
+
+
+
+def param_schemas() -> dict[str, dict[str, Any]]:
+    """JSON-schema keyword arguments per field, in the shape airflow.sdk.Param takes, in
+    SECTIONS order (the trigger form keeps a section's fields together only if they are
+    adjacent)."""
+    listed = [name for names in SECTIONS.values() for name in names]
+    if sorted(listed) != sorted(RunConfig.model_fields):
+        raise RuntimeError("tasks.params_form.SECTIONS must list every RunConfig field once: "
+                           f"{sorted(set(RunConfig.model_fields) ^ set(listed))}")
+    schema = RunConfig.model_json_schema()
+    out: dict[str, dict[str, Any]] = {}
+    defaults = RunConfig().model_dump()
+    for section, name in ((s, n) for s, names in SECTIONS.items() for n in names):
+        prop = schema["properties"][name]
+        kwargs: dict[str, Any] = {}
+        if "anyOf" in prop:  # Optional[X] -> type [X, "null"]
+            types = [p.get("type") for p in prop["anyOf"]]
+            inner = next(p for p in prop["anyOf"] if p.get("type") != "null")
+            kwargs.update({k: v for k, v in inner.items() if k != "type"})
+            kwargs["type"] = [t for t in types if t]
+        else:
+            kwargs.update({k: v for k, v in prop.items() if k not in ("default",)})
+        kwargs.pop("title", None)
+        kwargs["title"] = prop.get("title", name)
+        if "description" in prop:
+            kwargs["description"] = prop["description"]
+        kwargs["default"] = defaults[name]
+        if kwargs["default"] == "" and kwargs.get("type") == "string":
+            # The trigger form treats "" as missing and would mark the field required.
+            kwargs["type"] = ["string", "null"]
+        if "const" in kwargs:  # a Literal with one value
+            kwargs["enum"] = [kwargs.pop("const")]
+        if section != FIRST_SECTION:
+            kwargs["section"] = section
+        out[name] = kwargs
+    return out

@@ -1,0 +1,317 @@
+"""The import graph of bertflow's own code, read with `ast` (nothing is imported): no import
+circles among `tasks` modules, and no module imports a layer above its own.
+
+Every `import` counts, at module level or inside a function (a function-level import only
+delays a circle to run time); those under `if TYPE_CHECKING:` do not, since they never run.
+
+Layers, lowest first (a module may import its own layer and those below):
+
+    tasks (the package: environment and version), tasks.errors
+    tasks.io            storage, URIs, readers: no config, no steps
+    tasks.topology
+    tasks.config
+    tasks.params_doc, tasks.params_form
+    tasks.runs          run layout, manifests, summaries
+    tasks.training      strategy, model, inputs, checkpoints
+    tasks.provision     worker backends (controller side)
+    tasks.steps         one module per CLI step
+    tasks.__main__      the CLI
+    bertflow_airflow    the Airflow side
+    dags/, plugins/
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tasks", "bertflow_airflow")  # importable packages
+SCRIPTS = ("dags", "plugins")  # files Airflow loads by path, named "dags/<file>"
+
+LAYERS: list[tuple[str, ...]] = [
+    ("tasks", "tasks.errors"),
+    ("tasks.io",),
+    ("tasks.topology",),
+    ("tasks.config",),
+    ("tasks.params_doc", "tasks.params_form"),
+    ("tasks.runs",),
+    # tasks.model: bertflow's encoder (issue 32), beside training: its layers take the CPU
+    # kernels from tasks.training, and the train step's checkpoint loading builds it.
+    ("tasks.training", "tasks.model"),
+    ("tasks.provision",),
+    ("tasks.steps",),
+    ("tasks.__main__",),
+    ("bertflow_airflow",),
+    ("dags", "plugins"),
+]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+
+# Import circles that remain in modules other issues own, each by the import that closes it
+# (importer, imported). Delete an entry when its circle is gone; the test says when.
+EXPECTED_BACK_EDGES = {
+    # local/cluster.py <-> local/warm_start.py: warm_start takes process_env from cluster;
+    # the split of the provision modules (issue 31's provision part) removes it.
+    ("tasks.provision.local.warm_start", "tasks.provision.local.cluster"),
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    if rel.parts[0] in SCRIPTS:
+        return "/".join(rel.parts)
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    out = {}
+    for top in PACKAGES + SCRIPTS:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            if "build" not in path.relative_to(ROOT).parts:
+                out[_module_name(path)] = path
+    return out
+
+
+SOURCES = _sources()
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in SOURCES.items()}
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and (
+        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
+        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
+
+
+def _imports(tree: ast.AST):
+    """Every Import/ImportFrom node that can run (not under `if TYPE_CHECKING:`)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        for child in ast.iter_child_nodes(node):
+            if _is_type_checking(child):
+                stack.extend(child.orelse)
+            else:
+                stack.append(child)
+
+
+def _own(name: str) -> str | None:
+    """The longest bertflow module `name` starts with, or None for other packages."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in SOURCES:
+            return candidate
+        parts.pop()
+    return None
+
+
+def _targets(module: str, node) -> list[tuple[str, str | None]]:
+    """(module imported, name taken from it or None) for one import statement."""
+    if isinstance(node, ast.Import):
+        return [(own, None) for alias in node.names if (own := _own(alias.name))]
+    base = node.module or ""
+    if node.level:
+        package = module.split(".")
+        if not SOURCES[module].name == "__init__.py":
+            package = package[:-1]
+        package = package[:len(package) - node.level + 1]
+        base = ".".join(package + ([base] if base else []))
+    own = _own(base)
+    if own is None:
+        return []
+    out = []
+    for alias in node.names:
+        if f"{base}.{alias.name}" in SOURCES:  # `from tasks.io import storage`
+            out.append((f"{base}.{alias.name}", None))
+        else:
+            out.append((own, alias.name if own == base else None))
+    return out
+
+
+GRAPH: dict[str, set[str]] = {}
+NAMES_TAKEN: list[tuple[str, int, str, str]] = []  # (importer, line, module, name)
+for _module, _tree in TREES.items():
+    GRAPH[_module] = set()
+    for _node in _imports(_tree):
+        for _target, _name in _targets(_module, _node):
+            if _target != _module:
+                GRAPH[_module].add(_target)
+            if _name is not None:
+                NAMES_TAKEN.append((_module, _node.lineno, _target, _name))
+
+
+def _unit(module: str) -> str:
+    """The layer unit of a module: its entry in LAYERS, the longest that is a prefix."""
+    if "/" in module:
+        return module.split("/")[0]
+    parts = module.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in RANK:
+            return candidate
+        parts.pop()
+    raise AssertionError(f"{module} is in no layer: add it (or its package) to LAYERS in "
+                         "tests/test_imports.py, at the level it belongs to")
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    out.append(sorted(component))
+    return out
+
+
+def _module_level_names(tree: ast.Module) -> set[str] | None:
+    """Names a module binds at its top level (None if it has `import *`)."""
+    names: set[str] = set()
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return None
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.If, ast.Try, ast.With, ast.For, ast.While)):
+            for field in ("body", "orelse", "finalbody", "handlers"):
+                stack.extend(getattr(node, field, []))
+        elif isinstance(node, ast.ExceptHandler):
+            stack.extend(node.body)
+    return names
+
+
+# --- the tests ------------------------------------------------------------------------------
+def test_the_graph_sees_the_code():
+    """A guard for the parser: the known edges are found."""
+    assert "tasks.errors" in GRAPH["tasks.config"]
+    assert "tasks.steps.data" in GRAPH["bertflow_airflow.run_tasks"]  # a function-level import
+    assert len([m for m in SOURCES if m.startswith("tasks.")]) > 50
+
+
+def test_no_import_circles_among_tasks_modules():
+    graph = {m: {t for t in targets if t.startswith("tasks")
+                 and (m, t) not in EXPECTED_BACK_EDGES}
+             for m, targets in GRAPH.items() if m.startswith("tasks")}
+    cycles = _cycles(graph)
+    assert not cycles, (
+        "import circles (each group imports itself through the others); move what they share "
+        "into a module below them:\n" + "\n".join(" <-> ".join(c) for c in cycles))
+
+
+@pytest.mark.parametrize("edge", sorted(EXPECTED_BACK_EDGES), ids="->".join)
+def test_each_expected_circle_is_still_there(edge):
+    importer, imported = edge
+    assert imported in GRAPH.get(importer, ()), (
+        f"{importer} no longer imports {imported}: delete the entry from EXPECTED_BACK_EDGES "
+        "in tests/test_imports.py")
+    graph = {m: {t for t in GRAPH[m] if t.startswith("tasks")} for m in GRAPH
+             if m.startswith("tasks")}
+    assert any(importer in c and imported in c for c in _cycles(graph)), (
+        f"{importer} -> {imported} closes no circle any more: delete it from "
+        "EXPECTED_BACK_EDGES in tests/test_imports.py")
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() for t in targets
+                    if RANK[_unit(t)] > RANK[_unit(m)])
+    assert not upward, ("imports that run up the layers (see this file's docstring):\n"
+                        + "\n".join(upward))
+
+
+@pytest.mark.parametrize("low, forbidden", [
+    ("tasks.io", ("tasks.config", "tasks.steps", "tasks.training", "tasks.runs",
+                  "tasks.provision")),
+    ("tasks.training", ("tasks.steps",)),
+    ("tasks.runs", ("tasks.steps",)),
+    ("tasks", ("bertflow_airflow", "dags", "plugins")),
+])
+def test_named_rules(low, forbidden):
+    """The rules the layers imply that matter most, spelled out."""
+    bad = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() for t in targets
+                 if (m == low or m.startswith(low + ".")) and t.startswith(forbidden))
+    assert not bad, "\n".join(bad)
+
+
+def test_imported_names_exist():
+    """`from tasks.x import name` names something tasks/x.py defines, also in imports inside
+    functions that a test may never run (a moved function leaves no stale import behind)."""
+    defined = {m: _module_level_names(TREES[m]) for m in TREES}
+    missing = [f"{importer}:{line} takes {name} from {module}"
+               for importer, line, module, name in NAMES_TAKEN
+               if defined[module] is not None and name not in defined[module]]
+    assert not missing, "\n".join(missing)
+
+
+def test_tasks_imports_no_airflow_at_module_level():
+    """tasks/ runs in worker images without Airflow: only a function may import it (to read
+    a connection)."""
+    bad = []
+    for module, tree in TREES.items():
+        if not module.startswith("tasks"):
+            continue
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""])
+                bad += [f"{module}:{node.lineno}" for n in names
+                        if n == "airflow" or n.startswith("airflow.")]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("folder", ["dags", "plugins", "benchmarks"])
+def test_no_sys_path_edits(folder):
+    """The package is installed (pyproject.toml, `make install`): DAGs, the plugin and the
+    benchmarks import it as any installed package."""
+    edits = [f"{path.relative_to(ROOT)}:{number}"
+             for path in sorted((ROOT / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if "sys.path" in line]  # in code run as a string too
+    assert not edits, "\n".join(edits)
