@@ -41,7 +41,7 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from bertflow_airflow.timetables import BackfillOnlyTimetable
-# Airflow puts the plugins folder on sys.path; plugins/.airflowignore keeps its loader, which
+# Airflow puts the plugins folder on the import path; plugins/.airflowignore keeps its loader, which
 # imports every .py file there as a top-level module, out of the package.
 from bertflow_ui.routes import app
 

@@ -10,5 +10,5 @@
 
 Airflow imports every .py file under its plugins folder as a top-level module; plugins/
 .airflowignore keeps it out of this package, which the entry file imports by name (Airflow
-puts the plugins folder on sys.path). Imports here are absolute for the same reason.
+puts the plugins folder on the import path). Imports here are absolute for the same reason.
 """
