@@ -5,7 +5,8 @@
 bertflow side: the real tokenize step, `tasks.steps.tokenize.run(cfg, ctx)` (read the data step's
 jsonl, tokenize in-graph, serialize tf.train.Example, write shards), on a fresh artifact root each
 time so the cache is never reused. The data step runs once beforehand and is not timed.
-Baseline: HF `BertTokenizerFast` (batched) + `tf.io.TFRecordWriter`, writing the same records
+Baseline: HF `BertTokenizer` (transformers 5: the Rust tokenizers backend, batched) +
+`tf.io.TFRecordWriter`, writing the same records
 (unpadded input_ids, token_type_ids, label) into the same number of shards.
 Also timed: each tokenizer alone on the same texts. Runs alternate; figures are medians.
 Target: whole step >= 150,000 rows/s and >= 5x baseline.
@@ -47,9 +48,9 @@ def baseline_step(path: Path, vocab: Path, out_dir: Path, shards: int, max_len: 
                   limit: int | None, batch: int = 2048) -> int:
     """HF fast tokenizer (batched) + TFRecordWriter: read, tokenize, serialize, write shards."""
     import tensorflow as tf
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizer
     texts, labels = read_tsv(path, limit)
-    tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tok = BertTokenizer(vocab=str(vocab), do_lower_case=True)
     writers = [tf.io.TFRecordWriter(str(out_dir / f"train-{i:05d}-of-{shards:05d}.tfrecord"))
                for i in range(shards)]
     feat, ints = tf.train.Feature, tf.train.Int64List
@@ -139,8 +140,8 @@ def main() -> None:
             enc(tf.constant(texts[s:s + 8192]))
         return rows / (time.perf_counter() - t0)
 
-    from transformers import BertTokenizerFast
-    hf_tok = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    from transformers import BertTokenizer
+    hf_tok = BertTokenizer(vocab=str(vocab), do_lower_case=True)
 
     def hf_tok_alone() -> float:  # tokenizers built once, outside the timing, on both sides
         t0 = time.perf_counter()

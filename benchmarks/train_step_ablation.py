@@ -10,9 +10,9 @@ is the median examples/s. Variants, each one step further from the product:
     bertflow            the product on CPU: bertflow's CPU kernels (tasks/training/cpu_kernels) for
                         AdamW, dropout, GELU and LayerNorm
     tf_kernels          without them: tasks.training.model.AdamW on TensorFlow's fused kernels and
-                        tasks/training/float32_gelu.py (the product where the kernels are not built)
-    bf16_gelu           the same with transformers' GELU (bfloat16 under this policy)
-    keras_adamw         tf_keras.optimizers.AdamW and transformers' GELU
+                        the GELU in float32 (the product where the kernels are not built)
+    bf16_gelu           the same with the GELU in the compute dtype (bfloat16 under this policy)
+    keras_adamw         tf_keras.optimizers.AdamW and the GELU in the compute dtype
 With --profile each run also reports the op time per step (TensorFlow profiler), summed over
 threads and by op type: a measure of work that a shared CPU disturbs less than wall time.
 """
@@ -46,8 +46,8 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
     kernels = variant == "bertflow"
     if kernels and not cpu_kernels.available():
         raise SystemExit("bertflow CPU kernels are not built: run `make install`")
-    model = checkpoint.load_classifier(model_dir, ["0", "1"], cpu_kernels=kernels,
-                                       float32_gelu=variant == "tf_kernels")
+    gelu = {"bertflow": "kernel", "tf_kernels": "float32"}.get(variant, "native")
+    model = checkpoint.load_classifier(model_dir, ["0", "1"], cpu_kernels=kernels, gelu=gelu)
     if variant == "keras_adamw":
         optimizer = tf_keras.optimizers.AdamW(learning_rate=2e-5, weight_decay=0.01,
                                               epsilon=1e-6)
@@ -63,7 +63,7 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
     @tf.function(input_signature=spec, reduce_retracing=True)
     def step(features, labels):
         with tf.GradientTape() as tape:
-            loss = loss_fn(labels, tf.cast(model(features, training=True).logits, tf.float32))
+            loss = loss_fn(labels, model(features, training=True))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss

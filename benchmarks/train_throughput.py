@@ -7,7 +7,8 @@ Both sides get the same SST-2 rows (seeded sample, real length distribution), th
 length-grouped batches of 32 and the same number of timed steps; warm-up steps are excluded.
 Each side runs as a subprocess (peer in .venv-peer, which has torch; the product venv must not),
 alternating A B B A ..., and the figure is the median examples/s. `--configs` picks the sides
-(see CONFIGS); `--sweep` runs every TF variant, which is how the settings were chosen.
+(see CONFIGS); `--sweep` runs every config. (The transformers TF BERT variants that chose
+bertflow's settings left with transformers 4.57: transformers 5 has no TensorFlow classes.)
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import trainbench_data
 
 PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
 TF_PY = common.PROJECT_ROOT / ".venv" / "bin" / "python"
-W_TF = str(common.BENCH_DIR / "_tf_train_worker.py")
 W_PEER = str(common.BENCH_DIR / "_peer_train_worker.py")
 W_BERTFLOW = str(common.BENCH_DIR / "_bertflow_train_worker.py")
 
@@ -38,24 +38,6 @@ CONFIGS = {
     # OpenMP threads sleep instead of spinning: far more robust when the CPU is shared.
     "peer_bf16_passive": (PEER_PY, W_PEER, ["--bf16", "--env", "OMP_WAIT_POLICY=PASSIVE"]),
     "peer_bf16_t1": (PEER_PY, W_PEER, ["--bf16", "--threads", "1"]),
-    "tf_fp32": (TF_PY, W_TF, ["--precision", "fp32"]),
-    "tf_bf16": (TF_PY, W_TF, ["--precision", "bf16"]),
-    "tf_bf16_pad8": (TF_PY, W_TF, ["--precision", "bf16", "--pad-multiple", "8"]),
-    "tf_bf16_xla_pad8": (TF_PY, W_TF, ["--precision", "bf16", "--jit", "1", "--pad-multiple", "8"]),
-    "tf_fp32_xla_pad8": (TF_PY, W_TF, ["--precision", "fp32", "--jit", "1", "--pad-multiple", "8"]),
-    "tf_bf16_xla_pad16": (TF_PY, W_TF, ["--precision", "bf16", "--jit", "1", "--pad-multiple", "16"]),
-    "tf_bf16_spe4": (TF_PY, W_TF, ["--precision", "bf16", "--spe", "4"]),
-    "tf_bf16_inter1": (TF_PY, W_TF, ["--precision", "bf16", "--inter", "1", "--intra", "2"]),
-    "tf_bf16_noptjit": (TF_PY, W_TF, ["--precision", "bf16", "--opt-jit", "0"]),
-    "tf_bf16_fused": (TF_PY, W_TF, ["--precision", "bf16", "--optimizer", "fused_adamw"]),
-    "tf_fp32_fused": (TF_PY, W_TF, ["--precision", "fp32", "--optimizer", "fused_adamw"]),
-    "tf_bf16_fused_inter4": (TF_PY, W_TF, ["--precision", "bf16", "--optimizer", "fused_adamw",
-                                           "--inter", "4"]),
-    "tf_bf16_fused_intra1": (TF_PY, W_TF, ["--precision", "bf16", "--optimizer", "fused_adamw",
-                                           "--intra", "1", "--inter", "2"]),
-    "tf_bf16_fused_spe8": (TF_PY, W_TF, ["--precision", "bf16", "--optimizer", "fused_adamw",
-                                         "--spe", "8"]),
-    "tf_amp_fused": (TF_PY, W_TF, ["--precision", "amp", "--optimizer", "fused_adamw"]),
     # bertflow's default config: mixed_precision=auto, bfloat16 on CPUs that have it
     "bertflow": (TF_PY, W_BERTFLOW, []),
     "bertflow_fp32": (TF_PY, W_BERTFLOW, ["--set", "mixed_precision=none"]),

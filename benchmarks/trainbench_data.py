@@ -36,12 +36,12 @@ def length_grouped_batches(lengths: list[int], batch_size: int, seed: int,
 
 def build(sst2_path: Path, vocab_path: Path, num_examples: int, batch_size: int, seed: int,
           max_len: int, grouped: bool, out: Path) -> dict:
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizer
     texts, labels = read_sst2(sst2_path)
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     order = order[:num_examples]
-    tok = BertTokenizerFast(vocab_file=str(vocab_path), do_lower_case=True)
+    tok = BertTokenizer(vocab=str(vocab_path), do_lower_case=True)
     enc = tok([texts[i] for i in order], truncation=True, max_length=max_len)["input_ids"]
     ys = [labels[i] for i in order]
     lengths = [len(e) for e in enc]

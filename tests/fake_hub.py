@@ -5,6 +5,9 @@ HF_ENDPOINT or its `endpoint=` argument): enough of the API that `model_info` an
 - `GET /api/models/{repo}[/revision/{rev}]`: `{"id", "sha", "siblings": [{"rfilename", "size",
   "blobId", "lfs": {"size", "sha256", "pointerSize"}}], "gated", "private"}` (files_metadata
   form, hf_api.ModelInfo).
+- `GET /api/models/{repo}/tree/{rev}`: the commit's files, `[{"type": "file", "path", "size",
+  "oid", "lfs": {"oid", "size", "pointerSize"}}]` (hf_api.RepoFile), one page; what
+  `snapshot_download` lists since huggingface_hub 1.x.
 - `HEAD|GET /{repo}/resolve/{rev}/{file}`: the bytes with `X-Repo-Commit`, `ETag`,
   `X-Linked-Etag` and `X-Linked-Size` (LFS files), `Content-Length`; the headers
   file_download.get_hf_file_metadata reads.
@@ -108,6 +111,9 @@ def _handler(hub: FakeHub):
             token = auth.split(" ", 1)[1] if auth and auth.startswith("Bearer ") else None
             if path.startswith("/api/models/"):
                 rest = path[len("/api/models/"):]
+                if "/tree/" in rest:
+                    repo_id, _, revision = rest.partition("/tree/")
+                    return self._tree(repo_id, revision)
                 repo_id, _, revision = rest.partition("/revision/")
                 return self._info(repo_id, revision or "main")
             if "/resolve/" in path:
@@ -124,13 +130,35 @@ def _handler(hub: FakeHub):
                 return self._file(repo, revision, name, body)
             self._fail(404, "NotFound", f"no route {path}")
 
-        def _info(self, repo_id: str, revision: str):
+        def _commit(self, repo_id: str, revision: str) -> tuple[Repo, str] | None:
+            """The repo and the commit `revision` names; None after answering an error."""
             repo = hub.repos.get(repo_id)
             if repo is None:
                 return self._fail(401, "RepoNotFound", "Repository not found")
             sha = repo.commit_of(revision)
             if sha is None:
                 return self._fail(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+            return repo, sha
+
+        def _tree(self, repo_id: str, revision: str):
+            found = self._commit(repo_id, revision)
+            if found is None:
+                return
+            repo, sha = found
+            entries = []
+            for name, data in repo.commits[sha].items():
+                entry = {"type": "file", "path": name, "size": len(data), "oid": _blob_id(data)}
+                if name.endswith(LFS_SUFFIXES):
+                    entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data),
+                                    "pointerSize": 134}
+                entries.append(entry)
+            self._json(entries)
+
+        def _info(self, repo_id: str, revision: str):
+            found = self._commit(repo_id, revision)
+            if found is None:
+                return
+            repo, sha = found
             siblings = []
             for name, data in repo.commits[sha].items():
                 entry = {"rfilename": name, "size": len(data), "blobId": _blob_id(data)}

@@ -26,7 +26,7 @@ from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT
 from tasks.io.uris import join_uri, sha256_file
-from tasks.training import checkpoint
+from tasks.training import checkpoint, checkpoint_sources
 from bertflow_airflow.demo import DAG_ID, run_folder
 from test_dag_cloud import RUN_DAG, TASKS, TINY
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
@@ -53,7 +53,7 @@ def k8s_run(airflow_db, gcs_emulator, tiny_model_dir, tmp_path_factory):  # noqa
             "train_uri": f"{prefix}/data/train.tsv", "eval_uri": f"{prefix}/data/eval.tsv",
             "artifact_root": f"{prefix}/artifacts", "gcp_conn_id": GCS_CONN_ID,
             "base_model": f"{prefix}/checkpoints/tiny-bert"}
-    kubelet = ProcessKubelet(tmp / "pods", hidden=(checkpoint.default_base_model_dir(),),
+    kubelet = ProcessKubelet(tmp / "pods", hidden=(checkpoint_sources.default_base_model_dir(),),
                              own_cache=True)
     with FakeKube(kubelet) as kube:
         env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp / "kubeconfig"))}
@@ -118,7 +118,7 @@ def test_the_credential_reaches_pods_only_through_their_secret(k8s_run):
 
 
 def test_pods_fetch_base_model_from_the_bucket_with_no_checkpoint_in_the_image(k8s_run):
-    hidden = checkpoint.default_base_model_dir()
+    hidden = checkpoint_sources.default_base_model_dir()
     # The hiding is real: in a pod's mount namespace the default's folder is empty.
     probe = subprocess.run(["unshare", "--mount", "sh", "-c",
                             k8s_run.kubelet.mounts() + ' && ls -A "$1"', "/etc/hosts",

@@ -186,7 +186,7 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path, model
     version = runlayout.read_manifest(export.run(cfg, ctx))["version_uri"]
     names = {p.name for p in storage.local_path(version).iterdir()}
     assert names >= {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
-                     "tokenizer_config.json", "special_tokens_map.json", "saved_model"}
+                     "tokenizer_config.json", "saved_model"}
     config = json.loads(storage.read_text(f"{version}/config.json"))
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert config["label2id"] == {"negative": 0, "positive": 1}
@@ -196,7 +196,7 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path, model
 
     texts = ["a good movie", "the second one , and a bad exported model", "different"]
     got = torch_env.predict(version, texts)
-    assert got["tokenizer"] == "BertTokenizerFast"
+    assert got["tokenizer"] == "BertTokenizer"  # transformers 5: the tokenizers-backed class
     assert got["id2label"] == {"0": "negative", "1": "positive"}
     want = predict(f"{version}/saved_model", text=texts)["probabilities"].numpy()
     np.testing.assert_allclose(got["probabilities"], want, atol=1e-5)

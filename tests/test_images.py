@@ -79,8 +79,6 @@ def test_the_tpu_image_installs_its_lock_without_resolving_it_again():
     (install,) = [line for line in dockerfile("tpu").splitlines() if "lock.txt" in line
                   and "pip install" in line]
     assert "--no-deps" in install
-    # transformers 4.57 does not know the tensorflow-tpu distribution (see the TF 2.20 test).
-    assert dockerfile_env("tpu")["FORCE_TF_AVAILABLE"] == "1"
 
 
 def _base_python(kind: str) -> str:
@@ -123,7 +121,7 @@ def test_tensorflow_versions_of_the_locks():
     assert tpu["tf-keras"].startswith("2.20.") and tpu["tensorflow-text"].startswith("2.20.")
     assert "libtpu" in tpu
     for lock in (cpu, gpu, tpu):
-        assert lock["transformers"].startswith("4.57.")
+        assert lock["transformers"].startswith("5.")  # tokenizer files only; no TF classes
 
 
 def test_cpu_lock_runs_the_versions_the_tests_run():
@@ -298,18 +296,20 @@ def test_the_lock_s_libtpu_wheel_puts_libtpu_so_where_the_image_points(tf220_pyt
 
 def test_tpu_lock_environment_has_tensorflow_2_20_and_resolves_worker_connections(
         tf220_python, tmp_path):
-    """The versions, transformers' TF classes under the image's ENV, and a worker reading an
-    Airflow connection from AIRFLOW_CONN_* through tasks.io.cloud_storage (airflow.sdk)."""
+    """The versions, bertflow's model and transformers' tokenizer under the image's ENV, and a
+    worker reading an Airflow connection from AIRFLOW_CONN_* through tasks.io.cloud_storage
+    (airflow.sdk)."""
     script = """
 import importlib.metadata as md, json
 import tensorflow as tf, tf_keras, tensorflow_text, transformers
-from transformers import TFBertForSequenceClassification  # noqa: F401
+from transformers import BertTokenizer  # noqa: F401  (the export's tokenizer files)
+from tasks.model import classifier  # noqa: F401
 from tasks.io import cloud_storage
 from tasks.io.credentials import Connections
 store = cloud_storage.backend("s3", Connections(aws_conn_id="bertflow_s3"))
 print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
                   "tf_keras": tf_keras.__version__, "text": tensorflow_text.__version__,
-                  "tf_in_transformers": transformers.is_tf_available(),
+                  "transformers": transformers.__version__,
                   "endpoint": store.client.meta.endpoint_url}))
 """
     conn = {"conn_type": "aws", "login": "AKIAEXAMPLE", "password": "not-a-secret",
@@ -321,9 +321,10 @@ print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
     assert done.returncode == 0, done.stderr[-3000:]
     facts = json.loads(done.stdout.strip().splitlines()[-1])
     assert facts == {"tf": "2.20.0", "dist": "2.20.0", "tf_keras": facts["tf_keras"],
-                     "text": facts["text"], "tf_in_transformers": True,
+                     "text": facts["text"], "transformers": facts["transformers"],
                      "endpoint": "http://127.0.0.1:9"}
     assert facts["tf_keras"].startswith("2.20.") and facts["text"].startswith("2.20.")
+    assert facts["transformers"].startswith("5.")
 
 
 def test_train_evaluate_export_on_the_tpu_lock(tf220_python):

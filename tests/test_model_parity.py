@@ -77,7 +77,7 @@ def features(arrays: dict[str, np.ndarray]) -> dict:
 @pytest.fixture(scope="session")
 def references(tmp_path_factory) -> Path:
     """The torch-written checkpoints and their outputs (one PyTorch process)."""
-    from tasks.training.checkpoint import default_base_model_dir
+    from tasks.training.checkpoint_sources import default_base_model_dir
 
     out = tmp_path_factory.mktemp("torch-references")
     np.savez(out / "batch.npz", **BATCH, **{f"minilm_{k}": v for k, v in MINILM_BATCH.items()})
@@ -134,7 +134,7 @@ def test_saved_keys_are_pytorch_keys(references, tmp_path, family):
 
 
 def test_default_checkpoint_matches_pytorch_bert_model(references):
-    from tasks.training.checkpoint import default_base_model_dir
+    from tasks.training.checkpoint_sources import default_base_model_dir
 
     model, fresh = load(default_base_model_dir(), num_labels=2)
     assert fresh == ["classifier.weight", "classifier.bias"]  # a bare encoder: no head

@@ -28,7 +28,7 @@ def encoder(vocab_file):
 
 @pytest.fixture(scope="module")
 def hf_tokenizer(vocab_file):
-    return transformers.BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=True)
+    return transformers.BertTokenizer(vocab=str(vocab_file), do_lower_case=True)
 
 
 # --- encoder -----------------------------------------------------------------------------

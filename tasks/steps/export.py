@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,15 +112,16 @@ def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
     (tasks/model/hf_weights.py), vocab.txt and the tokenizer files. PyTorch's
     AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
-    from transformers import BertTokenizerFast  # the tokenizer files only; no model code
+    from transformers import BertTokenizer  # the tokenizer files only; no model code
 
     save_hf_checkpoint(model, labels, out)
+    shutil.copy(vocab_file, out / checkpoint.VOCAB)
     # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
     inputs = (["input_ids", "attention_mask"] if model.config.type_vocab_size == 0
               else ["input_ids", "token_type_ids", "attention_mask"])
-    BertTokenizerFast(vocab_file=str(vocab_file), do_lower_case=lower_case,
-                      model_max_length=max_seq_length,
-                      model_input_names=inputs).save_pretrained(out)
+    BertTokenizer(vocab=str(vocab_file), do_lower_case=lower_case,
+                  model_max_length=max_seq_length,
+                  model_input_names=inputs).save_pretrained(out)
 
 
 def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool):

@@ -77,7 +77,7 @@ _models: dict[str, tuple[bytes, bytes]] = {}
 class BertTextEncoder(tf.Module):
     """Raw strings -> BERT input ids, in-graph and exportable in a SavedModel.
 
-    Matches `transformers.BertTokenizerFast(do_lower_case=True)` token for token, including
+    Matches `transformers.BertTokenizer(do_lower_case=True)` token for token, including
     truncation: single texts keep their first max_seq_length - 2 tokens; pairs are cut like
     Hugging Face's 'longest_first' (when both segments must shrink, the budget is split evenly
     and an odd token goes to the longer, or to the second when they tie). tensorflow_text's
