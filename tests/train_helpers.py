@@ -47,8 +47,8 @@ def write_tiny_model(model_dir: Path, model_type: str = "bert", **config) -> Pat
     else:
         shape = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=64)
-    raw = dict(model_type=model_type, vocab_size=len(VOCAB), max_position_embeddings=64,
-               **shape, **config)
+    raw = {"model_type": model_type, "vocab_size": len(VOCAB), "max_position_embeddings": 64,
+           **shape, **config}
     model = build_classifier(EncoderConfig.from_dict(raw), len(id2label))
     save_hf_checkpoint(model, [id2label[i] for i in range(len(id2label))], model_dir)
     (model_dir / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
