@@ -293,10 +293,10 @@ def test_provision_writes_specs_and_release_kills_leftovers(artifact_root):
     # records pids.
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                 start_new_session=True)
-    from tasks.provision.local.cluster import process_start_ticks
+    from tasks.provision.local.cluster import process_started
     storage.write_json(pid_record_uri(ctx.run_uri, "train"), {"pids": [
         {"pid": leftover.pid, "role": "worker", "index": 0,
-         "start_ticks": process_start_ticks(leftover.pid)}]})
+         "started": process_started(leftover.pid)}]})
     scratch = local_tmp_root(ctx.run_uri) / "worker-1"
     scratch.mkdir(parents=True)
     try:

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import psutil
+
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT
 from tasks.errors import WorkerError
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
-from tasks.provision.spec import WorkerSpec, run_hash
+from tasks.provision.spec import WorkerSpec, process_env, run_hash
 
 if TYPE_CHECKING:
     from tasks.provision.local.warm_start import WarmProcess
@@ -50,19 +52,6 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
-def process_env(environ, *updates: dict[str, str]) -> dict[str, str]:
-    """A step process's environment: the controller's, `updates` on top, without a stale
-    TF_CONFIG (single-process strategies must not see one), and with this checkout first on
-    PYTHONPATH (`python -m tasks` must resolve here whatever the caller's cwd/sys.path)."""
-    env = dict(environ)
-    env.pop("TF_CONFIG", None)
-    for update in updates:
-        env.update(update)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def tf_config(addresses: dict[str, list[str]], role: str, index: int) -> str:
     return json.dumps({"cluster": addresses, "task": {"type": role, "index": index}})
 
@@ -73,13 +62,13 @@ def local_tmp_root(run_uri: str) -> Path:
     return Path(tempfile.gettempdir()) / "bertflow-workers" / run_hash(run_uri, 16)
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of a process (Linux /proc), to tell a recorded pid from a reused one."""
+def process_started(pid: int) -> float | None:
+    """Start time of a process (psutil's create_time: seconds since the epoch, the same value
+    for the same process every time it is asked), to tell a recorded pid from a reused one."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 @dataclass
@@ -282,7 +271,7 @@ class LocalCluster:
             return
         storage.write_json(self.record_uri, {"pids": [
             {"pid": p.popen.pid, "role": p.role, "index": p.index,
-             "start_ticks": process_start_ticks(p.popen.pid)} for p in self._procs]})
+             "started": process_started(p.popen.pid)} for p in self._procs]})
 
 
 def _exit_error(code: int) -> type[WorkerError]:
@@ -302,8 +291,8 @@ def kill_recorded(record: dict) -> list[int]:
     killed = []
     for entry in record.get("pids", []):
         pid = entry["pid"]
-        ticks = process_start_ticks(pid)
-        if ticks is None or ticks != entry.get("start_ticks"):
+        started = process_started(pid)
+        if started is None or started != entry.get("started"):
             continue  # gone, or the pid now belongs to another process
         _signal_group(pid, signal.SIGKILL)
         killed.append(pid)
