@@ -290,11 +290,13 @@ def test_owner_references_do_not_block_owner_deletion():
 
 
 def _backend_calls() -> dict[tuple[str, str], set[str]]:
-    """{(API group, resource): verbs} of every client call in tasks/provision/kubernetes/backend.py,
-    from the real client's method names (create_/list_/delete_/read_namespaced_<kind>)."""
+    """{(API group, resource): verbs} of every client call in
+    tasks/provision/kubernetes/{backend,pod_logs}.py, from the real client's method names
+    (create_/list_/delete_/read_namespaced_<kind>)."""
     from kubernetes import client
 
-    source = (ROOT / "tasks" / "provision" / "kubernetes" / "backend.py").read_text()
+    source = "".join((ROOT / "tasks" / "provision" / "kubernetes" / name).read_text()
+                     for name in ("backend.py", "pod_logs.py"))
     found: dict[tuple[str, str], set[str]] = {}
     for api, method in set(re.findall(r"\b(core|batch)\.(\w+_namespaced_\w+)", source)):
         owner = client.CoreV1Api if api == "core" else client.BatchV1Api

@@ -34,7 +34,9 @@ from tasks.errors import PREEMPTED_EXIT_CODE, ConfigError, WorkerError
 from tasks.provision import attempts, capacity
 from tasks.steps.provision import dry_run
 from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.tpu_vm import render as tpu_render
 from tasks.provision.vertex_ai import backend as vertex_ai
+from tasks.provision.vertex_ai import client as vertex_client
 from tasks.provision.backends import backend_for
 from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.local.backend import LocalBackend
@@ -167,7 +169,7 @@ def tpu_resource(**overrides):
                     tpu_zone="us-west4-a", tpu_address="local", artifact_root="gs://b/r",
                     image_registry="us-docker.pkg.dev/proj/repo", **overrides)
     capacity.check(cfg)
-    return tpu_vm.queued_resource(cfg, ctx_for(cfg.artifact_root), "proj")
+    return tpu_render.queued_resource(cfg, ctx_for(cfg.artifact_root), "proj")
 
 
 def test_tpu_queued_resource_tier_spot_or_reservation():
@@ -182,7 +184,7 @@ def test_tpu_queued_resource_tier_spot_or_reservation():
     full = "projects/other/locations/us-west4-a/reservations/shared"
     assert tpu_resource(capacity="reservation", reservation=full).reservation_name == full
     # the REST JSON the dry run prints parses back into the client's type
-    text = json.dumps(tpu_vm._to_dict(spot))
+    text = json.dumps(tpu_render.to_dict(spot))
     assert "spot" in tpu_v2.QueuedResource.from_json(text, ignore_unknown_fields=False)
 
 
@@ -407,7 +409,7 @@ def test_a_preempted_vertex_job_is_submitted_again(tmp_path, monkeypatch):
     submits a new CustomJob, which succeeds. The real JobServiceClient talks to the fake."""
     server = FakeVertex().start()
     try:
-        monkeypatch.setenv(vertex_ai.ENDPOINT_ENV, server.endpoint)
+        monkeypatch.setenv(vertex_client.ENDPOINT_ENV, server.endpoint)
         monkeypatch.setattr(vertex_ai, "POLL_MIN_SECONDS", 0.01)
         monkeypatch.setattr(vertex_ai, "POLL_MAX_SECONDS", 0.05)
         cfg = RunConfig(**{**VERTEX, "artifact_root": str(tmp_path), "capacity": "spot"})

@@ -21,6 +21,8 @@ from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision import attempts, worker_logs
 from tasks.provision.backends import backend_for
 from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.tpu_vm import client as tpu_client
+from tasks.provision.tpu_vm import render as tpu_render
 from tasks.provision.spec import WorkerSpec
 from tasks.runs.runlayout import RunContext
 from test_cli import cli
@@ -50,7 +52,7 @@ def run_context(root: str, key: str = "manual__tpu") -> RunContext:
 @pytest.fixture
 def fake_tpu(monkeypatch):
     fake = FakeTpu().start()
-    monkeypatch.setenv(tpu_vm.ENDPOINT_ENV, fake.endpoint)
+    monkeypatch.setenv(tpu_client.ENDPOINT_ENV, fake.endpoint)
     monkeypatch.setattr(tpu_vm.TpuVmBackend, "poll_seconds", 0.01)
     yield fake
     fake.stop()
@@ -83,7 +85,7 @@ def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type,
     before = time.time()
     facts = tpu_vm.TpuVmBackend().setup(cfg, ctx, log=lines.append)
 
-    rid = address if address != "local" else f"bertflow-{tpu_vm.run_hash(ctx)}"
+    rid = address if address != "local" else f"bertflow-{tpu_render.run_hash(ctx)}"
     parent = f"projects/{PROJECT}/locations/{ZONE}"
     create = fake_tpu.requests[fake_tpu.calls().index(("POST", f"{parent}/queuedResources"))]
     assert create["query"]["queuedResourceId"] == rid
@@ -95,7 +97,7 @@ def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type,
     assert node["networkConfig"] == {"network": "ml-net", "enableExternalIps": True}
     labels = node["labels"]
     assert labels["managed-by"] == "bertflow" and labels["bertflow-dag"] == "bert_finetune"
-    assert labels["bertflow-run"] == tpu_vm.run_hash(ctx)
+    assert labels["bertflow-run"] == tpu_render.run_hash(ctx)
     # Expiry: queue patience + worker lifetime from now.
     assert int(labels["bertflow-expires"]) >= int(before) + 60 + cfg.worker_timeout_minutes * 60
     assert create["body"]["queueingPolicy"]["validUntilDuration"] == "60s"
@@ -156,14 +158,14 @@ def test_release_deletes_the_node_then_the_queued_resource(fake_tpu, gs_root):
     released = backend.release(cfg, ctx, log=lambda _: None)
 
     parent = f"projects/{PROJECT}/locations/{ZONE}"
-    rid = f"bertflow-{tpu_vm.run_hash(ctx)}"
+    rid = f"bertflow-{tpu_render.run_hash(ctx)}"
     deletes = fake_tpu.calls("DELETE")
     assert deletes == [("DELETE", f"{parent}/nodes/{rid}"),
                        ("DELETE", f"{parent}/queuedResources/{rid}")]
     assert fake_tpu.requests[-1]["query"].get("force") == "true"
     assert released["deleted"] == [f"{parent}/nodes/{rid}", f"{parent}/queuedResources/{rid}"]
     assert not fake_tpu.queued and not fake_tpu.nodes
-    assert storage.exists(tpu_vm.agent_uri(ctx, "shutdown.json"))  # the agent's signal
+    assert storage.exists(tpu_render.agent_uri(ctx, "shutdown.json"))  # the agent's signal
 
     again = backend.release(cfg, ctx, log=lambda _: None)  # already gone: no error
     assert again["deleted"] == [] and len(again["already_gone"]) == 2
@@ -175,15 +177,15 @@ def test_release_keeps_the_log_of_a_step_the_agent_never_finished(fake_tpu, gs_r
     chunks the agent had uploaded, before the VM is deleted."""
     cfg, ctx = tpu_config(gs_root), run_context(gs_root)
     monkeypatch.setattr(tpu_vm.TpuVmBackend, "release_wait_seconds", 0.5)
-    storage.write_json(tpu_vm.agent_uri(ctx, "requests", "train.json"),
-                       tpu_vm.step_request(cfg, _spec("train", "x"), "train-002"))
-    storage.write_text(tpu_vm.agent_uri(ctx, "logs", "train-002", "000001.txt"), "epoch 1\n")
-    storage.write_text(tpu_vm.agent_uri(ctx, "logs", "train-002", "000002.txt"), "epoch 2\n")
+    storage.write_json(tpu_render.agent_uri(ctx, "requests", "train.json"),
+                       tpu_render.step_request(cfg, _spec("train", "x"), "train-002"))
+    storage.write_text(tpu_render.agent_uri(ctx, "logs", "train-002", "000001.txt"), "epoch 1\n")
+    storage.write_text(tpu_render.agent_uri(ctx, "logs", "train-002", "000002.txt"), "epoch 2\n")
     released = tpu_vm.TpuVmBackend().release(cfg, ctx, log=lambda _: None)
     uri = worker_logs.log_uri(ctx.run_uri, "train", "worker", 0)
     assert released["kept_logs"] == [uri]
     assert storage.read_text(uri) == "epoch 1\nepoch 2\n"
-    assert storage.exists(tpu_vm.agent_uri(ctx, "cancel", "train-002.json"))
+    assert storage.exists(tpu_render.agent_uri(ctx, "cancel", "train-002.json"))
 
 
 def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
@@ -252,12 +254,12 @@ def test_check_accepts_a_single_host_and_a_named_multi_host_slice():
 def test_default_runtime_is_the_documented_base_runtime_of_the_generation(accelerator_type,
                                                                           runtime):
     cfg = tpu_config("gs://b/root", accelerator_type=accelerator_type)
-    assert tpu_vm.runtime_version(cfg) == runtime
+    assert tpu_render.runtime_version(cfg) == runtime
     assert tpu_vm.TpuVmBackend().check(cfg, run_context("gs://b/root")) == []
     # An explicit runtime wins.
     cfg = tpu_config("gs://b/root", accelerator_type=accelerator_type,
                      tpu_runtime_version="tpu-vm-tf-2.18.0-pjrt")
-    assert tpu_vm.runtime_version(cfg) == "tpu-vm-tf-2.18.0-pjrt"
+    assert tpu_render.runtime_version(cfg) == "tpu-vm-tf-2.18.0-pjrt"
 
 
 def test_external_ips_are_a_choice_of_the_config():
@@ -265,7 +267,7 @@ def test_external_ips_are_a_choice_of_the_config():
     root = "gs://b/root"
     for value in (True, False):
         cfg = tpu_config(root, tpu_external_ips=value)
-        node = tpu_vm._to_dict(tpu_vm.queued_resource(cfg, run_context(root), PROJECT))[
+        node = tpu_render.to_dict(tpu_render.queued_resource(cfg, run_context(root), PROJECT))[
             "tpu"]["nodeSpec"][0]["node"]
         assert node["networkConfig"].get("enableExternalIps", False) is value
     assert tpu_config(root).tpu_external_ips is True  # gcloud's default
@@ -274,9 +276,9 @@ def test_external_ips_are_a_choice_of_the_config():
 def test_pod_slice_steps_load_no_local_libtpu_and_single_hosts_keep_the_image_pjrt():
     spec = WorkerSpec(command=["python", "-m", "tasks", "train"], env={"A": "1"}, cluster={},
                       strategy="tpu", step="train", accelerated=True)
-    single = tpu_vm.step_request(tpu_config("gs://b/root"), spec, "train-001")["env"]
+    single = tpu_render.step_request(tpu_config("gs://b/root"), spec, "train-001")["env"]
     assert "TPU_LOAD_LIBRARY" not in single and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" not in single
-    pod = tpu_vm.step_request(tpu_config("gs://b/root", accelerator_type="v4-32",
+    pod = tpu_render.step_request(tpu_config("gs://b/root", accelerator_type="v4-32",
                                          tpu_address="pod-a",
                                          tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt"),
                               spec, "train-001")["env"]
@@ -395,7 +397,7 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
     thread.join(timeout=20)
     assert retry.request_id == first.request_id == "evaluate-002"
     assert retry_log.count("[tpu:0] slow start") == 1 and "[tpu:0] slow end" in retry_log
-    assert not storage.exists(tpu_vm.agent_uri(ctx, "logs", "evaluate-003"))
+    assert not storage.exists(tpu_render.agent_uri(ctx, "logs", "evaluate-003"))
     # Once finished, the same step asked again runs again, under the next id.
     again = _controller(cfg, ctx, _spec("evaluate", "print('again')"), log.append)
     again.run()
@@ -414,7 +416,7 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
     controller.stop()
     thread.join(timeout=10)
     assert failure and isinstance(failure[0], WorkerError) and "stopped" in str(failure[0])
-    status_uri = tpu_vm.agent_uri(ctx, "status", f"{controller.request_id}.json")
+    status_uri = tpu_render.agent_uri(ctx, "status", f"{controller.request_id}.json")
     assert _eventually(lambda: storage.exists(status_uri))
     status = storage.read_json(status_uri)
     assert status["cancelled"] is True and status["exit_code"] != 0
@@ -569,14 +571,14 @@ def _spec_without_expiry(request: dict) -> dict:
 def test_state_names_are_the_clients():
     from google.cloud import tpu_v2
 
-    assert set(tpu_vm.SUSPENDED_STATES) <= set(tpu_v2.QueuedResourceState.State.__members__)
-    assert set(tpu_vm.GONE_NODE_STATES) <= set(tpu_v2.Node.State.__members__)
+    assert set(tpu_client.SUSPENDED_STATES) <= set(tpu_v2.QueuedResourceState.State.__members__)
+    assert set(tpu_client.GONE_NODE_STATES) <= set(tpu_v2.Node.State.__members__)
 
 
 def test_a_spot_tpu_taken_back_mid_step_is_queued_again_and_the_step_resumes(
         fake_tpu, spot_tpu, tmp_path):
     cfg, ctx, vms = spot_tpu
-    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: fake_tpu.reclaim(queued))
     _train_loop(cfg, ctx, tmp_path / "checkpoint", log).run()
@@ -604,7 +606,7 @@ def test_a_spot_reclaim_is_found_by_asking_the_tpu_api_before_the_heartbeat_goes
     """A stale heartbeat takes stale_seconds (10 minutes by default) to tell; on a spot run
     the TPU API's state, asked every reclaim_check_seconds, tells first."""
     cfg, ctx, _ = spot_tpu
-    queued, _ = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, _ = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: fake_tpu.reclaim(queued))
     loop = _train_loop(cfg, ctx, tmp_path / "checkpoint", log, stale_seconds=3600.0,
@@ -629,7 +631,7 @@ def test_a_spot_reclaim_is_found_by_asking_the_tpu_api_before_the_heartbeat_goes
 def test_a_silent_agent_is_a_failure_unless_the_platform_took_the_tpu(fake_tpu, spot_tpu,
                                                                       tmp_path, how, state):
     cfg, ctx, vms = spot_tpu
-    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: vms.halt(node) if how == "agent dies"
                 else fake_tpu.reclaim(queued, by="USER"))
@@ -647,7 +649,7 @@ def test_past_max_preemptions_a_taken_back_tpu_fails_and_the_retry_queues_it_aga
         fake_tpu, spot_tpu, tmp_path):
     cfg, ctx, _ = spot_tpu
     cfg = cfg.model_copy(update={"max_preemptions": 0})
-    queued, _ = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, _ = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: fake_tpu.reclaim(queued))
     with pytest.raises(WorkerError) as err:
@@ -665,7 +667,7 @@ def test_past_max_preemptions_a_taken_back_tpu_fails_and_the_retry_queues_it_aga
 def test_a_spot_tpu_taken_back_between_steps_is_queued_again_for_the_next(fake_tpu, spot_tpu):
     """No step ran when the TPU went: the next step's request is never picked up."""
     cfg, ctx, vms = spot_tpu
-    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
     fake_tpu.reclaim(queued)
     log: list[str] = []
     _train_loop(cfg, ctx, None, log, spec=_spec("evaluate", "print('evaluated')"),
