@@ -237,6 +237,11 @@ class RunConfig(BaseModel):
                     "(cloud.google.com/gke-spot), eks managed node groups "
                     "(eks.amazonaws.com/capacityType) or karpenter (karpenter.sh/"
                     "capacity-type).")
+    capacity_cpu_steps: bool = Field(
+        default=False, title="Capacity for CPU steps too",
+        description="capacity applies to the accelerator steps (train, evaluate); the CPU "
+                    "steps (data, tokenize, export) run on demand unless this is on. "
+                    "Not with flex_start, which serves GPU machines only.")
     max_preemptions: int = Field(
         default=5, ge=0, le=100, title="Re-provisions after preemption",
         description="How often a step's workers are provisioned again after a preemption or "
@@ -374,7 +379,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
         "network", "tpu_runtime_version", "tpu_external_ips", "worker_timeout_minutes",
         "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
-        "max_preemptions"),
+        "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "checkpoint_every_steps", "eval_batch_size"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",

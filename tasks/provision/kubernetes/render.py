@@ -163,13 +163,13 @@ def accelerator_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _tolerations(cfg: RunConfig, kind: str) -> list[dict]:
+def _tolerations(cfg: RunConfig, spec: WorkerSpec, kind: str) -> list[dict]:
     out = []
     if kind == "gpu":
         out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     elif kind == "tpu":
         out.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
-    out += capacity.k8s_tolerations(cfg)
+    out += capacity.k8s_tolerations(cfg, spec)
     for entry in cfg.tolerations or ():
         key, value, effect = TOLERATION.match(entry).groups()
         out.append({"key": key, "operator": "Equal", "value": value, "effect": effect}
@@ -178,14 +178,14 @@ def _tolerations(cfg: RunConfig, kind: str) -> list[dict]:
     return out
 
 
-def _node_selector(cfg: RunConfig, kind: str) -> dict[str, str]:
+def _node_selector(cfg: RunConfig, spec: WorkerSpec, kind: str) -> dict[str, str]:
     out = {}
     if kind == "gpu" and cfg.accelerator_type:
         out[GKE_ACCELERATOR] = cfg.accelerator_type
     elif kind == "tpu":
         out[GKE_TPU_ACCELERATOR] = cfg.accelerator_type
         out[GKE_TPU_TOPOLOGY] = cfg.tpu_topology
-    out.update(capacity.k8s_node_selector(cfg))
+    out.update(capacity.k8s_node_selector(cfg, spec))
     out.update(cfg.node_selector or {})
     return out
 
@@ -365,10 +365,10 @@ def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
             pod_spec["serviceAccountName"] = cfg.service_account
         if cfg.image_pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
-        node_selector = _node_selector(cfg, role_kind)
+        node_selector = _node_selector(cfg, spec, role_kind)
         if node_selector:
             pod_spec["nodeSelector"] = node_selector
-        tolerations = _tolerations(cfg, role_kind)
+        tolerations = _tolerations(cfg, spec, role_kind)
         if tolerations:
             pod_spec["tolerations"] = tolerations
         objects.append({

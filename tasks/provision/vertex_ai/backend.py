@@ -229,7 +229,8 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
     pools = []
     for i, replicas in enumerate(pool_replicas(spec)):
         accelerated = spec.accelerated and pool_computes(spec, POOL_ROLES[i])
-        pools.append({"machine_spec": _with_reservation(cfg, machine_spec(cfg, accelerated)),
+        pools.append({"machine_spec": _with_reservation(cfg, spec,
+                                                         machine_spec(cfg, accelerated)),
                       "replica_count": replicas, "container_spec": container}
                      if replicas else {})  # an empty pool keeps the later ones in place
     scheduling = {"timeout": dt.timedelta(minutes=cfg.worker_timeout_minutes)}
@@ -238,7 +239,7 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
         # Scheduling): "Restarts the entire CustomJob if a worker gets restarted ... for
         # distributed training jobs that are not resilient to workers leaving and joining".
         scheduling["restart_job_on_worker_restart"] = True
-    scheduling.update(capacity.vertex_scheduling(cfg))  # spot / flex-start (docs/spot.md)
+    scheduling.update(capacity.vertex_scheduling(cfg, spec))  # spot / flex-start (docs/spot.md)
     job_spec = {
         "worker_pool_specs": pools,
         "scheduling": scheduling,
@@ -252,11 +253,11 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
             "labels": labels(ctx, step), "job_spec": job_spec}
 
 
-def _with_reservation(cfg: RunConfig, spec: dict) -> dict:
-    """MachineSpec.reservation_affinity for capacity reservation (every pool: the reservation
-    must hold each pool's machine type)."""
-    affinity = capacity.vertex_reservation_affinity(cfg)
-    return {**spec, "reservation_affinity": affinity} if affinity else spec
+def _with_reservation(cfg: RunConfig, spec: WorkerSpec, machine: dict) -> dict:
+    """MachineSpec.reservation_affinity for capacity reservation (every pool of a step it
+    applies to: the reservation must hold each pool's machine type)."""
+    affinity = capacity.vertex_reservation_affinity(cfg, spec)
+    return {**machine, "reservation_affinity": affinity} if affinity else machine
 
 
 def custom_job(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, project: str = ""):
