@@ -234,7 +234,8 @@ class RunConfig(BaseModel):
     k8s_platform: Literal["gke", "eks", "karpenter"] = Field(
         default="gke", title="Kubernetes node labels",
         description="Whose node labels select spot or reserved nodes (kubernetes): gke "
-                    "(cloud.google.com/gke-spot), eks managed node groups "
+                    "(cloud.google.com/gke-spot; GPUs by cloud.google.com/gke-accelerator, "
+                    "so accelerator_type is GKE's only), eks managed node groups "
                     "(eks.amazonaws.com/capacityType) or karpenter (karpenter.sh/"
                     "capacity-type).")
     capacity_cpu_steps: bool = Field(

@@ -865,3 +865,27 @@ def test_cli_dry_run_prints_yaml_and_a_real_provision_refuses_a_local_folder(tmp
     done = cli("provision", "--run-dir", str(run_dir))
     assert done.returncode == 2
     assert "artifact_root" in done.stderr and "gs://" in done.stderr
+
+
+@pytest.mark.parametrize("platform, label", [
+    ("eks", "node.kubernetes.io/instance-type"),
+    ("karpenter", "karpenter.k8s.aws/instance-gpu-name")])
+def test_gke_accelerator_label_is_refused_off_gke_naming_the_platforms_label(platform, label):
+    cfg = RunConfig(provisioner="kubernetes", artifact_root="gs://b/r", accelerator="gpu",
+                    accelerator_type="nvidia-l4", k8s_platform=platform)
+    ctx = RunContext(artifact_root="gs://b/r", dag_id="d", run_key="k")
+    with pytest.raises(ConfigError) as err:
+        KubernetesBackend().check(cfg, ctx)
+    assert err.value.field == "accelerator_type"
+    assert "cloud.google.com/gke-accelerator" in str(err.value) and label in str(err.value)
+    # Without GKE's label, a node selector of the platform's own picks the GPU nodes.
+    ok = RunConfig(provisioner="kubernetes", artifact_root="gs://b/r", accelerator="gpu",
+                   k8s_platform=platform, node_selector={label: "x"})
+    assert KubernetesBackend().check(ok, ctx) == []
+    [pod] = [o["spec"]["template"]["spec"] for o in KubernetesBackend().render(
+        ok, ctx, single_process_spec("tokenize", ctx.run_uri)) if o["kind"] == "Job"]
+    assert pod["nodeSelector"] == {label: "x"}
+    [pod, *_] = [o["spec"]["template"]["spec"] for o in KubernetesBackend().render(
+        ok, ctx, distributed_spec(ok, "train", ctx.run_uri))
+        if o["kind"] == "Job"]
+    assert pod["nodeSelector"] == {label: "x"}

@@ -75,11 +75,31 @@ def test_capacity_and_reservation_go_together():
           worker_timeout_minutes=20000), "worker_timeout_minutes"),
     (dict(provisioner="vertex_ai", capacity="flex_start", accelerator_type="NVIDIA_L4",
           num_workers=2, num_ps=1), "capacity"),
+    # Dynamic Workload Scheduler serves L4, A100, H100, H200 and B200 only.
+    (dict(provisioner="vertex_ai", capacity="flex_start", accelerator="gpu",
+          accelerator_type="NVIDIA_TESLA_T4"), "accelerator_type"),
+    (dict(provisioner="vertex_ai", capacity="flex_start", accelerator="gpu",
+          accelerator_type="NVIDIA_TESLA_V100"), "accelerator_type"),
 ])
 def test_capacities_a_backend_cannot_express_name_the_field(values, field):
     with pytest.raises(ConfigError) as err:
         capacity.check(RunConfig(**values))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("gpu", capacity.FLEX_START_GPUS)
+def test_flex_start_takes_each_gpu_the_scheduler_serves(gpu):
+    cfg = RunConfig(**{**VERTEX, "accelerator_type": gpu, "capacity": "flex_start"})
+    capacity.check(cfg)
+
+
+def test_flex_start_on_another_gpu_names_the_served_ones_and_the_page():
+    with pytest.raises(ConfigError) as err:
+        capacity.check(RunConfig(**{**VERTEX, "accelerator_type": "NVIDIA_TESLA_T4",
+                                    "capacity": "flex_start"}))
+    text = str(err.value)
+    assert "does not serve NVIDIA_TESLA_T4" in text and "NVIDIA_L4" in text
+    assert "NVIDIA_B200" in text and capacity.FLEX_START_DOCS in text
 
 
 # --- Kubernetes -----------------------------------------------------------------------------

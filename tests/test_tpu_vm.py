@@ -230,6 +230,11 @@ def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
       "tpu_runtime_version": "tpu-ubuntu2204-base"}, "tpu_runtime_version"),
     ({"accelerator_type": "v9x-8"}, "tpu_runtime_version"),
     ({"image_registry": ""}, "image_registry"),
+    # A multi-host slice's runtime serves the image's TensorFlow (2.20): they must match.
+    ({"accelerator_type": "v4-32", "tpu_address": "pod-a",
+      "tpu_runtime_version": "tpu-vm-tf-2.18.0-pod-pjrt"}, "tpu_runtime_version"),
+    ({"accelerator_type": "v5litepod-16", "tpu_address": "pod-a",
+      "tpu_runtime_version": "v2-alpha-tpuv5-lite-pod"}, "tpu_runtime_version"),
 ])
 def test_check_names_the_field_to_change(overrides, field):
     cfg = tpu_config("gs://b/root", **overrides)
@@ -242,8 +247,23 @@ def test_check_accepts_a_single_host_and_a_named_multi_host_slice():
     backend = tpu_vm.TpuVmBackend()
     assert backend.check(tpu_config("gs://b/root"), run_context("gs://b/root")) == []
     pod = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
-                     tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt")
+                     tpu_runtime_version="tpu-vm-tf-2.20.0-pod-pjrt")
     assert backend.check(pod, run_context("gs://b/root")) == []
+    # A custom image's TensorFlow is the user's to match.
+    custom = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
+                        tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt",
+                        worker_image="us-docker.pkg.dev/p/r/tf218-tpu:1")
+    assert backend.check(custom, run_context("gs://b/root")) == []
+
+
+def test_a_pod_runtime_of_other_tensorflow_names_both_versions_and_what_to_set():
+    cfg = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
+                     tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt")
+    with pytest.raises(ConfigError) as err:
+        tpu_vm.TpuVmBackend().check(cfg, run_context(cfg.artifact_root))
+    text = str(err.value)
+    assert "runs TensorFlow 2.18" in text and f"TensorFlow {tpu_render.TF_VERSION}" in text
+    assert tpu_render.POD_RUNTIME_EXAMPLE in text and "worker_image" in text
 
 
 @pytest.mark.parametrize("accelerator_type, runtime", [

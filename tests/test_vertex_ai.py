@@ -356,6 +356,24 @@ def test_config_problems_name_the_field(tmp_path, values, field, words):
     assert err.value.field == field and words in str(err.value)
 
 
+@pytest.mark.parametrize("tpu", ["TPU_V4_POD"])
+def test_tpus_vertex_ai_does_not_train_tensorflow_on_are_refused(tmp_path, tpu):
+    cfg, ctx = make(tmp_path, accelerator="tpu", accelerator_type=tpu, artifact_root="gs://b/r",
+                    image_registry="us-docker.pkg.dev/p/r")
+    with pytest.raises(ConfigError) as err:
+        backend_for(cfg).check(cfg, ctx)
+    assert err.value.field == "accelerator_type"
+    assert f"does not train TensorFlow on {tpu}" in str(err.value)
+    assert "TPU_V2, TPU_V3, TPU_V5_LITEPOD" in str(err.value) and "tpu_vm" in str(err.value)
+
+
+@pytest.mark.parametrize("tpu", ["TPU_V2", "TPU_V3", "TPU_V5_LITEPOD"])
+def test_the_tpus_of_vertex_ais_tensorflow_page_pass(tmp_path, tpu):
+    cfg, ctx = make(tmp_path, accelerator="tpu", accelerator_type=tpu, artifact_root="gs://b/r",
+                    image_registry="us-docker.pkg.dev/p/r")
+    assert backend_for(cfg).check(cfg, ctx) == []
+
+
 def test_remote_check_passes_for_a_complete_config(tmp_path):
     cfg, ctx = make(tmp_path, artifact_root="gs://bucket/root")
     assert backend_for(cfg).check(cfg, ctx) == []

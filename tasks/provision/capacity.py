@@ -106,8 +106,13 @@ def check(cfg: RunConfig) -> None:
 
 
 # Vertex AI "Schedule training jobs based on resource availability" (Dynamic Workload
-# Scheduler): the job requests GPUs, has a timeout of 7 days or less, and uses the same
-# machine configuration for all worker pools.
+# Scheduler, cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws, read 2026-12-04): the
+# job "requests L4, A100, H100, H200, or B200 GPUs", has a timeout of 7 days or less, and uses
+# the same machine configuration for all worker pools. The GPUs as aiplatform_v1
+# AcceleratorType names:
+FLEX_START_GPUS = ("NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB",
+                   "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
+FLEX_START_DOCS = "cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws"
 FLEX_START_MAX_MINUTES = 7 * 24 * 60
 
 
@@ -115,6 +120,11 @@ def _check_flex_start(cfg: RunConfig) -> None:
     if not cfg.accelerator_type.startswith("NVIDIA_"):
         raise ConfigError("capacity", "flex_start (Dynamic Workload Scheduler) needs GPU "
                                       "workers: set accelerator_type, e.g. NVIDIA_L4")
+    if cfg.accelerator_type not in FLEX_START_GPUS:
+        raise ConfigError("accelerator_type", (
+            f"flex_start (Dynamic Workload Scheduler) does not serve {cfg.accelerator_type}; "
+            f"it serves {', '.join(FLEX_START_GPUS)} ({FLEX_START_DOCS}). Pick one of those, "
+            f"or capacity spot or on_demand for {cfg.accelerator_type}"))
     if cfg.worker_timeout_minutes > FLEX_START_MAX_MINUTES:
         raise ConfigError("worker_timeout_minutes", f"flex_start jobs run at most 7 days "
                                                     f"({FLEX_START_MAX_MINUTES} minutes)")

@@ -135,9 +135,33 @@ def accelerator_kind(cfg: RunConfig, spec: WorkerSpec) -> str:
     return image_kind(cfg.accelerator, cfg.accelerator_type) if spec.accelerated else "cpu"
 
 
+# Off GKE, nodes carry no cloud.google.com/gke-* labels. Their own GPU labels: the Kubernetes
+# well-known node.kubernetes.io/instance-type (kubernetes.io/docs/reference/labels-annotations-
+# taints), and on EKS with Karpenter karpenter.k8s.aws/instance-gpu-name (Amazon EKS User
+# Guide, "Target AI/ML workloads to specific nodes with labels", docs.aws.amazon.com/eks/
+# latest/userguide/ml-workload-placement.html; aws/karpenter-provider-aws's label list).
+OFF_GKE_GPU_SELECTORS = {
+    "eks": "node.kubernetes.io/instance-type=g6.xlarge",
+    "karpenter": "karpenter.k8s.aws/instance-gpu-name=l4",
+}
+
+
 def accelerator_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """(field, reason) for a TPU layout this backend cannot run on GKE."""
-    if image_kind(cfg.accelerator, cfg.accelerator_type) != "tpu":
+    """(field, reason) for an accelerator layout this backend cannot run: GKE's node labels
+    on another platform, a TPU layout GKE cannot run."""
+    kind = image_kind(cfg.accelerator, cfg.accelerator_type)
+    if cfg.k8s_platform != "gke" and kind == "gpu" and cfg.accelerator_type:
+        example = OFF_GKE_GPU_SELECTORS[cfg.k8s_platform]
+        return [("accelerator_type", (
+            f"{cfg.accelerator_type} selects nodes by GKE's label {GKE_ACCELERATOR}, which "
+            f"k8s_platform {cfg.k8s_platform} nodes do not carry (the pods would never be "
+            f"scheduled); leave accelerator_type empty and select the GPU nodes with "
+            f"node_selector, e.g. {example}"))]
+    if cfg.k8s_platform != "gke" and kind == "tpu":
+        return [("accelerator", f"TPUs on Kubernetes are GKE's (cloud.google.com/gke-tpu-* "
+                                f"node labels), not {cfg.k8s_platform}'s; set k8s_platform "
+                                f"gke, or accelerator gpu or cpu")]
+    if kind != "tpu":
         return []
     if cfg.num_workers > 1:
         return [("num_workers", f"{cfg.num_workers} TPU hosts: TensorFlow's TPUStrategy on a "

@@ -40,6 +40,7 @@ anonymous credentials.
 """
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -55,7 +56,7 @@ from tasks.provision.tpu_vm.client import (
     errors, node_labels, resolve_project, run_of, tpu_client, tpu_state, unusable)
 from tasks.provision.tpu_vm.controller import TpuStepController
 from tasks.provision.tpu_vm.render import (
-    LABEL_EXPIRES, LABEL_RUN, MANAGED_BY, POD_RUNTIME_EXAMPLE, TPU_NAME, agent_uri, is_multi_host,
+    LABEL_EXPIRES, LABEL_RUN, MANAGED_BY, POD_RUNTIME_EXAMPLE, TF_VERSION, TPU_NAME, agent_uri, is_multi_host,
     queued_resource, resource_id, run_hash, runtime_version, step_request, to_dict, tpu_names,
     worker_image)
 from tasks.runs.runlayout import RunContext
@@ -111,6 +112,8 @@ class TpuVmBackend(Backend):
                 f"{POD_RUNTIME_EXAMPLE}") if multi else (
                 f"{version} is for multi-host slices; leave tpu_runtime_version empty for "
                 f"{cfg.accelerator_type} (the base runtime of its generation)"))
+        if multi and not cfg.worker_image:
+            self._check_pod_runtime(cfg, version)
         if not (cfg.worker_image or cfg.image_registry):
             reason = ("the TPU VM pulls the trainer image from a registry: set image_registry "
                       "(or worker_image)")
@@ -118,6 +121,24 @@ class TpuVmBackend(Backend):
                 raise ConfigError("image_registry", reason)
             warnings.append(f"image_registry: {reason} (a real run refuses this)")
         return warnings
+
+    @staticmethod
+    def _check_pod_runtime(cfg: RunConfig, version: str) -> None:
+        """A multi-host slice's TensorFlow pod runtime serves the TensorFlow of the image
+        (bertflow's TPU image: TF_VERSION; a custom worker_image is the user's to match). The
+        runtime names its TensorFlow: tpu-vm-tf-X.Y.Z[-pod][-pjrt] (Cloud TPU "TPU software
+        versions", cloud.google.com/tpu/docs/runtimes)."""
+        match = re.match(r"^tpu-vm-tf-(\d+\.\d+)\.\d+", version)
+        image_tf = ".".join(TF_VERSION.split(".")[:2])
+        if match is None or match.group(1) != image_tf:
+            runs = f"runs TensorFlow {match.group(1)}" if match else "is not a TensorFlow runtime"
+            raise ConfigError("tpu_runtime_version", (
+                f"{version} {runs}, but the TPU trainer image has TensorFlow {TF_VERSION}: on "
+                f"a multi-host slice the runtime's TensorFlow serves the slice, so they must "
+                f"match. Set tpu_runtime_version to a {image_tf} pod runtime such as "
+                f"{POD_RUNTIME_EXAMPLE} (gcloud compute tpus versions list --zone "
+                f"{cfg.tpu_zone or 'ZONE'}), or worker_image to an image with that runtime's "
+                f"TensorFlow"))
 
     def preflight_checks(self, cfg: RunConfig, ctx: RunContext) -> list:
         from tasks.provision.tpu_vm import preflight

@@ -101,10 +101,14 @@ GPU_MACHINES: dict[str, dict[int, str]] = {
 }
 # TPU type -> (default chips, {chips: (machine type, topology)}): single-host slices only,
 # since bertflow's tpu strategy runs one process (multi-host slices: provisioner tpu_vm).
+# Only the TPUs Vertex AI trains TensorFlow on: "Training with TPU accelerators"
+# (cloud.google.com/vertex-ai/docs/training/training-with-tpu-vm, read 2026-12-04) lists TPU
+# v2, v3 and v5e VMs, and says TensorFlow is not supported from v6e on; the client's
+# TPU_V4_POD is not among them.
+VERTEX_TPU_DOCS = "cloud.google.com/vertex-ai/docs/training/training-with-tpu-vm"
 TPU_MACHINES: dict[str, tuple[int, dict[int, tuple[str, str]]]] = {
     "TPU_V2": (8, {8: ("cloud-tpu", "")}),
     "TPU_V3": (8, {8: ("cloud-tpu", "")}),
-    "TPU_V4_POD": (4, {4: ("ct4p-hightpu-4t", "2x2x1")}),
     "TPU_V5_LITEPOD": (4, {1: ("ct5lp-hightpu-1t", "1x1"), 4: ("ct5lp-hightpu-4t", "2x2"),
                            8: ("ct5lp-hightpu-8t", "2x4")}),
 }
@@ -132,6 +136,11 @@ def checked_accelerator(cfg: RunConfig) -> str:
         raise ConfigError("accelerator_type", f"{kind!r} is not a Vertex AI accelerator type; "
                                               f"expected one of {', '.join(valid)}")
     is_tpu = kind.startswith("TPU_")
+    if is_tpu and kind not in TPU_MACHINES:
+        raise ConfigError("accelerator_type", (
+            f"Vertex AI does not train TensorFlow on {kind}: its TPU page lists "
+            f"{', '.join(TPU_MACHINES)} (v2, v3, v5e; {VERTEX_TPU_DOCS}). Use one of those, "
+            f"or provisioner tpu_vm (a Cloud TPU VM) for other TPU generations"))
     if cfg.accelerator == "cpu":
         raise ConfigError("accelerator_type", f"{kind} is set but accelerator is cpu; clear "
                                               "it, or set accelerator to auto")
