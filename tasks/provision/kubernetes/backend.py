@@ -29,7 +29,7 @@ from tasks.provision.kubernetes.pod_logs import PodLog
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote
 from tasks.provision.spec import WorkerSpec
-from tasks.provision.worker_logs import StepLogs, log_uri
+from tasks.provision.worker_logs import StepLogs, attempt_of, log_uris
 from tasks.runs.runlayout import RunContext
 
 PROPAGATION = "Background"  # the Job's pods go with it (the default for Jobs orphans them)
@@ -221,14 +221,19 @@ def _keep_pod_logs(api: _Api, cfg: RunConfig, ctx: RunContext, log: Log) -> list
             labels.get(render.COMPLETION_INDEX)
         if not (labels.get(render.STEP) and labels.get(render.ROLE) and index):
             continue
-        uri = log_uri(ctx.run_uri, labels[render.STEP], labels[render.ROLE], int(index))
+        env = {e.name: e.value for c in (pod.spec.containers if pod.spec else ())
+               if c.name == render.CONTAINER for e in c.env or ()}
+        uri, copies = log_uris(ctx.run_uri, labels[render.STEP], labels[render.ROLE],
+                               int(index), attempt_of(env))
         try:
             # Raw bytes: the client would otherwise deserialize the text as a Python literal.
             resp = api.core.read_namespaced_pod_log(meta.name, cfg.k8s_namespace,
                                                     container=render.CONTAINER,
                                                     _preload_content=False)
             text = resp.data.decode("utf-8", errors="replace")
-            storage.write_text(uri, text if not text or text.endswith("\n") else text + "\n")
+            text = text if not text or text.endswith("\n") else text + "\n"
+            for target in (uri, *copies):
+                storage.write_text(target, text)
         except Exception as err:  # noqa: BLE001 (a pod that never started has no log)
             log(f"[cluster] no log kept for pod {meta.name}: {str(err).splitlines()[0][:200]}")
             continue
@@ -271,7 +276,7 @@ class JobController:
         self._logs: dict[str, PodLog] = {}
         self.running_at: float | None = None  # every pod running (attempts.py)
         # Every pod's log in the run folder (worker_logs), kept before the pods are deleted.
-        self.logs = StepLogs(ctx.run_uri, spec.step, log)
+        self.logs = StepLogs(ctx.run_uri, spec.step, log, attempt=attempt_of(spec.env))
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:

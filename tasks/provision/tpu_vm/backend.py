@@ -355,8 +355,11 @@ class TpuVmBackend(Backend):
                 continue  # the agent finished it, log included
             chunks = sorted(u for u in storage.list_uris(agent_uri(ctx, "logs", request["id"])
                                                          + "/") if u.endswith(".txt"))
-            uri = worker_logs.log_uri(ctx.run_uri, request["step"], "worker", 0)
-            storage.write_text(uri, "".join(storage.read_text(c) for c in chunks))
+            uri, copies = worker_logs.log_uris(ctx.run_uri, request["step"], "worker", 0,
+                                               worker_logs.attempt_of(request.get("env") or {}))
+            text = "".join(storage.read_text(c) for c in chunks)
+            for target in (uri, *copies):
+                storage.write_text(target, text)
             log(f"[tpu] {request['id']} never finished on the VM; its log is kept in {uri}")
             kept.append(uri)
         return kept
