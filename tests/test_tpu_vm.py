@@ -496,6 +496,38 @@ def test_a_step_exiting_75_on_the_vm_runs_again_on_the_same_vm(agent, fake_tpu):
     assert all(r["running_at"] is not None for r in records)
 
 
+def test_a_running_step_keeps_the_tpu_expiry_ahead_and_the_sweep_reads_it(agent, fake_tpu,
+                                                                        monkeypatch):
+    """The expiry set at creation covers one step's lifetime; a longer run must not be swept
+    while a step runs: the controller renews the node's label, and the sweep reads the node's
+    label rather than the queued resource's copy."""
+    ctx, _ = agent
+    cfg = tpu_config(ctx.artifact_root)
+    backend = tpu_vm.TpuVmBackend()
+    backend.setup(cfg, ctx, log=lambda _: None)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
+    # As if created long ago: the label passed a minute ago.
+    past = str(int(time.time()) - 60)
+    fake_tpu.nodes[node]["labels"]["bertflow-expires"] = past
+    fake_tpu.queued[queued]["tpu"]["nodeSpec"][0]["node"]["labels"]["bertflow-expires"] = past
+    monkeypatch.setattr(tpu_vm.TpuStepController, "renew_seconds", 0.3)
+    log: list[str] = []
+    before = time.time()
+    _controller(cfg, ctx, _spec("train", "import time; time.sleep(2); print('done')"),
+                log.append).run()
+    assert any(ln.startswith("[tpu] expiry label renewed to ") for ln in log), log
+    labels = fake_tpu.nodes[node]["labels"]
+    assert int(labels["bertflow-expires"]) >= int(before) + cfg.worker_timeout_minutes * 60
+    assert labels["bertflow-run"] == tpu_render.run_hash(ctx)  # the other labels kept
+    patches = [r for r in fake_tpu.requests if r["method"] == "PATCH"]
+    assert patches and all(r["query"]["updateMask"] == "labels" for r in patches)
+    # The queued resource still carries the old expiry; the sweep goes by the node's.
+    assert backend.sweep(cfg, log=lambda _: None) == []
+    assert queued in fake_tpu.queued
+    fake_tpu.nodes[node]["labels"]["bertflow-expires"] = past  # the step ended long ago
+    assert backend.sweep(cfg, log=lambda _: None) == [queued]
+
+
 # --- a spot TPU taken back by the platform ---------------------------------------------------
 class TpuVms:
     """Plays each node's startup script: the agent starts as the fake's node appears, and it
@@ -695,3 +727,91 @@ def test_a_spot_tpu_taken_back_between_steps_is_queued_again_for_the_next(fake_t
     assert [r["outcome"] for r in attempts.read_attempts(ctx, "evaluate")] == ["lost", "success"]
     assert any("did not pick up evaluate-001" in ln and "attempt 1 was lost" in ln for ln in log)
     assert "[tpu:0] evaluated" in log and vms.booted == [node, node]
+
+
+# --- the startup script, run by bash with fake commands -----------------------------------------
+FAKE_COMMAND = """#!/bin/bash
+# Records its call; fails while $STATE/<name>-<first arg>-fails counts down (docker info,
+# docker pull), or always with $STATE/<name>-exit; curl prints $STATE/worker.
+name=$(basename "$0")
+echo "$name $*" >> "$STATE/calls"
+if [ -f "$STATE/$name-exit" ]; then exit "$(cat "$STATE/$name-exit")"; fi
+left="$STATE/$name-$1-fails"
+if [ -f "$left" ] && [ "$(cat "$left")" -gt 0 ]; then
+  echo $(( $(cat "$left") - 1 )) > "$left"; exit 1
+fi
+if [ "$name" = curl ]; then cat "$STATE/worker"; fi
+exit 0
+"""
+
+
+def run_startup_script(tmp_path, *, worker="0", info_fails=0, pull_fails=0, curl_exit=None):
+    """Run the rendered script with bash; docker, curl, gcloud, logger and sleep are fakes on
+    PATH, the serial console a file. (calls, console lines, exit code, stdout)."""
+    state, bin_dir = tmp_path / "state", tmp_path / "bin"
+    state.mkdir()
+    bin_dir.mkdir()
+    for name in ("docker", "curl", "gcloud", "logger", "sleep"):
+        (bin_dir / name).write_text(FAKE_COMMAND)
+        (bin_dir / name).chmod(0o755)
+    (state / "worker").write_text(worker)
+    (state / "docker-info-fails").write_text(str(info_fails))
+    (state / "docker-pull-fails").write_text(str(pull_fails))
+    if curl_exit is not None:
+        (state / "curl-exit").write_text(str(curl_exit))
+    console = tmp_path / "ttyS0"
+    console.write_text("")
+    cfg = tpu_config("gs://b/root")
+    script = tpu_render.startup_script(cfg, run_context("gs://b/root"))
+    assert tpu_render.CONSOLE in script
+    path = tmp_path / "startup.sh"
+    path.write_text(script.replace(tpu_render.CONSOLE, str(console)))
+    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STATE": str(state)})
+    calls = (state / "calls").read_text().splitlines() if (state / "calls").exists() else []
+    return calls, console.read_text().splitlines(), done.returncode, done.stdout
+
+
+def test_startup_script_waits_for_docker_and_retries_the_pull_with_backoff(tmp_path):
+    calls, console, code, _ = run_startup_script(tmp_path, info_fails=2, pull_fails=2)
+    assert code == 0, console
+    image = tpu_render.worker_image(tpu_config("gs://b/root"))
+    [curl] = [c for c in calls if c.startswith("curl ")]
+    assert "-fsS" in curl and f"--retry {tpu_render.METADATA_RETRIES}" in curl
+    assert "--retry-connrefused" in curl and "Metadata-Flavor: Google" in curl
+    docker = [c for c in calls if c.startswith("docker ")]
+    assert docker[:3] == ["docker info"] * 3
+    assert docker[3:6] == [f"docker pull {image}"] * 3
+    assert docker[6] == "docker rm -f bertflow-agent" and docker[7].startswith("docker run -d")
+    # Docker's wait, then the pull's doubling backoff.
+    assert [c for c in calls if c.startswith("sleep ")] == [
+        "sleep 5", "sleep 5", f"sleep {tpu_render.PULL_FIRST_WAIT}",
+        f"sleep {tpu_render.PULL_FIRST_WAIT * 2}"]
+    # Every stage on the serial console (and the journal, tagged), in order.
+    assert [ln.split(": ", 1)[1] for ln in console] == [
+        "reading the worker number of this host from the metadata server",
+        "waiting for docker", "configuring docker for us-docker.pkg.dev",
+        f"pulling {image}", "pull attempt 1 of 6 failed; retrying in 5s",
+        "pull attempt 2 of 6 failed; retrying in 10s", "starting the agent", "agent started"]
+    assert all(ln.startswith("bertflow-startup: ") for ln in console)
+    assert sum(c.startswith("logger -t bertflow-startup -- ") for c in calls) == len(console)
+
+
+def test_startup_script_on_another_host_starts_nothing(tmp_path):
+    calls, console, code, _ = run_startup_script(tmp_path, worker="1")
+    assert code == 0 and not [c for c in calls if c.startswith("docker ")]
+    assert console[-1] == "bertflow-startup: host 1: the TF worker runs on host 0"
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(curl_exit=22), "the metadata server did not answer agent-worker-number"),
+    (dict(info_fails=1000), "docker did not answer within 300s"),
+    (dict(pull_fails=1000), "could not pull us-docker.pkg.dev/"),
+])
+def test_startup_script_fails_with_the_stage_on_the_console(tmp_path, kwargs, reason):
+    calls, console, code, _ = run_startup_script(tmp_path, **kwargs)
+    assert code == 1
+    assert console[-1].startswith(f"bertflow-startup: FAILED: {reason}"), console
+    assert not [c for c in calls if c.startswith("docker run")]
+    if "pull_fails" in kwargs:
+        assert sum(c.startswith("docker pull ") for c in calls) == tpu_render.PULL_ATTEMPTS

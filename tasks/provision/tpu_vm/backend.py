@@ -57,8 +57,8 @@ from tasks.provision.tpu_vm.client import (
 from tasks.provision.tpu_vm.controller import TpuStepController
 from tasks.provision.tpu_vm.render import (
     LABEL_EXPIRES, LABEL_RUN, MANAGED_BY, POD_RUNTIME_EXAMPLE, TF_VERSION, TPU_NAME, agent_uri, is_multi_host,
-    queued_resource, resource_id, run_hash, runtime_version, step_request, to_dict, tpu_names,
-    worker_image)
+    expiry, queued_resource, resource_id, run_hash, runtime_version, step_request, to_dict,
+    tpu_names, worker_image)
 from tasks.runs.runlayout import RunContext
 
 _STATE_HINTS = {
@@ -271,6 +271,23 @@ class TpuVmBackend(Backend):
         return tuple(self._get(client, name)
                      for name in tpu_names(cfg, ctx, resolve_project(cfg, found)))
 
+    def renew_expiry(self, cfg: RunConfig, ctx: RunContext) -> str:
+        """Move the node's expiry label ahead (render.expiry from now), so that a sweep does
+        not take a TPU whose step runs past the expiry set at creation. Node labels are
+        updated in place (TpuClient.update_node with update_mask "labels"); the queued
+        resource's own copy cannot be updated, so the sweep reads the node's. Returns the new
+        value."""
+        from google.cloud import tpu_v2
+
+        client, found = tpu_client(cfg)
+        node_name = tpu_names(cfg, ctx, resolve_project(cfg, found))[1]
+        node = client.get_node(name=node_name)
+        expires = expiry(cfg)
+        client.update_node(node=tpu_v2.Node(name=node_name,
+                                            labels={**dict(node.labels), LABEL_EXPIRES: expires}),
+                           update_mask={"paths": ["labels"]}).result(timeout=120)
+        return expires
+
     def _delete_tpu(self, client, queued: str, nodes: list[str], log: Log) -> dict:
         """Delete the nodes, then the queued resource (forced: with whatever is left on it);
         {"deleted": [...], "already_gone": [...]}."""
@@ -375,6 +392,11 @@ class TpuVmBackend(Backend):
             labels = node_labels(resource)
             if labels.get("managed-by") != MANAGED_BY:
                 continue
+            nodes = [f"{spec.parent}/nodes/{spec.node_id}" for spec in resource.tpu.node_spec]
+            for name in nodes[:1]:  # the live node's labels: a running step renews its expiry
+                node = self._get(client, name)
+                if node is not None and LABEL_EXPIRES in node.labels:
+                    labels = {**labels, LABEL_EXPIRES: node.labels[LABEL_EXPIRES]}
             try:
                 expires = int(labels.get(LABEL_EXPIRES, ""))
             except ValueError:
@@ -384,8 +406,7 @@ class TpuVmBackend(Backend):
             when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(expires))
             log(f"[tpu] {resource.name} expired at {when} (run "
                 f"{labels.get(LABEL_RUN)}); deleting")
-            self._delete_tpu(client, resource.name, [f"{spec.parent}/nodes/{spec.node_id}"
-                                                     for spec in resource.tpu.node_spec], log)
+            self._delete_tpu(client, resource.name, nodes, log)
             removed.append(resource.name)
         return removed
 

@@ -35,6 +35,9 @@ class TpuStepController:
     # Spot runs: how often the TPU API is asked whether Cloud TPU took the TPU back, so that a
     # reclaim ends the attempt within about this long, not after stale_seconds.
     reclaim_check_seconds = 60.0
+    # How often the node's expiry label is moved ahead while the step runs (a sweep deletes a
+    # TPU whose label has passed; the label set at creation covers one step's lifetime).
+    renew_seconds = 600.0
 
     def __init__(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *, log: Log,
                  backend):
@@ -68,7 +71,7 @@ class TpuStepController:
         started = time.monotonic()
         heartbeat, heartbeat_seen = None, time.monotonic()
         picked_up = False
-        checked = time.monotonic()
+        checked = renewed = time.monotonic()
         while True:
             status = self._status(self.request_id)
             picked_up = self._stream() or picked_up
@@ -90,8 +93,9 @@ class TpuStepController:
                 raise self._silence(
                     f"the TPU VM's agent did not pick up {self.request_id} within {pickup:.0f}s "
                     f"(last heartbeat: {heartbeat or 'none'})",
-                    "Check the VM's startup script log (sudo journalctl -u "
-                    "google-startup-scripts), the agent's (sudo docker logs bertflow-agent), "
+                    "Check the VM's startup stages (its serial console, or sudo journalctl -t "
+                    "bertflow-startup -u google-startup-scripts), the agent's (sudo docker "
+                    "logs bertflow-agent), "
                     "and that its service account can read and write the run folder and pull "
                     "the image")
             if picked_up and self.cfg.capacity == "spot" and \
@@ -101,6 +105,9 @@ class TpuStepController:
                                        f"{self.request_id}")
                 if lost is not None:
                     raise lost
+            if picked_up and now - renewed >= self.renew_seconds:
+                renewed = now
+                self._renew()
             if picked_up and now - heartbeat_seen > self.stale_seconds:
                 raise self._silence(
                     f"the TPU VM's agent stopped answering while running {self.request_id} "
@@ -108,6 +115,18 @@ class TpuStepController:
                     "The VM was restarted or deleted, or the agent died (sudo docker logs "
                     "bertflow-agent on the VM); retry the task")
             self._stopped.wait(self.poll_seconds)
+
+    def _renew(self) -> None:
+        """Keep the TPU's expiry ahead of the running step; a failed renewal is logged and
+        tried again at the next period (the label still has the rest of its lifetime)."""
+        try:
+            expires = self.backend.renew_expiry(self.cfg, self.ctx)
+        except Exception as err:  # noqa: BLE001 (the step itself goes on)
+            self.log(f"[tpu] could not renew the TPU's expiry label: "
+                     f"{str(err).splitlines()[0][:200]}")
+            return
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(expires)))
+        self.log(f"[tpu] expiry label renewed to {when} while {self.request_id} runs")
 
     def _silence(self, what: str, hint: str) -> WorkerError:
         """The agent fell silent. WorkerLost when the TPU API says the platform took the spot

@@ -91,38 +91,90 @@ def agent_uri(ctx: RunContext, *parts: str) -> str:
     return join_uri(ctx.step_uri("provision"), "tpu_vm", *parts)
 
 
-def labels(cfg: RunConfig, ctx: RunContext, now: float | None = None) -> dict[str, str]:
-    """Expiry: the queue's patience plus the workers' lifetime, after which a sweep removes
-    the queued resource even if no teardown ran."""
+def expiry(cfg: RunConfig, now: float | None = None) -> str:
+    """The expiry label's value: the queue's patience plus the workers' lifetime from now,
+    after which a sweep removes the TPU even if no teardown ran. A step controller renews it
+    on the node while its step runs (TpuStepController, TpuVmBackend.renew_expiry)."""
     now = time.time() if now is None else now
-    expires = int(now + cfg.schedule_timeout_seconds + cfg.worker_timeout_minutes * 60)
+    return str(int(now + cfg.schedule_timeout_seconds + cfg.worker_timeout_minutes * 60))
+
+
+def labels(cfg: RunConfig, ctx: RunContext, now: float | None = None) -> dict[str, str]:
+    expires = expiry(cfg, now)
     return {"managed-by": MANAGED_BY, LABEL_RUN: run_hash(ctx), LABEL_DAG: google_label_value(ctx.dag_id),
-            LABEL_EXPIRES: str(expires)}
+            LABEL_EXPIRES: expires}
 
 
 def worker_image(cfg: RunConfig) -> str:
     return cfg.worker_image or images.default_image("tpu", cfg.image_registry)
 
 
+# The startup script's patience: Docker's daemon may start after the script (attempts x
+# seconds), an image pull may fail on a registry hiccup (attempts, waits doubling from
+# PULL_FIRST_WAIT), the metadata server may not answer at once (curl --retry).
+DOCKER_WAIT = (60, 5)
+PULL_ATTEMPTS, PULL_FIRST_WAIT = 6, 5
+METADATA_RETRIES = 10
+# Where each stage is written: the journal (logger -t; `sudo journalctl -t bertflow-startup`
+# on the VM) and the serial console, /dev/ttyS0, which is serial port 1, the one `gcloud
+# compute instances get-serial-port-output` returns by default ("Instances can support up to
+# four serial port outputs, numbered 1 through 4", gcloud reference).
+STARTUP_TAG = "bertflow-startup"
+CONSOLE = "/dev/ttyS0"
+METADATA_URL = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+                "agent-worker-number")
+
+
 def startup_script(cfg: RunConfig, ctx: RunContext) -> str:
     """Runs at every boot of every host: worker 0 starts the agent in the TPU trainer image.
-    Holds no secret: the container reaches gs:// as the VM's service account."""
-    image = worker_image(cfg)
-    registry = image.split("/", 1)[0] if "/" in image else ""
-    login = (f"gcloud auth configure-docker {shlex.quote(registry)} --quiet\n"
+    Holds no secret: the container reaches gs:// as the VM's service account. Each stage is
+    logged to the journal and the serial console; a stage that fails ends the script non-zero
+    with its reason there."""
+    image = shlex.quote(worker_image(cfg))
+    registry = worker_image(cfg).split("/", 1)[0] if "/" in worker_image(cfg) else ""
+    login = (f"say {shlex.quote(f'configuring docker for {registry}')}\n"
+             f"gcloud auth configure-docker {shlex.quote(registry)} --quiet || "
+             f"fail {shlex.quote(f'gcloud auth configure-docker {registry} failed')}\n"
              if registry.endswith(("-docker.pkg.dev", "gcr.io")) else "")
     agent = ["python", "-m", "tasks.provision.tpu_vm.agent", "--run-dir", ctx.run_uri]
+    tries, pause = DOCKER_WAIT
     return (
         "#!/bin/bash\n"
         f"# bertflow TPU VM agent for run {ctx.run_uri} (tasks/provision/tpu_vm/agent.py)\n"
-        "worker=$(curl -s -H 'Metadata-Flavor: Google' http://metadata.google.internal/"
-        "computeMetadata/v1/instance/attributes/agent-worker-number || echo 0)\n"
-        '[ "${worker:-0}" = "0" ] || exit 0  # multi-host: the TF worker runs on host 0\n'
+        "say() {\n"
+        f"  logger -t {STARTUP_TAG} -- \"$*\" 2>/dev/null\n"
+        f"  [ -w {CONSOLE} ] && echo \"{STARTUP_TAG}: $*\" >> {CONSOLE} 2>/dev/null\n"
+        "  echo \"$*\"\n"
+        "}\n"
+        "fail() { say \"FAILED: $*\"; exit 1; }\n"
+        "say 'reading the worker number of this host from the metadata server'\n"
+        f"worker=$(curl -fsS --retry {METADATA_RETRIES} --retry-connrefused --retry-delay 2 "
+        f"--max-time 10 -H 'Metadata-Flavor: Google' {METADATA_URL}) || "
+        "fail 'the metadata server did not answer agent-worker-number'\n"
+        'if [ "$worker" != "0" ]; then say "host $worker: the TF worker runs on host 0"; '
+        "exit 0; fi\n"
+        "say 'waiting for docker'\n"
+        "ready=\n"
+        f"for i in $(seq 1 {tries}); do docker info >/dev/null 2>&1 && ready=1 && break; "
+        f"sleep {pause}; done\n"
+        f'[ -n "$ready" ] || fail "docker did not answer within {tries * pause}s"\n'
         f"{login}"
+        f"say {shlex.quote('pulling ' + worker_image(cfg))}\n"
+        f"pause={PULL_FIRST_WAIT}; pulled=\n"
+        f"for i in $(seq 1 {PULL_ATTEMPTS}); do\n"
+        f"  docker pull {image} && pulled=1 && break\n"
+        f'  say "pull attempt $i of {PULL_ATTEMPTS} failed; retrying in ${{pause}}s"\n'
+        "  sleep $pause; pause=$((pause * 2))\n"
+        "done\n"
+        f'[ -n "$pulled" ] || fail '
+        f"{shlex.quote(f'could not pull {worker_image(cfg)} after {PULL_ATTEMPTS} attempts')}\n"
+        "say 'starting the agent'\n"
         "docker rm -f bertflow-agent >/dev/null 2>&1\n"
         "docker run -d --restart=on-failure:5 --name bertflow-agent --privileged --net=host "
         "-e TF_USE_LEGACY_KERAS=1 -e PYTHONUNBUFFERED=1 "
-        f"--entrypoint python {shlex.quote(image)} {shlex.join(agent[1:])}\n")
+        f"--entrypoint python {image} {shlex.join(agent[1:])} || "
+        "fail 'docker run of the agent failed'\n"
+        "say 'agent started'\n")
 
 
 def queued_resource(cfg: RunConfig, ctx: RunContext, project: str, now: float | None = None):
