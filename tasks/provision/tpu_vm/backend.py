@@ -56,9 +56,9 @@ from tasks.provision.tpu_vm.client import (
     errors, node_labels, resolve_project, run_of, tpu_client, tpu_state, unusable)
 from tasks.provision.tpu_vm.controller import TpuStepController
 from tasks.provision.tpu_vm.render import (
-    LABEL_EXPIRES, LABEL_RUN, MANAGED_BY, POD_RUNTIME_EXAMPLE, TF_VERSION, TPU_NAME, agent_uri, is_multi_host,
-    expiry, queued_resource, resource_id, run_hash, runtime_version, step_request, to_dict,
-    tpu_names, worker_image)
+    LABEL_EXPIRES, LABEL_RUN, MANAGED_BY, POD_RUNTIME_EXAMPLE, TF_VERSION, TPU_NAME, agent_uri,
+    expiry, is_multi_host, queued_resource, resource_id, run_hash, runtime_version, step_request,
+    to_dict, tpu_names, worker_image)
 from tasks.runs.runlayout import RunContext
 
 _STATE_HINTS = {

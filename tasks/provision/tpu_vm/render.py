@@ -101,8 +101,8 @@ def expiry(cfg: RunConfig, now: float | None = None) -> str:
 
 def labels(cfg: RunConfig, ctx: RunContext, now: float | None = None) -> dict[str, str]:
     expires = expiry(cfg, now)
-    return {"managed-by": MANAGED_BY, LABEL_RUN: run_hash(ctx), LABEL_DAG: google_label_value(ctx.dag_id),
-            LABEL_EXPIRES: expires}
+    return {"managed-by": MANAGED_BY, LABEL_RUN: run_hash(ctx),
+            LABEL_DAG: google_label_value(ctx.dag_id), LABEL_EXPIRES: expires}
 
 
 def worker_image(cfg: RunConfig) -> str:
