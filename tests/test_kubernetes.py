@@ -368,7 +368,8 @@ def cluster(tmp_path, monkeypatch):
 
 
 def fast_backend(**kwargs) -> KubernetesBackend:
-    return KubernetesBackend(poll_seconds=0.05, grace_seconds=5, **kwargs)
+    return KubernetesBackend(poll_seconds=0.05, grace_seconds=5,
+                             **{"settle_seconds": 1.0, **kwargs})
 
 
 class Lines(list):
@@ -534,6 +535,38 @@ def test_a_failing_pod_fails_the_step_with_its_reason_and_stops_the_others(
         assert "allocating 9 GiB" in message  # the last lines
     assert all(pod.deleted.is_set() for pod in kube.pods.values())
     assert_step_gone(kube, ctx, "train")
+
+
+def test_a_killed_pod_is_named_though_a_peers_collective_failed_first(cluster):
+    """worker:0's collective fails (exit 1) before worker:1, the root cause, is reported
+    killed (exit 137, SIGKILL); worker:2 still runs. The error names worker:1 and its last
+    lines, then worker:0."""
+    def script(pod: FakePod):
+        if pod.index == 2:
+            return serve_forever(pod)
+        pod.schedule()
+        pod.run()
+        if pod.index == 0:
+            time.sleep(0.3)
+            pod.log("CollectiveOps: peer worker:1 unreachable")
+            return pod.fail(1)
+        pod.log("step 4: loss 0.69")
+        time.sleep(0.8)
+        pod.fail(137)
+
+    kube = cluster(script)
+    cfg = make_cfg(num_workers=3)
+    ctx = make_ctx(cfg)
+    with pytest.raises(WorkerError) as err:
+        fast_backend(settle_seconds=5).controller(
+            cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri), log=lambda line: None,
+            secrets={}).run()
+    first = str(err.value).splitlines()[0]
+    pod_name = next(n for n in kube.created_names("pods") if "-worker-1-" in n)
+    assert first.startswith(f"worker:1 (pod {pod_name}) failed: Error (exit code 137); last "
+                            f"line: step 4: loss 0.69; then worker:0 failed: Error (exit code "
+                            f"1)"), first
+    assert "CollectiveOps" not in str(err.value).split("---", 1)[1]
 
 
 def test_an_unschedulable_pod_times_out_with_the_schedulers_reason(cluster):

@@ -110,6 +110,7 @@ class KubernetesBackend(Backend):
 
     def __init__(self, client_factory: ClientFactory | None = None, *,
                  poll_seconds: float = 2.0, grace_seconds: float = 60.0,
+                 settle_seconds: float = 3.0,
                  base_port: int = render.BASE_PORT, _shares_host_disk: bool = False):
         # client_factory: a seam for tests and embedders (cfg -> ApiClient).
         # _shares_host_disk: test-only; the equivalence tests run the "pods" on this host,
@@ -117,6 +118,9 @@ class KubernetesBackend(Backend):
         self._client_factory = client_factory or default_client
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
+        # After the first failed pod, how long to watch the others before naming the root
+        # cause (JobController._fail_root_cause).
+        self.settle_seconds = settle_seconds
         self.base_port = base_port
         self._shares_host_disk = _shares_host_disk
 
@@ -387,16 +391,12 @@ class JobController:
             if self._stopped.is_set():
                 raise WorkerError(f"{self.spec.step} workers stopped before finishing")
             pods = self._pods()
+            failed = self._failed(pods)
+            if failed:
+                self._fail_root_cause(failed)
             for key, pod in pods.items():
                 seen.add(key)
                 task = f"{key[0]}:{key[1]}"
-                phase = pod.status.phase if pod.status else None
-                if phase in ("Running", "Succeeded", "Failed") and \
-                        pod.metadata.name not in self._logs:
-                    self._logs[pod.metadata.name] = PodLog(self, pod.metadata.name, task)
-                failure = _failure(pod)
-                if failure:
-                    self._fail(task, pod, failure)
                 unscheduled = _unschedulable(pod)
                 if unscheduled is not None and key not in reported_unschedulable:
                     reported_unschedulable.add(key)
@@ -461,15 +461,48 @@ class JobController:
                                       f"{cond.message or ''} (activeDeadlineSeconds comes "
                                       f"from worker_timeout_minutes)")
 
-    def _fail(self, task: str, pod, reason: str) -> None:
+    def _failed(self, pods: dict) -> list[tuple[str, object, str]]:
+        """(task, pod, reason) of every failed pod, in role order; streams the log of every
+        pod that has one."""
+        failed = []
+        for key, pod in pods.items():
+            task = f"{key[0]}:{key[1]}"
+            if _phase(pod) in ("Running", "Succeeded", "Failed") and \
+                    pod.metadata.name not in self._logs:
+                self._logs[pod.metadata.name] = PodLog(self, pod.metadata.name, task)
+            failure = _failure(pod)
+            if failure:
+                failed.append((task, pod, failure))
+        return failed
+
+    def _fail_root_cause(self, failed: list) -> None:
+        """Raise for the pod whose end caused the others': one killed (SIGKILL or SIGTERM,
+        out of memory, evicted, preempted) before one that exited with an error, since its
+        peers' collectives then fail too, possibly before its own end is reported; else the
+        one that finished first (the container's finishedAt). While none was killed and other
+        pods still run, watches up to `settle_seconds` for more."""
+        deadline = time.monotonic() + self.backend.settle_seconds
+        while not any(_killed(pod) for _, pod, _ in failed) and \
+                time.monotonic() < deadline and not self._stopped.is_set():
+            pods = self._pods()
+            failed = self._failed(pods) or failed
+            if not any(_phase(pod) == "Running" for pod in pods.values()):
+                break
+            self._stopped.wait(min(self.backend.poll_seconds, 0.5))
+        order = {id(f): i for i, f in enumerate(failed)}
+        cause = min(failed, key=lambda f: (not _killed(f[1]), _finished_at(f[1]), order[id(f)]))
+        self._fail(*cause, others=[f for f in failed if f is not cause])
+
+    def _fail(self, task: str, pod, reason: str, others: list = ()) -> None:
         stream = self._logs.get(pod.metadata.name)
         tail = []
         if stream is not None:
             stream.thread.join(timeout=5)  # the last lines (the error) first
             tail = list(stream.tail)
         last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
+        after = "".join(f"; then {t} failed: {r}" for t, _, r in others)
         raise _failure_class(pod)(f"{task} (pod {pod.metadata.name}) failed: {reason}; last "
-                                  f"line: {last}\n--- last output of {task} ---\n" +
+                                  f"line: {last}{after}\n--- last output of {task} ---\n" +
                                   "\n".join(tail))
 
 
@@ -514,6 +547,35 @@ def _failure(pod) -> str | None:
 # Pod status reasons of a pod its node took away: Evicted (node pressure), and graceful node
 # shutdown's Terminated / NodeShutdown (Kubernetes "Node Shutdowns"; GKE spot reclaims).
 LOST_REASONS = ("Evicted", "Terminated", "NodeShutdown", "Shutdown")
+
+
+# Container exit codes of a process killed by a signal: 128 + SIGKILL, 128 + SIGTERM (the
+# container runtime's convention). 128 + SIGABRT (134) is left out: TensorFlow aborts a worker
+# whose collective failed, which is what a peer's death does to it.
+KILLED_EXIT_CODES = (137, 143)
+
+
+def _terminated(pod):
+    container = _container_status(pod)
+    return container.state.terminated if container and container.state else None
+
+
+def _killed(pod) -> bool:
+    """Ended from outside (a signal, the OOM killer, eviction, preemption, node shutdown),
+    not as a consequence of a peer's failure."""
+    terminated = _terminated(pod)
+    if terminated is not None and (terminated.reason == "OOMKilled" or
+                                   terminated.exit_code in KILLED_EXIT_CODES):
+        return True
+    disruption = _condition(pod, "DisruptionTarget")
+    return (disruption is not None and disruption.status == "True") or \
+        (pod.status is not None and pod.status.reason in LOST_REASONS)
+
+
+def _finished_at(pod) -> datetime:
+    terminated = _terminated(pod)
+    when = terminated.finished_at if terminated is not None else None
+    return when or datetime.max.replace(tzinfo=timezone.utc)
 
 
 def _phase(pod) -> str | None:
