@@ -37,35 +37,22 @@ def run_values(context, exclude: tuple[str, ...] = ()) -> dict:
 
 
 def checked_run(context, cfg):
-    """Check what can fail cheaply before any compute (inputs, checkpoint, memory, backend)
-    and return (cfg, RunContext) of the run folder to create. Sets cfg.base_model to the
-    pinned or staged checkpoint every step then starts from."""
-    from tasks.io import storage
-    from tasks.provision.backends import backend_for
-    from tasks.provision import memory_budget
+    """Check what can fail cheaply before any compute (inputs, checkpoint, memory, capacity,
+    backend; tasks/steps/validate.py, which the command line runs too) and return
+    (cfg, RunContext) of the run folder to create. Sets cfg.base_model to the pinned or
+    staged checkpoint every step then starts from."""
+    from tasks.steps import validate
     from tasks.runs.runlayout import RunContext, run_key_for
-    from tasks.steps import data
-    from tasks.training import checkpoint_sources, hub_staging, memory
 
     dag_run = context["dag_run"]
-    storage.configure(storage.Connections(cfg.gcp_conn_id, cfg.aws_conn_id))
-    data.check_inputs(cfg)
-    # Exists, has the files loading needs, is a BERT (config.json and a listing only);
-    # a champion is pinned to its version, so every step starts from the same weights.
-    cfg.base_model = checkpoint_sources.check(cfg)
-    # A batch that would not fit the workers' memory, from the checkpoint's config.json.
-    memory_budget.check_config(cfg, memory.readable_config(cfg))
-    backend = backend_for(cfg)
+    cfg = validate.check_inputs_and_model(cfg)
     run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
     logical = dag_run.logical_date
     iso = logical.isoformat() if logical else None
     ctx = RunContext(artifact_root=cfg.artifact_root, dag_id=dag_run.dag_id,
                      run_key=run_key_for(run_type, iso, dag_run.run_id, cfg.experiment),
                      run_id=dag_run.run_id, experiment=cfg.experiment, logical_date=iso or "")
-    backend.check(cfg, ctx)  # e.g. remote workers need a gs:// or s3:// run folder
-    if not backend.receives_connections:  # a gated Hub repo: the token stays here
-        cfg.base_model = hub_staging.stage_for_workers(cfg)
-    return cfg, ctx
+    return validate.check_backend(cfg, ctx), ctx
 
 
 @task

@@ -17,7 +17,8 @@ from tasks.provision import launcher
 from tasks.io import storage
 from tasks.config import RunConfig, parse_config
 from tasks.errors import BertflowError, ConfigError
-from tasks.runs.runlayout import RunContext, init_run, load_run
+from tasks.steps import validate
+from tasks.runs.runlayout import RunContext, init_run, load_run, write_run_config
 
 # Step name -> module with run(cfg, ctx); imported only when that step runs, so `--help` and
 # light steps never load TensorFlow.
@@ -128,7 +129,19 @@ def _init_run_command(args: argparse.Namespace) -> str:
     if len(parts) == 4 and parts[1] == "runs":  # the run folder names its artifact root
         values.setdefault("artifact_root", parts[0])
     cfg = parse_config(values)
-    return init_run(cfg, _run_context(args.run_dir, args.dag_id, args.run_key, cfg))
+    ctx = _run_context(args.run_dir, args.dag_id, args.run_key, cfg)
+    # The DAG's validate checks that need no backend (tasks/steps/validate.py): inputs,
+    # checkpoint, memory, capacity; `validate` adds the backend's once the folder exists.
+    return init_run(validate.check_inputs_and_model(cfg), ctx)
+
+
+def _validate_command(run_dir: str) -> str:
+    """Every check of the DAG's validate task on an existing run folder (config.json)."""
+    cfg, ctx = load_run(run_dir)
+    checked = validate.check_run(cfg.model_copy(), ctx)
+    if checked.base_model != cfg.base_model:  # pinned or staged: what every step starts from
+        write_run_config(ctx, checked)
+    return f"{run_dir}: the run's inputs, checkpoint and {cfg.provisioner} backend check out"
 
 
 def _preflight_command(run_dir: str) -> int:
@@ -160,6 +173,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--dry-run", action="store_true",
                            help="print what the configured backend (provisioner) would "
                                 "create, touching no cloud and writing nothing")
+    check = sub.add_parser("validate", help="check a run folder's config as the DAG's validate "
+                                            "task does (inputs, checkpoint, memory, capacity, "
+                                            "backend) before any step runs")
+    check.add_argument("--run-dir", required=True, help="run folder URI")
     check = sub.add_parser("preflight", help="check buckets and platform permissions of a run "
                                              "without creating anything that costs money")
     check.add_argument("--run-dir", required=True, help="run folder URI")
@@ -179,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "init-run":
             print(_init_run_command(args))
+        elif args.command == "validate":
+            print(_validate_command(args.run_dir))
         elif args.command == "preflight":
             return _preflight_command(args.run_dir)
         elif getattr(args, "dry_run", False):

@@ -237,9 +237,15 @@ class RunConfig(BaseModel):
     k8s_platform: Literal["gke", "eks", "karpenter"] = Field(
         default="gke", title="Kubernetes node labels",
         description="Whose node labels select spot or reserved nodes (kubernetes): gke "
-                    "(cloud.google.com/gke-spot), eks managed node groups "
+                    "(cloud.google.com/gke-spot; GPUs by cloud.google.com/gke-accelerator, "
+                    "so accelerator_type is GKE's only), eks managed node groups "
                     "(eks.amazonaws.com/capacityType) or karpenter (karpenter.sh/"
                     "capacity-type).")
+    capacity_cpu_steps: bool = Field(
+        default=False, title="Capacity for CPU steps too",
+        description="capacity applies to the accelerator steps (train, evaluate); the CPU "
+                    "steps (data, tokenize, export) run on demand unless this is on. "
+                    "Not with flex_start, which serves GPU machines only.")
     max_preemptions: int = Field(
         default=5, ge=0, le=100, title="Re-provisions after preemption",
         description="How often a step's workers are provisioned again after a preemption or "

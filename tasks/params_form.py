@@ -35,7 +35,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
         "network", "tpu_runtime_version", "tpu_external_ips", "worker_timeout_minutes",
         "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
-        "max_preemptions"),
+        "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "checkpoint_every_steps", "eval_batch_size"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",

@@ -125,6 +125,9 @@ class FakePod:
 
     # --- status -----------------------------------------------------------------------------
     def _update(self, phase: str, *, conditions=None, state=None, ready=False, **extra):
+        if state is not None and "terminated" in state:  # as the kubelet reports it
+            state = {"terminated": {"finishedAt": _now(), **state["terminated"]}}
+
         def change(obj):
             status = {"phase": phase, "conditions": conditions or [
                 {"type": "PodScheduled", "status": "True"}], **extra}

@@ -8,6 +8,8 @@ transports/rest_base.py):
 - `GET    /v2/projects/*/locations/*/queuedResources[/ID]`
 - `DELETE /v2/projects/*/locations/*/queuedResources/ID[?force=true]` -> Operation (done)
 - `GET    /v2/projects/*/locations/*/nodes/ID`, `DELETE` the same -> Operation (done)
+- `PATCH  /v2/projects/*/locations/*/nodes/ID?updateMask=labels` -> Operation (done): the
+  node's labels replaced by the body's (only the labels mask is served)
 - `GET    /v2/projects/*/locations/*/operations/ID`
 - `GET    /v2/projects/*/locations/*/acceleratorTypes`, `.../runtimeVersions`: what the zone
   offers (`accelerator_types`, `runtime_versions`; a zone not in `zones` answers 404)
@@ -86,7 +88,7 @@ class FakeTpu:
                 self.end_headers()
                 self.wfile.write(data)
 
-            do_GET = do_POST = do_DELETE = _handle
+            do_GET = do_POST = do_DELETE = do_PATCH = _handle
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -177,6 +179,12 @@ class FakeTpu:
                 del self.nodes[name]
                 self._halt(name)
                 return 200, self._operation(parent, {"@type": EMPTY_TYPE})
+            if method == "PATCH":
+                if query.get("updateMask") != "labels":
+                    return _error(400, f"fake serves updateMask=labels only, not "
+                                       f"{query.get('updateMask')!r}", "INVALID_ARGUMENT")
+                self.nodes[name]["labels"] = dict((body or {}).get("labels") or {})
+                return 200, self._operation(parent, {"@type": NODE_TYPE, **self.nodes[name]})
         return _error(404, f"no route {method} {path}")
 
     def _create_queued(self, parent: str, query: dict, body: dict):

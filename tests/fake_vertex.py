@@ -12,6 +12,7 @@ It serves the REST paths of google-cloud-aiplatform's v1 JobService for CustomJo
 - `GET /v1/projects/*/locations/*/customJobs?filter=...`: jobs matching `labels.K="V"` and
   `state="S"` terms joined by AND; `list_error = (code, status, message)` makes it fail
   (e.g. 403 PERMISSION_DENIED, for the preflight).
+- `get_errors`: that many GETs of a job answer 503 UNAVAILABLE first (a flaky API).
 
 Every request (method, path, body) is kept in `requests`, so tests can scan what was sent.
 """
@@ -41,6 +42,7 @@ class FakeVertex:
         self.requests: list[tuple[str, str, str]] = []
         self.cancels: list[str] = []
         self.list_error: tuple[int, str, str] | None = None
+        self.get_errors = 0
         self.lock = threading.Lock()
         self._next_id = 1000
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -92,6 +94,9 @@ class FakeVertex:
 
     def get(self, name: str) -> tuple[int, dict]:
         with self.lock:
+            if self.get_errors > 0:
+                self.get_errors -= 1
+                return 503, _error(503, "UNAVAILABLE", "the service is currently unavailable")
             job = self.jobs.get(name)
             if job is None:
                 return 404, _error(404, "NOT_FOUND", f"{name} not found")

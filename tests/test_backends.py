@@ -59,3 +59,69 @@ def test_release_records_the_backend(artifact_root):
 
     manifest = storage.read_json(release.run(cfg, ctx))
     assert manifest["backend"] == "local" and manifest["killed_pids"] == []
+
+
+# --- the command line validates as the DAG's validate task does (tasks/steps/validate.py) --
+def _roberta(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "roberta", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100,
+        "max_position_embeddings": 130}))
+    for name in ("vocab.txt", "model.safetensors"):
+        (folder / name).write_text("")
+    return folder
+
+
+def test_init_run_refuses_a_non_bert_checkpoint_in_one_line_before_any_step(artifact_root,
+                                                                            tmp_path):
+    run_dir = f"{artifact_root}/runs/bert_finetune/manual_roberta"
+    done = cli("init-run", "--run-dir", run_dir, "--base-model",
+               str(_roberta(tmp_path / "roberta")))
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("bertflow: error: config field 'base_model': ")
+    assert "is a roberta checkpoint, not a BERT" in line and "Traceback" not in done.stderr
+    assert not Path(run_dir, "config.json").exists()  # nothing to run a step on
+
+
+def test_init_run_refuses_missing_inputs_and_what_capacity_cannot_do(artifact_root, tmp_path):
+    run_dir = f"{artifact_root}/runs/bert_finetune/manual_inputs"
+    done = cli("init-run", "--run-dir", run_dir, "--train-uri", str(tmp_path / "nope.tsv"))
+    assert done.returncode == 2 and done.stderr == (
+        f"bertflow: error: {tmp_path / 'nope.tsv'}: file not found (check train_uri / eval_uri)\n")
+    done = cli("init-run", "--run-dir", run_dir, "--provisioner", "vertex_ai",
+               "--accelerator", "gpu", "--accelerator-type", "NVIDIA_TESLA_T4",
+               "--capacity", "flex_start", "--gcp-region", "us-central1")
+    assert done.returncode == 2
+    assert "config field 'accelerator_type': flex_start (Dynamic Workload Scheduler) does " \
+           "not serve NVIDIA_TESLA_T4" in done.stderr
+
+
+def test_validate_adds_the_backends_checks_to_an_existing_run_folder(artifact_root):
+    run_dir = f"{artifact_root}/runs/bert_finetune/manual_validate"
+    assert cli("init-run", "--run-dir", run_dir, "--provisioner", "kubernetes").returncode == 0
+    done = cli("validate", "--run-dir", run_dir)  # a local run folder: pods cannot see it
+    assert done.returncode == 2
+    assert done.stderr.startswith("bertflow: error: config field 'artifact_root': ")
+    local = f"{artifact_root}/runs/bert_finetune/manual_validate_local"
+    assert cli("init-run", "--run-dir", local).returncode == 0
+    done = cli("validate", "--run-dir", local)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("inputs, checkpoint and local backend check out")
+
+
+def test_the_dag_and_the_command_line_share_one_validate():
+    """bertflow_airflow/run_tasks.py's checked_run calls tasks/steps/validate.py, not
+    checks of its own."""
+    import ast
+
+    from tasks.config import PROJECT_ROOT
+
+    source = (PROJECT_ROOT / "bertflow_airflow" / "run_tasks.py").read_text()
+    [func] = [n for n in ast.walk(ast.parse(source))
+              if isinstance(n, ast.FunctionDef) and n.name == "checked_run"]
+    calls = {ast.unparse(n.func) for n in ast.walk(func) if isinstance(n, ast.Call)}
+    assert {"validate.check_inputs_and_model", "validate.check_backend"} <= calls
+    assert not {c for c in calls if c.startswith(("data.", "checkpoint_sources.",
+                                                  "memory_budget.", "backend_for"))}

@@ -21,7 +21,7 @@ import pytest
 
 from tasks import __version__
 from tasks.provision import images
-from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.tpu_vm import render as tpu_vm
 
 ROOT = Path(__file__).resolve().parent.parent
 import env_cache  # noqa: E402

@@ -290,11 +290,13 @@ def test_owner_references_do_not_block_owner_deletion():
 
 
 def _backend_calls() -> dict[tuple[str, str], set[str]]:
-    """{(API group, resource): verbs} of every client call in tasks/provision/kubernetes/backend.py,
-    from the real client's method names (create_/list_/delete_/read_namespaced_<kind>)."""
+    """{(API group, resource): verbs} of every client call in
+    tasks/provision/kubernetes/{backend,pod_logs}.py, from the real client's method names
+    (create_/list_/delete_/read_namespaced_<kind>)."""
     from kubernetes import client
 
-    source = (ROOT / "tasks" / "provision" / "kubernetes" / "backend.py").read_text()
+    source = "".join((ROOT / "tasks" / "provision" / "kubernetes" / name).read_text()
+                     for name in ("backend.py", "pod_logs.py"))
     found: dict[tuple[str, str], set[str]] = {}
     for api, method in set(re.findall(r"\b(core|batch)\.(\w+_namespaced_\w+)", source)):
         owner = client.CoreV1Api if api == "core" else client.BatchV1Api
@@ -366,7 +368,8 @@ def cluster(tmp_path, monkeypatch):
 
 
 def fast_backend(**kwargs) -> KubernetesBackend:
-    return KubernetesBackend(poll_seconds=0.05, grace_seconds=5, **kwargs)
+    return KubernetesBackend(poll_seconds=0.05, grace_seconds=5,
+                             **{"settle_seconds": 1.0, **kwargs})
 
 
 class Lines(list):
@@ -532,6 +535,38 @@ def test_a_failing_pod_fails_the_step_with_its_reason_and_stops_the_others(
         assert "allocating 9 GiB" in message  # the last lines
     assert all(pod.deleted.is_set() for pod in kube.pods.values())
     assert_step_gone(kube, ctx, "train")
+
+
+def test_a_killed_pod_is_named_though_a_peers_collective_failed_first(cluster):
+    """worker:0's collective fails (exit 1) before worker:1, the root cause, is reported
+    killed (exit 137, SIGKILL); worker:2 still runs. The error names worker:1 and its last
+    lines, then worker:0."""
+    def script(pod: FakePod):
+        if pod.index == 2:
+            return serve_forever(pod)
+        pod.schedule()
+        pod.run()
+        if pod.index == 0:
+            time.sleep(0.3)
+            pod.log("CollectiveOps: peer worker:1 unreachable")
+            return pod.fail(1)
+        pod.log("step 4: loss 0.69")
+        time.sleep(0.8)
+        pod.fail(137)
+
+    kube = cluster(script)
+    cfg = make_cfg(num_workers=3)
+    ctx = make_ctx(cfg)
+    with pytest.raises(WorkerError) as err:
+        fast_backend(settle_seconds=5).controller(
+            cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri), log=lambda line: None,
+            secrets={}).run()
+    first = str(err.value).splitlines()[0]
+    pod_name = next(n for n in kube.created_names("pods") if "-worker-1-" in n)
+    assert first.startswith(f"worker:1 (pod {pod_name}) failed: Error (exit code 137); last "
+                            f"line: step 4: loss 0.69; then worker:0 failed: Error (exit code "
+                            f"1)"), first
+    assert "CollectiveOps" not in str(err.value).split("---", 1)[1]
 
 
 def test_an_unschedulable_pod_times_out_with_the_schedulers_reason(cluster):
@@ -863,3 +898,27 @@ def test_cli_dry_run_prints_yaml_and_a_real_provision_refuses_a_local_folder(tmp
     done = cli("provision", "--run-dir", str(run_dir))
     assert done.returncode == 2
     assert "artifact_root" in done.stderr and "gs://" in done.stderr
+
+
+@pytest.mark.parametrize("platform, label", [
+    ("eks", "node.kubernetes.io/instance-type"),
+    ("karpenter", "karpenter.k8s.aws/instance-gpu-name")])
+def test_gke_accelerator_label_is_refused_off_gke_naming_the_platforms_label(platform, label):
+    cfg = RunConfig(provisioner="kubernetes", artifact_root="gs://b/r", accelerator="gpu",
+                    accelerator_type="nvidia-l4", k8s_platform=platform)
+    ctx = RunContext(artifact_root="gs://b/r", dag_id="d", run_key="k")
+    with pytest.raises(ConfigError) as err:
+        KubernetesBackend().check(cfg, ctx)
+    assert err.value.field == "accelerator_type"
+    assert "cloud.google.com/gke-accelerator" in str(err.value) and label in str(err.value)
+    # Without GKE's label, a node selector of the platform's own picks the GPU nodes.
+    ok = RunConfig(provisioner="kubernetes", artifact_root="gs://b/r", accelerator="gpu",
+                   k8s_platform=platform, node_selector={label: "x"})
+    assert KubernetesBackend().check(ok, ctx) == []
+    [pod] = [o["spec"]["template"]["spec"] for o in KubernetesBackend().render(
+        ok, ctx, single_process_spec("tokenize", ctx.run_uri)) if o["kind"] == "Job"]
+    assert pod["nodeSelector"] == {label: "x"}
+    [pod, *_] = [o["spec"]["template"]["spec"] for o in KubernetesBackend().render(
+        ok, ctx, distributed_spec(ok, "train", ctx.run_uri))
+        if o["kind"] == "Job"]
+    assert pod["nodeSelector"] == {label: "x"}

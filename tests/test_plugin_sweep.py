@@ -16,7 +16,7 @@ import pytest
 from plugin_helpers import (DAG_ID, MODEL, SWEEP_DAG, SWEEP_KEY, SWEEP_METRICS,  # noqa: F401
                             SWEEP_VERSION, api_server, build_artifacts, build_sweep,
                             logged_in)
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.io import storage
 
 TRIAL_1, TRIAL_2 = f"{SWEEP_KEY}__trial-01", f"{SWEEP_KEY}__trial-02"

@@ -13,7 +13,7 @@ import pytest
 import airflow  # noqa: F401  (puts the plugins folder on sys.path, as in every Airflow process)
 from plugin_helpers import (DAG_ID, MODEL, SWEEP_DAG, SWEEP_KEY, api_server,  # noqa: F401
                             build_artifacts, build_sweep, logged_in)
-from tasks.config import join_uri
+from tasks.io.uris import join_uri
 from tasks.io import storage
 
 PLUGINS = Path(__file__).resolve().parent.parent / "plugins"

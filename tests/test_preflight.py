@@ -25,8 +25,11 @@ from tasks.config import parse_config
 from tasks.errors import BertflowError
 from tasks.io import storage
 from tasks.provision import preflight
-from tasks.provision.tpu_vm import backend as tpu_vm
-from tasks.provision.vertex_ai import backend as vertex_ai
+from tasks.provision.backends import backend_for
+from tasks.provision.kubernetes import preflight as k8s_preflight
+from tasks.provision.tpu_vm import client as tpu_client
+from tasks.provision.tpu_vm import render as tpu_render
+from tasks.provision.vertex_ai import client as vertex_client
 from tasks.steps.provision import run as provision_run
 from tasks.runs.runlayout import RunContext, init_run
 from test_cli import cli
@@ -42,7 +45,7 @@ def context(root: str) -> RunContext:
 
 def failures(cfg, ctx) -> list[str]:
     with pytest.raises(preflight.PreflightError) as err:
-        preflight.run(cfg, ctx)
+        preflight.run(cfg, ctx, backend_for(cfg))
     assert str(err.value).startswith(f"preflight found {len(err.value.failures)} problem(s)")
     return err.value.failures
 
@@ -51,7 +54,7 @@ def failures(cfg, ctx) -> list[str]:
 def test_bucket_probe_passes_and_leaves_only_the_result(root):  # noqa: F811
     cfg = parse_config({"artifact_root": root, "export_uri": f"{root}/models"})
     ctx = context(root)
-    result = preflight.run(cfg, ctx)
+    result = preflight.run(cfg, ctx, backend_for(cfg))
     assert result["ok"] and [c["area"] for c in result["checks"]] == ["storage", "storage"]
     assert storage.read_json(preflight.result_uri(ctx)) == result
     # The probe objects are gone: only preflight.json remains.
@@ -106,7 +109,7 @@ def k8s_config(root: str):
 
 def test_kubernetes_reviews_every_verb_the_backend_uses(kube, tmp_path):
     cfg = k8s_config(str(tmp_path / "art"))
-    result = preflight.run(cfg, context(cfg.artifact_root))
+    result = preflight.run(cfg, context(cfg.artifact_root), backend_for(cfg))
     assert all(c["ok"] for c in result["checks"])
     asked = {(a["verb"], a.get("group", ""), a["resource"], a.get("subresource", ""))
              for a in kube.access_reviews}
@@ -170,7 +173,7 @@ def test_provision_stops_before_creating_anything_when_preflight_fails(kube,
 @pytest.fixture
 def vertex(monkeypatch):
     fake, iam = FakeVertex().start(), FakeIam().start()
-    monkeypatch.setenv(vertex_ai.ENDPOINT_ENV, fake.endpoint)
+    monkeypatch.setenv(vertex_client.ENDPOINT_ENV, fake.endpoint)
     monkeypatch.setenv(preflight.IAM_ENDPOINT_ENV, iam.endpoint)
     yield fake, iam
     fake.close()
@@ -188,7 +191,7 @@ def test_vertex_passes_with_a_region_that_answers_and_act_as(vertex, tmp_path):
     fake, iam = vertex
     iam.grants[SA] = {preflight.ACT_AS}
     cfg = vertex_config(str(tmp_path / "art"))
-    result = preflight.run(cfg, context(cfg.artifact_root))
+    result = preflight.run(cfg, context(cfg.artifact_root), backend_for(cfg))
     assert [c["what"] for c in result["checks"] if c["area"] == "vertex_ai"] == [
         "list CustomJobs in projects/proj/locations/us-central1",
         f"act as service account {SA}"]
@@ -224,7 +227,7 @@ def test_vertex_failures_name_the_role(vertex, tmp_path):
 @pytest.fixture
 def fake_tpu(monkeypatch):
     fake = FakeTpu().start()
-    monkeypatch.setenv(tpu_vm.ENDPOINT_ENV, fake.endpoint)
+    monkeypatch.setenv(tpu_client.ENDPOINT_ENV, fake.endpoint)
     yield fake
     fake.stop()
 
@@ -238,10 +241,10 @@ def tpu_config(root: str, **overrides):
 
 def test_tpu_zone_offers_the_type_and_the_runtime(fake_tpu, tmp_path):
     cfg = tpu_config(str(tmp_path / "art"))
-    result = preflight.run(cfg, context(cfg.artifact_root))
+    result = preflight.run(cfg, context(cfg.artifact_root), backend_for(cfg))
     assert [c["what"] for c in result["checks"] if c["area"] == "tpu_vm"] == [
         "us-west4-a offers accelerator type v5litepod-8",
-        f"us-west4-a offers runtime version {tpu_vm.runtime_version(cfg)}"]
+        f"us-west4-a offers runtime version {tpu_render.runtime_version(cfg)}"]
     assert not fake_tpu.queued  # nothing was queued
 
 
@@ -266,20 +269,21 @@ def test_tpu_failures_say_what_the_zone_offers(fake_tpu, tmp_path):
 
 def test_local_runs_check_only_the_buckets(tmp_path):
     cfg = parse_config({"artifact_root": str(tmp_path / "art")})
-    result = preflight.run(cfg, context(cfg.artifact_root))
+    result = preflight.run(cfg, context(cfg.artifact_root), backend_for(cfg))
     assert {c["area"] for c in result["checks"]} == {"storage"}
     assert isinstance(preflight.PreflightError(["x"]), BertflowError)
     assert json.loads(json.dumps(result)) == result
 
 
 def test_the_reviewed_access_is_every_call_the_kubernetes_backend_makes():
-    """ACCESS is read off tasks/provision/kubernetes/backend.py: a new client call there without its
-    access review here fails this test."""
+    """ACCESS is read off tasks/provision/kubernetes/{backend,pod_logs}.py: a new client call
+    there without its access review here fails this test."""
     import re
 
     from tasks.config import PROJECT_ROOT
 
-    source = (PROJECT_ROOT / "tasks" / "provision" / "kubernetes" / "backend.py").read_text()
+    source = "".join((PROJECT_ROOT / "tasks" / "provision" / "kubernetes" / name).read_text()
+                     for name in ("backend.py", "pod_logs.py"))
     calls = set(re.findall(r"\.(core|batch)\.(create|list|delete|read)_namespaced_(\w+)",
                            source))
     verbs = {"create": "create", "list": "list", "delete": "delete", "read": "get"}
@@ -288,7 +292,7 @@ def test_the_reviewed_access_is_every_call_the_kubernetes_backend_makes():
         resource, sub = ("pods", "log") if kind == "pod_log" else (kind + "s", "")
         used.add((verbs[verb], "batch" if api == "batch" else "", resource, sub))
     reviewed = {(verb, group, resource, sub) for group, resource, sub, verb_list
-                in preflight.ACCESS for verb in verb_list}
+                in k8s_preflight.ACCESS for verb in verb_list}
     assert used == reviewed
 
 
@@ -306,7 +310,7 @@ def test_provision_queues_no_tpu_when_the_zone_lacks_the_type(fake_tpu,
 
 
 def test_vertex_without_credentials_says_so(tmp_path, monkeypatch):
-    monkeypatch.delenv(vertex_ai.ENDPOINT_ENV, raising=False)
+    monkeypatch.delenv(vertex_client.ENDPOINT_ENV, raising=False)
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing-key.json"))
     cfg = vertex_config(str(tmp_path / "art"))
     [message] = failures(cfg, context(cfg.artifact_root))

@@ -18,6 +18,7 @@ import pytest
 from tasks.io import storage
 from tasks.config import parse_config
 from tasks.errors import WorkerError
+from tasks.provision.attempts import WorkerLost
 from tasks.provision.local.cluster import LocalCluster, local_tmp_root
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.local.backend import pid_record_uri
@@ -150,6 +151,54 @@ def test_one_failing_worker_stops_all_and_reports_its_error(make_spec):
     pids = recorded_pids(make_spec.pid_dir)
     assert len(pids) == 6  # 3 workers + 3 grandchildren
     assert all_gone(pids)
+
+
+def test_a_worker_killed_by_a_signal_is_named_though_a_peer_failed_a_moment_sooner(make_spec):
+    # worker:0's collective fails first (exit 1); worker:1, the root cause, dies of SIGKILL
+    # half a second later. The error names worker:1 and its last lines, then worker:0.
+    spec = make_spec("""
+        import signal
+        if role["index"] == 0:
+            time.sleep(1)
+            sys.exit("CollectiveOps: peer worker:1 unreachable")
+        if role["index"] == 1:
+            print("step 4: loss 0.69", flush=True)
+            time.sleep(1.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)
+    """, cluster={"worker": 3})
+    with pytest.raises(WorkerLost) as err:
+        LocalCluster(spec, log=lambda line: None, grace_seconds=2).run()
+    message = str(err.value)
+    assert message.startswith("worker:1 exited with code -9: step 4: loss 0.69; then worker:0 "
+                              "exited with code 1\n--- last output of worker:1 ---\n"), message
+    assert "CollectiveOps" not in message.split("---", 1)[1]
+    assert all_gone(recorded_pids(make_spec.pid_dir))
+
+
+def test_the_worker_whose_output_ended_first_is_named_when_none_died_of_a_signal(make_spec):
+    # worker:2 exits first with its own error; worker:0 and worker:1 follow with collective
+    # errors before the controller's settle window ends. Poll order (worker:0 first) must not
+    # decide; SIGABRT (TensorFlow's abort after a failed collective) is no signal death.
+    spec = make_spec("""
+        import signal
+        if role["index"] == 2:
+            time.sleep(1)
+            sys.exit("ResourceExhaustedError: OOM when allocating tensor")
+        time.sleep(1.4)
+        if role["index"] == 0:
+            import resource
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file
+            os.kill(os.getpid(), signal.SIGABRT)
+        sys.exit("CollectiveOps: peer worker:2 unreachable")
+    """, cluster={"worker": 3})
+    cluster = LocalCluster(spec, log=lambda line: None, grace_seconds=2)
+    with pytest.raises(WorkerError) as err:
+        cluster.run()
+    message = str(err.value)
+    assert message.startswith("worker:2 exited with code 1: ResourceExhaustedError: OOM"), message
+    assert "then worker:0 exited with code -6" in message.split("\n")[0]
+    assert "then worker:1 exited with code 1" in message.split("\n")[0]
 
 
 def test_sigterm_ignoring_worker_is_killed_after_the_grace_period(make_spec):
@@ -293,10 +342,10 @@ def test_provision_writes_specs_and_release_kills_leftovers(artifact_root):
     # records pids.
     leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
                                 start_new_session=True)
-    from tasks.provision.local.cluster import process_start_ticks
+    from tasks.provision.local.cluster import process_started
     storage.write_json(pid_record_uri(ctx.run_uri, "train"), {"pids": [
         {"pid": leftover.pid, "role": "worker", "index": 0,
-         "start_ticks": process_start_ticks(leftover.pid)}]})
+         "started": process_started(leftover.pid)}]})
     scratch = local_tmp_root(ctx.run_uri) / "worker-1"
     scratch.mkdir(parents=True)
     try:

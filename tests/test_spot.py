@@ -34,11 +34,13 @@ from tasks.errors import PREEMPTED_EXIT_CODE, ConfigError, WorkerError
 from tasks.provision import attempts, capacity
 from tasks.steps.provision import dry_run
 from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.tpu_vm import render as tpu_render
 from tasks.provision.vertex_ai import backend as vertex_ai
+from tasks.provision.vertex_ai import client as vertex_client
 from tasks.provision.backends import backend_for
 from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.local.backend import LocalBackend
-from tasks.provision.spec import BASE_ENV, WorkerSpec, distributed_spec
+from tasks.provision.spec import BASE_ENV, WorkerSpec, distributed_spec, step_spec
 from tasks.runs.runlayout import RunContext
 
 K8S_VERSION = "1.33"
@@ -73,11 +75,31 @@ def test_capacity_and_reservation_go_together():
           worker_timeout_minutes=20000), "worker_timeout_minutes"),
     (dict(provisioner="vertex_ai", capacity="flex_start", accelerator_type="NVIDIA_L4",
           num_workers=2, num_ps=1), "capacity"),
+    # Dynamic Workload Scheduler serves L4, A100, H100, H200 and B200 only.
+    (dict(provisioner="vertex_ai", capacity="flex_start", accelerator="gpu",
+          accelerator_type="NVIDIA_TESLA_T4"), "accelerator_type"),
+    (dict(provisioner="vertex_ai", capacity="flex_start", accelerator="gpu",
+          accelerator_type="NVIDIA_TESLA_V100"), "accelerator_type"),
 ])
 def test_capacities_a_backend_cannot_express_name_the_field(values, field):
     with pytest.raises(ConfigError) as err:
         capacity.check(RunConfig(**values))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("gpu", capacity.FLEX_START_GPUS)
+def test_flex_start_takes_each_gpu_the_scheduler_serves(gpu):
+    cfg = RunConfig(**{**VERTEX, "accelerator_type": gpu, "capacity": "flex_start"})
+    capacity.check(cfg)
+
+
+def test_flex_start_on_another_gpu_names_the_served_ones_and_the_page():
+    with pytest.raises(ConfigError) as err:
+        capacity.check(RunConfig(**{**VERTEX, "accelerator_type": "NVIDIA_TESLA_T4",
+                                    "capacity": "flex_start"}))
+    text = str(err.value)
+    assert "does not serve NVIDIA_TESLA_T4" in text and "NVIDIA_L4" in text
+    assert "NVIDIA_B200" in text and capacity.FLEX_START_DOCS in text
 
 
 # --- Kubernetes -----------------------------------------------------------------------------
@@ -167,7 +189,7 @@ def tpu_resource(**overrides):
                     tpu_zone="us-west4-a", tpu_address="local", artifact_root="gs://b/r",
                     image_registry="us-docker.pkg.dev/proj/repo", **overrides)
     capacity.check(cfg)
-    return tpu_vm.queued_resource(cfg, ctx_for(cfg.artifact_root), "proj")
+    return tpu_render.queued_resource(cfg, ctx_for(cfg.artifact_root), "proj")
 
 
 def test_tpu_queued_resource_tier_spot_or_reservation():
@@ -182,7 +204,7 @@ def test_tpu_queued_resource_tier_spot_or_reservation():
     full = "projects/other/locations/us-west4-a/reservations/shared"
     assert tpu_resource(capacity="reservation", reservation=full).reservation_name == full
     # the REST JSON the dry run prints parses back into the client's type
-    text = json.dumps(tpu_vm._to_dict(spot))
+    text = json.dumps(tpu_render.to_dict(spot))
     assert "spot" in tpu_v2.QueuedResource.from_json(text, ignore_unknown_fields=False)
 
 
@@ -191,6 +213,92 @@ def test_the_dry_run_shows_the_capacity_fields():
     assert "cloud.google.com/gke-spot: 'true'" in dry_run(k8s, ctx_for(BUCKET), warn=lambda m: 0)
     vertex = RunConfig(**{**VERTEX, "capacity": "flex_start"})
     assert '"strategy": "FLEX_START"' in dry_run(vertex, ctx_for("gs://b/r"), warn=lambda m: 0)
+
+
+def _k8s_step_pods(step: str, **overrides) -> list[dict]:
+    cfg = RunConfig(provisioner="kubernetes", artifact_root=BUCKET, accelerator="gpu",
+                    accelerator_type="nvidia-l4", **overrides)
+    capacity.check(cfg)
+    ctx = ctx_for(BUCKET)
+    objects = KubernetesBackend().render(cfg, ctx, step_spec(cfg, step, ctx.run_uri))
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    return [o["spec"]["template"]["spec"] for o in objects if o["kind"] == "Job"]
+
+
+@pytest.mark.parametrize("overrides, selector", [
+    (dict(capacity="spot"), {"cloud.google.com/gke-spot": "true"}),
+    (dict(capacity="reservation", reservation="l4-block"),
+     {"cloud.google.com/reservation-name": "l4-block",
+      "cloud.google.com/reservation-affinity": "specific"}),
+])
+def test_gke_cpu_steps_run_on_demand_unless_capacity_cpu_steps(overrides, selector):
+    for step in ("train", "evaluate"):
+        for pod in _k8s_step_pods(step, **overrides):
+            assert selector.items() <= pod["nodeSelector"].items()
+    for step in ("data", "tokenize", "export"):
+        [pod] = _k8s_step_pods(step, **overrides)
+        assert not set(selector) & set(pod.get("nodeSelector", {})), step
+        assert all(t["key"] != capacity.GKE_SPOT for t in pod.get("tolerations", ())), step
+        [pod] = _k8s_step_pods(step, capacity_cpu_steps=True, **overrides)
+        assert selector.items() <= pod["nodeSelector"].items(), step
+        assert "cloud.google.com/gke-accelerator" not in pod["nodeSelector"]  # still a CPU pod
+
+
+def _vertex_step_job(step: str, **overrides):
+    from google.cloud.aiplatform_v1 import CustomJob
+
+    cfg = RunConfig(**{**VERTEX, **overrides})
+    capacity.check(cfg)
+    ctx = ctx_for(cfg.artifact_root)
+    [rendered] = backend_for(cfg).render(cfg, ctx, step_spec(cfg, step, ctx.run_uri))
+    return CustomJob.from_json(json.dumps(rendered), ignore_unknown_fields=False)
+
+
+def test_vertex_cpu_steps_run_on_demand_unless_capacity_cpu_steps():
+    from google.cloud.aiplatform_v1 import Scheduling
+
+    spot, unset = Scheduling.Strategy.SPOT, Scheduling.Strategy.STRATEGY_UNSPECIFIED
+    assert _vertex_step_job("evaluate", capacity="spot").job_spec.scheduling.strategy == spot
+    flex = _vertex_step_job("train", capacity="flex_start").job_spec.scheduling.strategy
+    assert flex == Scheduling.Strategy.FLEX_START
+    for step in ("data", "tokenize", "export"):
+        for value in ("spot", "flex_start"):
+            job = _vertex_step_job(step, capacity=value)
+            assert job.job_spec.scheduling.strategy == unset, (step, value)
+        assert _vertex_step_job(step, capacity="spot", capacity_cpu_steps=True
+                                ).job_spec.scheduling.strategy == spot
+        [pool] = [p for p in _vertex_step_job(step, capacity="reservation",
+                                              reservation=RESERVATION).job_spec.worker_pool_specs
+                  if p.replica_count]
+        assert not pool.machine_spec.reservation_affinity.key
+        [pool] = [p for p in _vertex_step_job(
+            step, capacity="reservation", reservation=RESERVATION,
+            capacity_cpu_steps=True).job_spec.worker_pool_specs if p.replica_count]
+        assert list(pool.machine_spec.reservation_affinity.values) == [RESERVATION]
+
+
+def test_flex_start_refuses_capacity_cpu_steps_naming_the_field():
+    with pytest.raises(ConfigError) as err:
+        capacity.check(RunConfig(**{**VERTEX, "capacity": "flex_start",
+                                    "capacity_cpu_steps": True}))
+    assert err.value.field == "capacity_cpu_steps" and "GPU machines only" in str(err.value)
+
+
+def test_the_dry_run_says_which_steps_run_on_the_capacity():
+    for cfg, wanted in (
+            (RunConfig(**{**VERTEX, "capacity": "spot"}),
+             "capacity spot: train, evaluate; on demand: data, tokenize, export (set "
+             "capacity_cpu_steps to put them on the same capacity)"),
+            (RunConfig(**{**VERTEX, "capacity": "spot", "capacity_cpu_steps": True}),
+             "capacity spot: every step (data, tokenize, train, evaluate, export; "
+             "capacity_cpu_steps)")):
+        warned = []
+        dry_run(cfg, ctx_for("gs://b/r"), warn=warned.append)
+        assert wanted in warned
+    k8s = RunConfig(provisioner="kubernetes", artifact_root=BUCKET, capacity="spot")
+    text = dry_run(k8s, ctx_for(BUCKET), warn=lambda m: 0)
+    assert text.startswith("# capacity spot: train, evaluate; on demand: data, tokenize")
 
 
 # --- the controller: re-provisioning after preemption --------------------------------------
@@ -407,7 +515,7 @@ def test_a_preempted_vertex_job_is_submitted_again(tmp_path, monkeypatch):
     submits a new CustomJob, which succeeds. The real JobServiceClient talks to the fake."""
     server = FakeVertex().start()
     try:
-        monkeypatch.setenv(vertex_ai.ENDPOINT_ENV, server.endpoint)
+        monkeypatch.setenv(vertex_client.ENDPOINT_ENV, server.endpoint)
         monkeypatch.setattr(vertex_ai, "POLL_MIN_SECONDS", 0.01)
         monkeypatch.setattr(vertex_ai, "POLL_MAX_SECONDS", 0.05)
         cfg = RunConfig(**{**VERTEX, "artifact_root": str(tmp_path), "capacity": "spot"})

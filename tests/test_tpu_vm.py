@@ -21,6 +21,8 @@ from tasks.errors import BertflowError, ConfigError, WorkerError
 from tasks.provision import attempts, worker_logs
 from tasks.provision.backends import backend_for
 from tasks.provision.tpu_vm import backend as tpu_vm
+from tasks.provision.tpu_vm import client as tpu_client
+from tasks.provision.tpu_vm import render as tpu_render
 from tasks.provision.spec import WorkerSpec
 from tasks.runs.runlayout import RunContext
 from test_cli import cli
@@ -50,7 +52,7 @@ def run_context(root: str, key: str = "manual__tpu") -> RunContext:
 @pytest.fixture
 def fake_tpu(monkeypatch):
     fake = FakeTpu().start()
-    monkeypatch.setenv(tpu_vm.ENDPOINT_ENV, fake.endpoint)
+    monkeypatch.setenv(tpu_client.ENDPOINT_ENV, fake.endpoint)
     monkeypatch.setattr(tpu_vm.TpuVmBackend, "poll_seconds", 0.01)
     yield fake
     fake.stop()
@@ -83,7 +85,7 @@ def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type,
     before = time.time()
     facts = tpu_vm.TpuVmBackend().setup(cfg, ctx, log=lines.append)
 
-    rid = address if address != "local" else f"bertflow-{tpu_vm.run_hash(ctx)}"
+    rid = address if address != "local" else f"bertflow-{tpu_render.run_hash(ctx)}"
     parent = f"projects/{PROJECT}/locations/{ZONE}"
     create = fake_tpu.requests[fake_tpu.calls().index(("POST", f"{parent}/queuedResources"))]
     assert create["query"]["queuedResourceId"] == rid
@@ -95,7 +97,7 @@ def test_setup_queues_the_tpu_and_waits_until_active(fake_tpu, accelerator_type,
     assert node["networkConfig"] == {"network": "ml-net", "enableExternalIps": True}
     labels = node["labels"]
     assert labels["managed-by"] == "bertflow" and labels["bertflow-dag"] == "bert_finetune"
-    assert labels["bertflow-run"] == tpu_vm.run_hash(ctx)
+    assert labels["bertflow-run"] == tpu_render.run_hash(ctx)
     # Expiry: queue patience + worker lifetime from now.
     assert int(labels["bertflow-expires"]) >= int(before) + 60 + cfg.worker_timeout_minutes * 60
     assert create["body"]["queueingPolicy"]["validUntilDuration"] == "60s"
@@ -156,14 +158,14 @@ def test_release_deletes_the_node_then_the_queued_resource(fake_tpu, gs_root):
     released = backend.release(cfg, ctx, log=lambda _: None)
 
     parent = f"projects/{PROJECT}/locations/{ZONE}"
-    rid = f"bertflow-{tpu_vm.run_hash(ctx)}"
+    rid = f"bertflow-{tpu_render.run_hash(ctx)}"
     deletes = fake_tpu.calls("DELETE")
     assert deletes == [("DELETE", f"{parent}/nodes/{rid}"),
                        ("DELETE", f"{parent}/queuedResources/{rid}")]
     assert fake_tpu.requests[-1]["query"].get("force") == "true"
     assert released["deleted"] == [f"{parent}/nodes/{rid}", f"{parent}/queuedResources/{rid}"]
     assert not fake_tpu.queued and not fake_tpu.nodes
-    assert storage.exists(tpu_vm.agent_uri(ctx, "shutdown.json"))  # the agent's signal
+    assert storage.exists(tpu_render.agent_uri(ctx, "shutdown.json"))  # the agent's signal
 
     again = backend.release(cfg, ctx, log=lambda _: None)  # already gone: no error
     assert again["deleted"] == [] and len(again["already_gone"]) == 2
@@ -175,15 +177,15 @@ def test_release_keeps_the_log_of_a_step_the_agent_never_finished(fake_tpu, gs_r
     chunks the agent had uploaded, before the VM is deleted."""
     cfg, ctx = tpu_config(gs_root), run_context(gs_root)
     monkeypatch.setattr(tpu_vm.TpuVmBackend, "release_wait_seconds", 0.5)
-    storage.write_json(tpu_vm.agent_uri(ctx, "requests", "train.json"),
-                       tpu_vm.step_request(cfg, _spec("train", "x"), "train-002"))
-    storage.write_text(tpu_vm.agent_uri(ctx, "logs", "train-002", "000001.txt"), "epoch 1\n")
-    storage.write_text(tpu_vm.agent_uri(ctx, "logs", "train-002", "000002.txt"), "epoch 2\n")
+    storage.write_json(tpu_render.agent_uri(ctx, "requests", "train.json"),
+                       tpu_render.step_request(cfg, _spec("train", "x"), "train-002"))
+    storage.write_text(tpu_render.agent_uri(ctx, "logs", "train-002", "000001.txt"), "epoch 1\n")
+    storage.write_text(tpu_render.agent_uri(ctx, "logs", "train-002", "000002.txt"), "epoch 2\n")
     released = tpu_vm.TpuVmBackend().release(cfg, ctx, log=lambda _: None)
     uri = worker_logs.log_uri(ctx.run_uri, "train", "worker", 0)
     assert released["kept_logs"] == [uri]
     assert storage.read_text(uri) == "epoch 1\nepoch 2\n"
-    assert storage.exists(tpu_vm.agent_uri(ctx, "cancel", "train-002.json"))
+    assert storage.exists(tpu_render.agent_uri(ctx, "cancel", "train-002.json"))
 
 
 def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
@@ -228,6 +230,11 @@ def test_sweep_deletes_expired_bertflow_resources_only(fake_tpu):
       "tpu_runtime_version": "tpu-ubuntu2204-base"}, "tpu_runtime_version"),
     ({"accelerator_type": "v9x-8"}, "tpu_runtime_version"),
     ({"image_registry": ""}, "image_registry"),
+    # A multi-host slice's runtime serves the image's TensorFlow (2.20): they must match.
+    ({"accelerator_type": "v4-32", "tpu_address": "pod-a",
+      "tpu_runtime_version": "tpu-vm-tf-2.18.0-pod-pjrt"}, "tpu_runtime_version"),
+    ({"accelerator_type": "v5litepod-16", "tpu_address": "pod-a",
+      "tpu_runtime_version": "v2-alpha-tpuv5-lite-pod"}, "tpu_runtime_version"),
 ])
 def test_check_names_the_field_to_change(overrides, field):
     cfg = tpu_config("gs://b/root", **overrides)
@@ -240,8 +247,23 @@ def test_check_accepts_a_single_host_and_a_named_multi_host_slice():
     backend = tpu_vm.TpuVmBackend()
     assert backend.check(tpu_config("gs://b/root"), run_context("gs://b/root")) == []
     pod = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
-                     tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt")
+                     tpu_runtime_version="tpu-vm-tf-2.20.0-pod-pjrt")
     assert backend.check(pod, run_context("gs://b/root")) == []
+    # A custom image's TensorFlow is the user's to match.
+    custom = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
+                        tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt",
+                        worker_image="us-docker.pkg.dev/p/r/tf218-tpu:1")
+    assert backend.check(custom, run_context("gs://b/root")) == []
+
+
+def test_a_pod_runtime_of_other_tensorflow_names_both_versions_and_what_to_set():
+    cfg = tpu_config("gs://b/root", accelerator_type="v4-32", tpu_address="pod-a",
+                     tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt")
+    with pytest.raises(ConfigError) as err:
+        tpu_vm.TpuVmBackend().check(cfg, run_context(cfg.artifact_root))
+    text = str(err.value)
+    assert "runs TensorFlow 2.18" in text and f"TensorFlow {tpu_render.TF_VERSION}" in text
+    assert tpu_render.POD_RUNTIME_EXAMPLE in text and "worker_image" in text
 
 
 @pytest.mark.parametrize("accelerator_type, runtime", [
@@ -252,12 +274,12 @@ def test_check_accepts_a_single_host_and_a_named_multi_host_slice():
 def test_default_runtime_is_the_documented_base_runtime_of_the_generation(accelerator_type,
                                                                           runtime):
     cfg = tpu_config("gs://b/root", accelerator_type=accelerator_type)
-    assert tpu_vm.runtime_version(cfg) == runtime
+    assert tpu_render.runtime_version(cfg) == runtime
     assert tpu_vm.TpuVmBackend().check(cfg, run_context("gs://b/root")) == []
     # An explicit runtime wins.
     cfg = tpu_config("gs://b/root", accelerator_type=accelerator_type,
                      tpu_runtime_version="tpu-vm-tf-2.18.0-pjrt")
-    assert tpu_vm.runtime_version(cfg) == "tpu-vm-tf-2.18.0-pjrt"
+    assert tpu_render.runtime_version(cfg) == "tpu-vm-tf-2.18.0-pjrt"
 
 
 def test_external_ips_are_a_choice_of_the_config():
@@ -265,7 +287,7 @@ def test_external_ips_are_a_choice_of_the_config():
     root = "gs://b/root"
     for value in (True, False):
         cfg = tpu_config(root, tpu_external_ips=value)
-        node = tpu_vm._to_dict(tpu_vm.queued_resource(cfg, run_context(root), PROJECT))[
+        node = tpu_render.to_dict(tpu_render.queued_resource(cfg, run_context(root), PROJECT))[
             "tpu"]["nodeSpec"][0]["node"]
         assert node["networkConfig"].get("enableExternalIps", False) is value
     assert tpu_config(root).tpu_external_ips is True  # gcloud's default
@@ -274,9 +296,9 @@ def test_external_ips_are_a_choice_of_the_config():
 def test_pod_slice_steps_load_no_local_libtpu_and_single_hosts_keep_the_image_pjrt():
     spec = WorkerSpec(command=["python", "-m", "tasks", "train"], env={"A": "1"}, cluster={},
                       strategy="tpu", step="train", accelerated=True)
-    single = tpu_vm.step_request(tpu_config("gs://b/root"), spec, "train-001")["env"]
+    single = tpu_render.step_request(tpu_config("gs://b/root"), spec, "train-001")["env"]
     assert "TPU_LOAD_LIBRARY" not in single and "TF_PLUGGABLE_DEVICE_LIBRARY_PATH" not in single
-    pod = tpu_vm.step_request(tpu_config("gs://b/root", accelerator_type="v4-32",
+    pod = tpu_render.step_request(tpu_config("gs://b/root", accelerator_type="v4-32",
                                          tpu_address="pod-a",
                                          tpu_runtime_version="tpu-vm-tf-2.18.0-pod-pjrt"),
                               spec, "train-001")["env"]
@@ -395,7 +417,7 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
     thread.join(timeout=20)
     assert retry.request_id == first.request_id == "evaluate-002"
     assert retry_log.count("[tpu:0] slow start") == 1 and "[tpu:0] slow end" in retry_log
-    assert not storage.exists(tpu_vm.agent_uri(ctx, "logs", "evaluate-003"))
+    assert not storage.exists(tpu_render.agent_uri(ctx, "logs", "evaluate-003"))
     # Once finished, the same step asked again runs again, under the next id.
     again = _controller(cfg, ctx, _spec("evaluate", "print('again')"), log.append)
     again.run()
@@ -414,7 +436,7 @@ def test_agent_runs_steps_streams_logs_and_obeys_cancel(agent, fake_tpu):
     controller.stop()
     thread.join(timeout=10)
     assert failure and isinstance(failure[0], WorkerError) and "stopped" in str(failure[0])
-    status_uri = tpu_vm.agent_uri(ctx, "status", f"{controller.request_id}.json")
+    status_uri = tpu_render.agent_uri(ctx, "status", f"{controller.request_id}.json")
     assert _eventually(lambda: storage.exists(status_uri))
     status = storage.read_json(status_uri)
     assert status["cancelled"] is True and status["exit_code"] != 0
@@ -472,6 +494,38 @@ def test_a_step_exiting_75_on_the_vm_runs_again_on_the_same_vm(agent, fake_tpu):
     records = attempts.read_attempts(ctx, "train")
     assert [r["outcome"] for r in records] == ["preempted", "success"]
     assert all(r["running_at"] is not None for r in records)
+
+
+def test_a_running_step_keeps_the_tpu_expiry_ahead_and_the_sweep_reads_it(agent, fake_tpu,
+                                                                        monkeypatch):
+    """The expiry set at creation covers one step's lifetime; a longer run must not be swept
+    while a step runs: the controller renews the node's label, and the sweep reads the node's
+    label rather than the queued resource's copy."""
+    ctx, _ = agent
+    cfg = tpu_config(ctx.artifact_root)
+    backend = tpu_vm.TpuVmBackend()
+    backend.setup(cfg, ctx, log=lambda _: None)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
+    # As if created long ago: the label passed a minute ago.
+    past = str(int(time.time()) - 60)
+    fake_tpu.nodes[node]["labels"]["bertflow-expires"] = past
+    fake_tpu.queued[queued]["tpu"]["nodeSpec"][0]["node"]["labels"]["bertflow-expires"] = past
+    monkeypatch.setattr(tpu_vm.TpuStepController, "renew_seconds", 0.3)
+    log: list[str] = []
+    before = time.time()
+    _controller(cfg, ctx, _spec("train", "import time; time.sleep(2); print('done')"),
+                log.append).run()
+    assert any(ln.startswith("[tpu] expiry label renewed to ") for ln in log), log
+    labels = fake_tpu.nodes[node]["labels"]
+    assert int(labels["bertflow-expires"]) >= int(before) + cfg.worker_timeout_minutes * 60
+    assert labels["bertflow-run"] == tpu_render.run_hash(ctx)  # the other labels kept
+    patches = [r for r in fake_tpu.requests if r["method"] == "PATCH"]
+    assert patches and all(r["query"]["updateMask"] == "labels" for r in patches)
+    # The queued resource still carries the old expiry; the sweep goes by the node's.
+    assert backend.sweep(cfg, log=lambda _: None) == []
+    assert queued in fake_tpu.queued
+    fake_tpu.nodes[node]["labels"]["bertflow-expires"] = past  # the step ended long ago
+    assert backend.sweep(cfg, log=lambda _: None) == [queued]
 
 
 # --- a spot TPU taken back by the platform ---------------------------------------------------
@@ -569,14 +623,14 @@ def _spec_without_expiry(request: dict) -> dict:
 def test_state_names_are_the_clients():
     from google.cloud import tpu_v2
 
-    assert set(tpu_vm.SUSPENDED_STATES) <= set(tpu_v2.QueuedResourceState.State.__members__)
-    assert set(tpu_vm.GONE_NODE_STATES) <= set(tpu_v2.Node.State.__members__)
+    assert set(tpu_client.SUSPENDED_STATES) <= set(tpu_v2.QueuedResourceState.State.__members__)
+    assert set(tpu_client.GONE_NODE_STATES) <= set(tpu_v2.Node.State.__members__)
 
 
 def test_a_spot_tpu_taken_back_mid_step_is_queued_again_and_the_step_resumes(
         fake_tpu, spot_tpu, tmp_path):
     cfg, ctx, vms = spot_tpu
-    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: fake_tpu.reclaim(queued))
     _train_loop(cfg, ctx, tmp_path / "checkpoint", log).run()
@@ -604,7 +658,7 @@ def test_a_spot_reclaim_is_found_by_asking_the_tpu_api_before_the_heartbeat_goes
     """A stale heartbeat takes stale_seconds (10 minutes by default) to tell; on a spot run
     the TPU API's state, asked every reclaim_check_seconds, tells first."""
     cfg, ctx, _ = spot_tpu
-    queued, _ = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, _ = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: fake_tpu.reclaim(queued))
     loop = _train_loop(cfg, ctx, tmp_path / "checkpoint", log, stale_seconds=3600.0,
@@ -629,7 +683,7 @@ def test_a_spot_reclaim_is_found_by_asking_the_tpu_api_before_the_heartbeat_goes
 def test_a_silent_agent_is_a_failure_unless_the_platform_took_the_tpu(fake_tpu, spot_tpu,
                                                                       tmp_path, how, state):
     cfg, ctx, vms = spot_tpu
-    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: vms.halt(node) if how == "agent dies"
                 else fake_tpu.reclaim(queued, by="USER"))
@@ -647,7 +701,7 @@ def test_past_max_preemptions_a_taken_back_tpu_fails_and_the_retry_queues_it_aga
         fake_tpu, spot_tpu, tmp_path):
     cfg, ctx, _ = spot_tpu
     cfg = cfg.model_copy(update={"max_preemptions": 0})
-    queued, _ = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, _ = tpu_render.tpu_names(cfg, ctx, PROJECT)
     log: list[str] = []
     _once_saved(log, lambda: fake_tpu.reclaim(queued))
     with pytest.raises(WorkerError) as err:
@@ -665,7 +719,7 @@ def test_past_max_preemptions_a_taken_back_tpu_fails_and_the_retry_queues_it_aga
 def test_a_spot_tpu_taken_back_between_steps_is_queued_again_for_the_next(fake_tpu, spot_tpu):
     """No step ran when the TPU went: the next step's request is never picked up."""
     cfg, ctx, vms = spot_tpu
-    queued, node = tpu_vm.tpu_names(cfg, ctx, PROJECT)
+    queued, node = tpu_render.tpu_names(cfg, ctx, PROJECT)
     fake_tpu.reclaim(queued)
     log: list[str] = []
     _train_loop(cfg, ctx, None, log, spec=_spec("evaluate", "print('evaluated')"),
@@ -673,3 +727,91 @@ def test_a_spot_tpu_taken_back_between_steps_is_queued_again_for_the_next(fake_t
     assert [r["outcome"] for r in attempts.read_attempts(ctx, "evaluate")] == ["lost", "success"]
     assert any("did not pick up evaluate-001" in ln and "attempt 1 was lost" in ln for ln in log)
     assert "[tpu:0] evaluated" in log and vms.booted == [node, node]
+
+
+# --- the startup script, run by bash with fake commands -----------------------------------------
+FAKE_COMMAND = """#!/bin/bash
+# Records its call; fails while $STATE/<name>-<first arg>-fails counts down (docker info,
+# docker pull), or always with $STATE/<name>-exit; curl prints $STATE/worker.
+name=$(basename "$0")
+echo "$name $*" >> "$STATE/calls"
+if [ -f "$STATE/$name-exit" ]; then exit "$(cat "$STATE/$name-exit")"; fi
+left="$STATE/$name-$1-fails"
+if [ -f "$left" ] && [ "$(cat "$left")" -gt 0 ]; then
+  echo $(( $(cat "$left") - 1 )) > "$left"; exit 1
+fi
+if [ "$name" = curl ]; then cat "$STATE/worker"; fi
+exit 0
+"""
+
+
+def run_startup_script(tmp_path, *, worker="0", info_fails=0, pull_fails=0, curl_exit=None):
+    """Run the rendered script with bash; docker, curl, gcloud, logger and sleep are fakes on
+    PATH, the serial console a file. (calls, console lines, exit code, stdout)."""
+    state, bin_dir = tmp_path / "state", tmp_path / "bin"
+    state.mkdir()
+    bin_dir.mkdir()
+    for name in ("docker", "curl", "gcloud", "logger", "sleep"):
+        (bin_dir / name).write_text(FAKE_COMMAND)
+        (bin_dir / name).chmod(0o755)
+    (state / "worker").write_text(worker)
+    (state / "docker-info-fails").write_text(str(info_fails))
+    (state / "docker-pull-fails").write_text(str(pull_fails))
+    if curl_exit is not None:
+        (state / "curl-exit").write_text(str(curl_exit))
+    console = tmp_path / "ttyS0"
+    console.write_text("")
+    cfg = tpu_config("gs://b/root")
+    script = tpu_render.startup_script(cfg, run_context("gs://b/root"))
+    assert tpu_render.CONSOLE in script
+    path = tmp_path / "startup.sh"
+    path.write_text(script.replace(tpu_render.CONSOLE, str(console)))
+    done = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "STATE": str(state)})
+    calls = (state / "calls").read_text().splitlines() if (state / "calls").exists() else []
+    return calls, console.read_text().splitlines(), done.returncode, done.stdout
+
+
+def test_startup_script_waits_for_docker_and_retries_the_pull_with_backoff(tmp_path):
+    calls, console, code, _ = run_startup_script(tmp_path, info_fails=2, pull_fails=2)
+    assert code == 0, console
+    image = tpu_render.worker_image(tpu_config("gs://b/root"))
+    [curl] = [c for c in calls if c.startswith("curl ")]
+    assert "-fsS" in curl and f"--retry {tpu_render.METADATA_RETRIES}" in curl
+    assert "--retry-connrefused" in curl and "Metadata-Flavor: Google" in curl
+    docker = [c for c in calls if c.startswith("docker ")]
+    assert docker[:3] == ["docker info"] * 3
+    assert docker[3:6] == [f"docker pull {image}"] * 3
+    assert docker[6] == "docker rm -f bertflow-agent" and docker[7].startswith("docker run -d")
+    # Docker's wait, then the pull's doubling backoff.
+    assert [c for c in calls if c.startswith("sleep ")] == [
+        "sleep 5", "sleep 5", f"sleep {tpu_render.PULL_FIRST_WAIT}",
+        f"sleep {tpu_render.PULL_FIRST_WAIT * 2}"]
+    # Every stage on the serial console (and the journal, tagged), in order.
+    assert [ln.split(": ", 1)[1] for ln in console] == [
+        "reading the worker number of this host from the metadata server",
+        "waiting for docker", "configuring docker for us-docker.pkg.dev",
+        f"pulling {image}", "pull attempt 1 of 6 failed; retrying in 5s",
+        "pull attempt 2 of 6 failed; retrying in 10s", "starting the agent", "agent started"]
+    assert all(ln.startswith("bertflow-startup: ") for ln in console)
+    assert sum(c.startswith("logger -t bertflow-startup -- ") for c in calls) == len(console)
+
+
+def test_startup_script_on_another_host_starts_nothing(tmp_path):
+    calls, console, code, _ = run_startup_script(tmp_path, worker="1")
+    assert code == 0 and not [c for c in calls if c.startswith("docker ")]
+    assert console[-1] == "bertflow-startup: host 1: the TF worker runs on host 0"
+
+
+@pytest.mark.parametrize("kwargs, reason", [
+    (dict(curl_exit=22), "the metadata server did not answer agent-worker-number"),
+    (dict(info_fails=1000), "docker did not answer within 300s"),
+    (dict(pull_fails=1000), "could not pull us-docker.pkg.dev/"),
+])
+def test_startup_script_fails_with_the_stage_on_the_console(tmp_path, kwargs, reason):
+    calls, console, code, _ = run_startup_script(tmp_path, **kwargs)
+    assert code == 1
+    assert console[-1].startswith(f"bertflow-startup: FAILED: {reason}"), console
+    assert not [c for c in calls if c.startswith("docker run")]
+    if "pull_fails" in kwargs:
+        assert sum(c.startswith("docker pull ") for c in calls) == tpu_render.PULL_ATTEMPTS

@@ -18,6 +18,7 @@ from tasks.config import PROJECT_ROOT, RunConfig
 from tasks.errors import ConfigError, WorkerError
 from tasks.provision.spec import step_spec
 from tasks.provision.vertex_ai import backend as vertex_ai
+from tasks.provision.vertex_ai import client as vertex_client
 from tasks.provision.backends import backend_for, to_text
 from tasks.runs.runlayout import RunContext, init_run
 
@@ -32,7 +33,7 @@ VERTEX = dict(provisioner="vertex_ai", gcp_project="proj", gcp_region="us-centra
 @pytest.fixture
 def fake(monkeypatch):
     server = FakeVertex().start()
-    monkeypatch.setenv(vertex_ai.ENDPOINT_ENV, server.endpoint)
+    monkeypatch.setenv(vertex_client.ENDPOINT_ENV, server.endpoint)
     monkeypatch.setattr(vertex_ai, "POLL_MIN_SECONDS", 0.01)
     monkeypatch.setattr(vertex_ai, "POLL_MAX_SECONDS", 0.05)
     yield server
@@ -86,6 +87,24 @@ def test_create_poll_succeed_logs_the_job_and_records_it(fake, tmp_path):
     sent = json.loads(next(b for m, p, b in fake.requests if m == "POST"))
     assert [p["replicaCount"] for p in sent["jobSpec"]["workerPoolSpecs"]] == ["1", "1"]
     assert sent["labels"]["bertflow-step"] == "train" and not fake.cancels
+
+
+def test_a_flaky_api_is_polled_again_and_the_job_still_succeeds(fake, tmp_path):
+    fake.get_errors = vertex_ai.MAX_POLL_ERRORS  # in a row: one fewer than the step fails on
+    ctrl, lines = run_controller(*make(tmp_path))
+    ctrl.run()
+    assert lines.count("[vertex] polling failed (ServiceUnavailable); retrying") == \
+        vertex_ai.MAX_POLL_ERRORS
+    assert "[vertex] JOB_STATE_SUCCEEDED" in lines and fake.get_errors == 0
+
+
+def test_an_api_that_keeps_failing_fails_the_step_naming_the_job(fake, tmp_path):
+    fake.get_errors = vertex_ai.MAX_POLL_ERRORS + 1
+    ctrl, lines = run_controller(*make(tmp_path))
+    with pytest.raises(WorkerError, match=rf"cannot read Vertex AI job \S+ after "
+                                          rf"{vertex_ai.MAX_POLL_ERRORS + 1} tries: the service "
+                                          "is currently unavailable"):
+        ctrl.run()
 
 
 def test_failed_job_raises_with_vertex_message(fake, tmp_path):
@@ -159,6 +178,7 @@ CRASHING_CONTROLLER = """
 import sys
 from tasks.provision.spec import step_spec
 from tasks.provision.vertex_ai import backend as vertex_ai
+from tasks.provision.vertex_ai import client as vertex_client
 from tasks.provision.backends import backend_for
 from tasks.runs.runlayout import load_run
 vertex_ai.POLL_MIN_SECONDS = vertex_ai.POLL_MAX_SECONDS = 0.05
@@ -201,7 +221,7 @@ def test_sweep_cancels_labelled_jobs_alive_past_the_worker_timeout(fake, tmp_pat
 
     fake.script = ["JOB_STATE_RUNNING"]
     cfg, ctx = make(tmp_path, worker_timeout_minutes=60)
-    client = vertex_ai.job_client(cfg)
+    client = vertex_client.job_client(cfg)
     for step in ("train", "evaluate"):
         client.create_custom_job(parent="projects/proj/locations/us-central1",
                                  custom_job=vertex_ai.custom_job(cfg, ctx,
@@ -334,6 +354,24 @@ def test_config_problems_name_the_field(tmp_path, values, field, words):
     with pytest.raises(ConfigError) as err:
         backend_for(cfg).check(cfg, ctx)
     assert err.value.field == field and words in str(err.value)
+
+
+@pytest.mark.parametrize("tpu", ["TPU_V4_POD"])
+def test_tpus_vertex_ai_does_not_train_tensorflow_on_are_refused(tmp_path, tpu):
+    cfg, ctx = make(tmp_path, accelerator="tpu", accelerator_type=tpu, artifact_root="gs://b/r",
+                    image_registry="us-docker.pkg.dev/p/r")
+    with pytest.raises(ConfigError) as err:
+        backend_for(cfg).check(cfg, ctx)
+    assert err.value.field == "accelerator_type"
+    assert f"does not train TensorFlow on {tpu}" in str(err.value)
+    assert "TPU_V2, TPU_V3, TPU_V5_LITEPOD" in str(err.value) and "tpu_vm" in str(err.value)
+
+
+@pytest.mark.parametrize("tpu", ["TPU_V2", "TPU_V3", "TPU_V5_LITEPOD"])
+def test_the_tpus_of_vertex_ais_tensorflow_page_pass(tmp_path, tpu):
+    cfg, ctx = make(tmp_path, accelerator="tpu", accelerator_type=tpu, artifact_root="gs://b/r",
+                    image_registry="us-docker.pkg.dev/p/r")
+    assert backend_for(cfg).check(cfg, ctx) == []
 
 
 def test_remote_check_passes_for_a_complete_config(tmp_path):

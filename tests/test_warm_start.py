@@ -22,7 +22,7 @@ import pytest
 from tasks.provision.local.cluster import LocalCluster
 from tasks.provision.spec import WorkerSpec
 from tasks.provision.local import warm_start
-from tasks.provision.local.cluster import process_env
+from tasks.provision.spec import process_env
 from tasks.runs.runlayout import read_manifest
 from train_helpers import saved_weights, make_run, tiny_model_dir  # noqa: F401
 

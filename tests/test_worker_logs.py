@@ -34,7 +34,8 @@ from tasks.provision.kubernetes import render
 from tasks.provision.backends import backend_for
 from tasks.provision.kubernetes.backend import KubernetesBackend
 from tasks.provision.spec import WorkerSpec, single_process_spec
-from tasks.provision.worker_logs import log_uri, worker_identity
+from tasks.provision import attempts
+from tasks.provision.worker_logs import attempt_logs, log_uri, worker_identity
 from tasks.runs.runlayout import RunContext, init_run
 from test_vertex_ai_train import VERTEX, VertexReplicas
 
@@ -70,6 +71,40 @@ def test_local_workers_logs_are_kept_when_one_fails(root):  # noqa: F811
         "hello from worker 1\nloading shard 3\nbad label 7 in shard 3\n")
     assert sorted(storage.list_uris(ctx.step_uri("train") + "/logs/")) == [
         log_uri(ctx.run_uri, "train", "worker", i) for i in (0, 1)]
+
+
+# Attempt 1 of each worker is preempted (exit 75, as after a notice); attempt 2 succeeds.
+PREEMPTED_ONCE = """
+import json, os, sys
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+attempt = os.environ["BERTFLOW_ATTEMPT"]
+print(f"{task['type']} {task['index']} attempt {attempt}", flush=True)
+sys.exit(75 if attempt == "1" else 0)
+"""
+
+
+def test_every_attempt_keeps_its_own_log_and_the_plain_file_is_the_newest(root):  # noqa: F811
+    cfg = parse_config({"artifact_root": root, "max_preemptions": 3})
+    ctx = RunContext(root, "bert_finetune", f"manual__{uuid.uuid4().hex[:6]}")
+    spec = WorkerSpec(command=["python", "-c", PREEMPTED_ONCE], cluster={"worker": 2},
+                      strategy="multi_worker_mirrored", step="train")
+    attempts.run_step(backend_for(cfg), cfg, ctx, spec, log=lambda line: None,
+                      secrets={}).run()
+    assert [a["outcome"] for a in attempts.read_attempts(ctx, "train")] == [
+        "preempted", "success"]
+    for i in (0, 1):
+        for n in (1, 2):
+            assert read(log_uri(ctx.run_uri, "train", "worker", i, n)) == \
+                f"worker {i} attempt {n}\n"
+        assert read(log_uri(ctx.run_uri, "train", "worker", i)) == f"worker {i} attempt 2\n"
+    assert attempt_logs(ctx.run_uri, "train") == {
+        f"worker-{i}": {n: log_uri(ctx.run_uri, "train", "worker", i, n) for n in (1, 2)}
+        for i in (0, 1)}
+    # A new Airflow try continues the numbering: attempt 3 adds files, 1 and 2 stay.
+    attempts.run_step(backend_for(cfg), cfg, ctx, spec, log=lambda line: None,
+                      secrets={}).run()
+    assert list(attempt_logs(ctx.run_uri, "train")["worker-0"]) == [1, 2, 3]
+    assert read(log_uri(ctx.run_uri, "train", "worker", 0, 1)) == "worker 0 attempt 1\n"
 
 
 # --- Kubernetes -------------------------------------------------------------------------------
@@ -211,6 +246,15 @@ def test_worker_side_writer_returns_the_exit_code_and_names_the_replica(tmp_path
     assert done.returncode == 4 and done.stdout == "ps up\n"
     assert read(log_uri(ctx.run_uri, "evaluate", "ps", 1)) == "ps up\n"
     assert worker_identity({}) == ("worker", 0)
+    # Inside a provisioning attempt the replica keeps that attempt's own file too.
+    done = subprocess.run(
+        [sys.executable, "-m", "tasks.provision.worker_logs", "--run-dir", ctx.run_uri,
+         "--step", "evaluate", "--", "python", "-c", "print('attempt 2')"],
+        cwd=PROJECT_ROOT, env={**env, attempts.ATTEMPT_ENV: "2"}, capture_output=True,
+        text=True, timeout=60)
+    assert done.returncode == 0
+    assert read(log_uri(ctx.run_uri, "evaluate", "ps", 1, 2)) == "attempt 2\n"
+    assert read(log_uri(ctx.run_uri, "evaluate", "ps", 1)) == "attempt 2\n"
 
 
 def test_uploads_never_land_out_of_order(tmp_path, monkeypatch):

@@ -5,6 +5,8 @@ runs. Every backend answers the same calls:
 
 - `check(cfg, ctx, dry_run)`: problems with the config for this backend, before any work.
   Raises ConfigError for a real run; returns warnings (a dry run from a local folder).
+- `preflight_checks(cfg, ctx)`: may the run's identity do what the backend will do
+  (tasks/provision/preflight.py runs them after its shared storage probes).
 - `render(cfg, ctx, spec)`: the objects it would create for one step's spec (Kubernetes
   objects, a CustomJob, a queued resource) as JSON-able dicts. No cloud is touched.
 - `setup(cfg, ctx)`: long-lived resources made at the provision step (a TPU VM); facts for
@@ -61,6 +63,11 @@ class Backend:
     receives_connections = True
 
     def check(self, cfg: RunConfig, ctx: RunContext, dry_run: bool = False) -> list[str]:
+        return []
+
+    def preflight_checks(self, cfg: RunConfig, ctx: RunContext) -> list:
+        """This backend's preflight checks (tasks/provision/preflight.py's Check), from its
+        own folder's preflight.py; the shared storage probes run for every backend."""
         return []
 
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:

@@ -1,6 +1,9 @@
 """Spot, flex-start and reserved capacity (RunConfig `capacity`, `reservation`, `k8s_platform`)
 in each backend's own fields. docs/spot.md lists every value with its source.
 
+Capacity applies to the accelerator steps (train, evaluate: WorkerSpec.accelerated); the CPU
+steps (data, tokenize, export) run on demand unless `capacity_cpu_steps` is on (`applies`).
+
 `check(cfg)` refuses a capacity the chosen backend cannot express, before any work; the
 renderers (k8s_render, vertex_ai, tpu_vm) take their fields from the functions here.
 """
@@ -48,6 +51,25 @@ SUPPORTED = {
 }
 
 
+def applies(cfg: RunConfig, spec) -> bool:
+    """Whether the step of `spec` (a WorkerSpec) runs on cfg.capacity: the accelerator steps
+    always, the CPU steps only with capacity_cpu_steps."""
+    return spec.accelerated or cfg.capacity_cpu_steps
+
+
+def steps_on(cfg: RunConfig) -> str:
+    """One line for the dry run: which steps run on which capacity."""
+    from tasks.provision.spec import DISTRIBUTED_STEPS, WORKER_STEPS
+
+    if cfg.capacity == "on_demand":
+        return "capacity on_demand: every step"
+    cpu = [s for s in WORKER_STEPS if s not in DISTRIBUTED_STEPS]
+    if cfg.capacity_cpu_steps:
+        return f"{describe(cfg)}: every step ({', '.join(WORKER_STEPS)}; capacity_cpu_steps)"
+    return (f"{describe(cfg)}: {', '.join(DISTRIBUTED_STEPS)}; on demand: {', '.join(cpu)} "
+            "(set capacity_cpu_steps to put them on the same capacity)")
+
+
 def check(cfg: RunConfig) -> None:
     """ConfigError for a capacity (or reservation name) the backend cannot use."""
     allowed = SUPPORTED[cfg.provisioner]
@@ -84,8 +106,13 @@ def check(cfg: RunConfig) -> None:
 
 
 # Vertex AI "Schedule training jobs based on resource availability" (Dynamic Workload
-# Scheduler): the job requests GPUs, has a timeout of 7 days or less, and uses the same
-# machine configuration for all worker pools.
+# Scheduler, cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws, read 2026-12-04): the
+# job "requests L4, A100, H100, H200, or B200 GPUs", has a timeout of 7 days or less, and uses
+# the same machine configuration for all worker pools. The GPUs as aiplatform_v1
+# AcceleratorType names:
+FLEX_START_GPUS = ("NVIDIA_L4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_H100_80GB",
+                   "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB", "NVIDIA_B200")
+FLEX_START_DOCS = "cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws"
 FLEX_START_MAX_MINUTES = 7 * 24 * 60
 
 
@@ -93,6 +120,11 @@ def _check_flex_start(cfg: RunConfig) -> None:
     if not cfg.accelerator_type.startswith("NVIDIA_"):
         raise ConfigError("capacity", "flex_start (Dynamic Workload Scheduler) needs GPU "
                                       "workers: set accelerator_type, e.g. NVIDIA_L4")
+    if cfg.accelerator_type not in FLEX_START_GPUS:
+        raise ConfigError("accelerator_type", (
+            f"flex_start (Dynamic Workload Scheduler) does not serve {cfg.accelerator_type}; "
+            f"it serves {', '.join(FLEX_START_GPUS)} ({FLEX_START_DOCS}). Pick one of those, "
+            f"or capacity spot or on_demand for {cfg.accelerator_type}"))
     if cfg.worker_timeout_minutes > FLEX_START_MAX_MINUTES:
         raise ConfigError("worker_timeout_minutes", f"flex_start jobs run at most 7 days "
                                                     f"({FLEX_START_MAX_MINUTES} minutes)")
@@ -100,10 +132,17 @@ def _check_flex_start(cfg: RunConfig) -> None:
         raise ConfigError("capacity", "flex_start needs the same machines in every worker "
                                       "pool, and parameter servers run on CPU machines; use "
                                       "multi_worker_mirrored, or capacity spot")
+    if cfg.capacity_cpu_steps:
+        raise ConfigError("capacity_cpu_steps", "flex_start serves GPU machines only, and the "
+                                                "CPU steps (data, tokenize, export) have none; "
+                                                "turn capacity_cpu_steps off (they run on "
+                                                "demand), or use capacity spot")
 
 
 # --- Kubernetes ---------------------------------------------------------------------------
-def k8s_node_selector(cfg: RunConfig) -> dict[str, str]:
+def k8s_node_selector(cfg: RunConfig, spec) -> dict[str, str]:
+    if not applies(cfg, spec):
+        return {}
     if cfg.capacity == "spot":
         return {"gke": {GKE_SPOT: "true"}, "eks": {EKS_CAPACITY_TYPE: "SPOT"},
                 "karpenter": {KARPENTER_CAPACITY_TYPE: "spot"}}[cfg.k8s_platform]
@@ -112,18 +151,19 @@ def k8s_node_selector(cfg: RunConfig) -> dict[str, str]:
     return {}
 
 
-def k8s_tolerations(cfg: RunConfig) -> list[dict]:
-    if cfg.capacity == "spot" and cfg.k8s_platform == "gke":
+def k8s_tolerations(cfg: RunConfig, spec) -> list[dict]:
+    if cfg.capacity == "spot" and cfg.k8s_platform == "gke" and applies(cfg, spec):
         return [{"key": GKE_SPOT, "operator": "Equal", "value": "true",
                  "effect": "NoSchedule"}]
     return []
 
 
 # --- Vertex AI ----------------------------------------------------------------------------
-def vertex_scheduling(cfg: RunConfig) -> dict:
-    """Scheduling fields (proto-plus dict) for the capacity; {} for on_demand/reservation."""
+def vertex_scheduling(cfg: RunConfig, spec) -> dict:
+    """Scheduling fields (proto-plus dict) for the capacity; {} for on_demand/reservation and
+    for a step the capacity does not apply to."""
     strategy = VERTEX_STRATEGY.get(cfg.capacity)
-    if strategy is None:
+    if strategy is None or not applies(cfg, spec):
         return {}
     out = {"strategy": strategy}
     if cfg.capacity == "flex_start":
@@ -133,8 +173,8 @@ def vertex_scheduling(cfg: RunConfig) -> dict:
     return out
 
 
-def vertex_reservation_affinity(cfg: RunConfig) -> dict | None:
-    if cfg.capacity != "reservation":
+def vertex_reservation_affinity(cfg: RunConfig, spec) -> dict | None:
+    if cfg.capacity != "reservation" or not applies(cfg, spec):
         return None
     return {"reservation_affinity_type": "SPECIFIC_RESERVATION",
             "key": VERTEX_RESERVATION_KEY, "values": [cfg.reservation]}

@@ -7,9 +7,10 @@ by the controller task (or rendered into a pod template) without importing Tenso
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import asdict, dataclass, field
 
-from tasks.config import RunConfig
+from tasks.config import PROJECT_ROOT, RunConfig
 from tasks.topology import Topology, cluster_shape, resolve_strategy_name
 
 def run_hash(run_uri: str, digits: int) -> str:
@@ -74,6 +75,19 @@ def distributed_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
 def single_process_spec(step: str, run_uri: str) -> WorkerSpec:
     """Spec for steps that import TensorFlow but need no cluster (tokenize, export)."""
     return WorkerSpec(command=step_command(step, run_uri), step=step)
+
+
+def process_env(environ, *updates: dict[str, str]) -> dict[str, str]:
+    """A step process's environment: the controller's, `updates` on top, without a stale
+    TF_CONFIG (single-process strategies must not see one), and with this checkout first on
+    PYTHONPATH (`python -m tasks` must resolve here whatever the caller's cwd/sys.path)."""
+    env = dict(environ)
+    env.pop("TF_CONFIG", None)
+    for update in updates:
+        env.update(update)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
 
 
 DISTRIBUTED_STEPS = ("train", "evaluate")

@@ -1,5 +1,10 @@
 """Every worker's log, kept in the run folder as `{run}/{step}/logs/{role}-{index}.log`.
 
+Every provisioning attempt of a step (tasks/provision/attempts.py: BERTFLOW_ATTEMPT in the
+workers' environment) also keeps its own file, `{role}-{index}.attempt-{n}.log`, which no
+later attempt overwrites; `{role}-{index}.log` is the newest attempt's (the same text).
+`attempt_logs(run_uri, step)` lists them by worker and attempt, for the run page.
+
 Pods, Vertex AI replicas and TPU VMs are deleted when a step ends, and a cluster without a
 log agent keeps nothing of them. Each log file has exactly one writer, the process that sees
 the worker's output:
@@ -19,13 +24,15 @@ the worker's output:
 
 A writer keeps the log in a local spool file and uploads it whole (objects are never
 appended to) every FLUSH_SECONDS, when the worker ends, and when it is stopped (SIGTERM,
-Airflow's on_kill). A retried step rewrites its own files.
+Airflow's on_kill). A retried Airflow task continues the step's attempt numbering, so it
+writes new attempt files; only the newest-attempt copy is rewritten.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +43,7 @@ from typing import Callable
 
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
+from tasks.provision.attempts import ATTEMPT_ENV
 
 FLUSH_SECONDS = 30.0
 # Vertex AI's worker pools, as CLUSTER_SPEC names them, to TF_CONFIG's task types.
@@ -47,15 +55,53 @@ def logs_uri(run_uri: str, step: str) -> str:
     return join_uri(run_uri, step, "logs")
 
 
-def log_uri(run_uri: str, step: str, role: str, index: int) -> str:
-    return join_uri(logs_uri(run_uri, step), f"{role}-{index}.log")
+def log_uri(run_uri: str, step: str, role: str, index: int, attempt: int | None = None) -> str:
+    """The worker's log: the newest attempt's, or attempt `attempt`'s own."""
+    name = f"{role}-{index}.attempt-{attempt}.log" if attempt else f"{role}-{index}.log"
+    return join_uri(logs_uri(run_uri, step), name)
+
+
+def attempt_of(env) -> int | None:
+    """The provisioning attempt a worker runs in (BERTFLOW_ATTEMPT), None outside one."""
+    try:
+        return int(env.get(ATTEMPT_ENV) or 0) or None
+    except (TypeError, ValueError):
+        return None
+
+
+def log_uris(run_uri: str, step: str, role: str, index: int,
+             attempt: int | None) -> tuple[str, list[str]]:
+    """(the file a writer keeps, copies of it): the attempt's own file and the newest-attempt
+    copy inside an attempt; the plain file alone outside one."""
+    latest = log_uri(run_uri, step, role, index)
+    if not attempt:
+        return latest, []
+    return log_uri(run_uri, step, role, index, attempt), [latest]
+
+
+_ATTEMPT_FILE = re.compile(r"^(?P<role>[a-z]+)-(?P<index>\d+)\.attempt-(?P<attempt>\d+)\.log$")
+
+
+def attempt_logs(run_uri: str, step: str) -> dict[str, dict[int, str]]:
+    """{"role-index": {attempt: uri}} of a step's kept attempt logs, attempts in order."""
+    from tasks.io import storage
+
+    found: dict[str, dict[int, str]] = {}
+    for uri in storage.list_uris(logs_uri(run_uri, step) + "/"):
+        match = _ATTEMPT_FILE.match(uri.rsplit("/", 1)[-1])
+        if match:
+            found.setdefault(f"{match['role']}-{match['index']}", {})[
+                int(match["attempt"])] = uri
+    return {name: dict(sorted(by.items())) for name, by in sorted(found.items())}
 
 
 class Spool:
-    """One worker's log as a local file, uploaded whole to `uri` on flush."""
+    """One worker's log as a local file, uploaded whole to `uri` (and to every URI in
+    `copies`) on flush."""
 
-    def __init__(self, uri: str, text: str = ""):
+    def __init__(self, uri: str, text: str = "", copies: list[str] = ()):
         self.uri = uri
+        self.copies = list(copies)
         handle, self.path = tempfile.mkstemp(prefix="bertflow-log-", suffix=".log")
         self._file = os.fdopen(handle, "w", encoding="utf-8", errors="replace")
         # Re-entrant: a controller's stop() may run in a signal handler (Airflow's on_kill)
@@ -86,18 +132,23 @@ class Spool:
                 if not (self._dirty or force) or self._file.closed:
                     return
                 self._file.flush()
-                handle, copy = tempfile.mkstemp(prefix="bertflow-log-", suffix=".upload")
-                os.close(handle)
-                shutil.copyfile(self.path, copy)
+                uploads = []
+                for uri in (self.uri, *self.copies):
+                    handle, copy = tempfile.mkstemp(prefix="bertflow-log-", suffix=".upload")
+                    os.close(handle)
+                    shutil.copyfile(self.path, copy)
+                    uploads.append((copy, uri))
                 self._dirty = False
             try:
-                storage.upload_file(copy, self.uri)  # moves the copy
+                for copy, uri in uploads:
+                    storage.upload_file(copy, uri)  # moves the copy
             except BaseException:
                 self._dirty = True
                 raise
             finally:
-                if os.path.exists(copy):
-                    os.unlink(copy)
+                for copy, _ in uploads:
+                    if os.path.exists(copy):
+                        os.unlink(copy)
 
     def close(self) -> None:
         with self._upload_lock, self._lock:
@@ -113,9 +164,10 @@ class StepLogs:
     step); the next flush tries again."""
 
     def __init__(self, run_uri: str, step: str, log: Callable[[str], None] = print, *,
-                 flush_seconds: float = FLUSH_SECONDS):
+                 flush_seconds: float = FLUSH_SECONDS, attempt: int | None = None):
         self.run_uri, self.step, self.log = run_uri, step or "worker", log
         self.flush_seconds = flush_seconds
+        self.attempt = attempt  # the provisioning attempt: its own files besides the newest
         self._spools: dict[tuple[str, int], Spool] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -123,13 +175,14 @@ class StepLogs:
         self._warned = False
 
     def uri(self, role: str, index: int) -> str:
-        return log_uri(self.run_uri, self.step, role, index)
+        return log_uris(self.run_uri, self.step, role, index, self.attempt)[0]
 
     def open(self, role: str, index: int) -> Spool:
         with self._lock:
             spool = self._spools.get((role, index))
             if spool is None:
-                spool = self._spools[(role, index)] = Spool(self.uri(role, index))
+                uri, copies = log_uris(self.run_uri, self.step, role, index, self.attempt)
+                spool = self._spools[(role, index)] = Spool(uri, copies=copies)
             if self._timer is None and not self._closed.is_set():
                 self._timer = threading.Thread(target=self._tick, daemon=True,
                                                name=f"logs-{self.step}")
@@ -191,7 +244,7 @@ def worker_identity(environ=os.environ) -> tuple[str, int]:
 
 
 def tee(command: list[str], uri: str, *, flush_seconds: float = FLUSH_SECONDS,
-        out=None) -> int:
+        out=None, copies: list[str] = ()) -> int:
     """Run `command`, print its output (stdout and stderr, merged) and keep it in `uri`;
     SIGTERM and SIGINT go to the command, whose exit the log waits for. Returns its exit
     code (128 + signal when killed by one)."""
@@ -199,7 +252,7 @@ def tee(command: list[str], uri: str, *, flush_seconds: float = FLUSH_SECONDS,
     argv = list(command)
     if argv and argv[0] == "python":
         argv[0] = sys.executable
-    spool = Spool(uri)
+    spool = Spool(uri, copies=copies)
     state: dict = {"popen": None, "signal": None}
 
     def forward(signum, _frame):  # takes no lock: it may interrupt a write to the spool
@@ -266,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     except BertflowError as err:  # the step itself will say so; its output is still shown
         print(f"[bertflow] cannot read the run folder for its log: {err}", file=sys.stderr)
     role, index = worker_identity()
-    return tee(command, log_uri(args.run_dir, args.step, role, index),
-               flush_seconds=args.flush_seconds)
+    uri, copies = log_uris(args.run_dir, args.step, role, index, attempt_of(os.environ))
+    return tee(command, uri, flush_seconds=args.flush_seconds, copies=copies)
 
 
 if __name__ == "__main__":

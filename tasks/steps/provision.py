@@ -49,6 +49,8 @@ def dry_run(cfg: RunConfig, ctx: RunContext, warn=print) -> str:
     for step in WORKER_STEPS:
         objects += backend.render(cfg, ctx, step_spec(cfg, step, ctx.run_uri))
     notes = backend.dry_run_notes(cfg, ctx)
+    if cfg.capacity != "on_demand":  # which steps the capacity covers (capacity_cpu_steps)
+        notes = [capacity.steps_on(cfg), *notes]
     for note in notes:
         warn(note)
     header = "".join(f"# {note}\n" for note in notes) if backend.render_format == "yaml" else ""

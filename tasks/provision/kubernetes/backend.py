@@ -25,11 +25,11 @@ from tasks.io import credentials
 from tasks.config import RunConfig
 from tasks.errors import WorkerError
 from tasks.provision.kubernetes import render
+from tasks.provision.kubernetes.pod_logs import PodLog
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
 from tasks.provision.backends import Backend, Log, check_remote
-from tasks.provision.local.cluster import TAIL_LINES
 from tasks.provision.spec import WorkerSpec
-from tasks.provision.worker_logs import StepLogs, log_uri
+from tasks.provision.worker_logs import StepLogs, attempt_of, log_uris
 from tasks.runs.runlayout import RunContext
 
 PROPAGATION = "Background"  # the Job's pods go with it (the default for Jobs orphans them)
@@ -110,6 +110,7 @@ class KubernetesBackend(Backend):
 
     def __init__(self, client_factory: ClientFactory | None = None, *,
                  poll_seconds: float = 2.0, grace_seconds: float = 60.0,
+                 settle_seconds: float = 3.0,
                  base_port: int = render.BASE_PORT, _shares_host_disk: bool = False):
         # client_factory: a seam for tests and embedders (cfg -> ApiClient).
         # _shares_host_disk: test-only; the equivalence tests run the "pods" on this host,
@@ -117,6 +118,9 @@ class KubernetesBackend(Backend):
         self._client_factory = client_factory or default_client
         self.poll_seconds = poll_seconds
         self.grace_seconds = grace_seconds
+        # After the first failed pod, how long to watch the others before naming the root
+        # cause (JobController._fail_root_cause).
+        self.settle_seconds = settle_seconds
         self.base_port = base_port
         self._shares_host_disk = _shares_host_disk
 
@@ -127,6 +131,11 @@ class KubernetesBackend(Backend):
     def check(self, cfg: RunConfig, ctx: RunContext, dry_run: bool = False) -> list[str]:
         render.check_accelerators(cfg)
         return [] if self._shares_host_disk else check_remote(cfg, dry_run)
+
+    def preflight_checks(self, cfg: RunConfig, ctx: RunContext) -> list:
+        from tasks.provision.kubernetes import preflight
+
+        return preflight.checks(cfg, ctx, self)
 
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
         # The connections' names only: the dry run never reads a credential.
@@ -216,14 +225,19 @@ def _keep_pod_logs(api: _Api, cfg: RunConfig, ctx: RunContext, log: Log) -> list
             labels.get(render.COMPLETION_INDEX)
         if not (labels.get(render.STEP) and labels.get(render.ROLE) and index):
             continue
-        uri = log_uri(ctx.run_uri, labels[render.STEP], labels[render.ROLE], int(index))
+        env = {e.name: e.value for c in (pod.spec.containers if pod.spec else ())
+               if c.name == render.CONTAINER for e in c.env or ()}
+        uri, copies = log_uris(ctx.run_uri, labels[render.STEP], labels[render.ROLE],
+                               int(index), attempt_of(env))
         try:
             # Raw bytes: the client would otherwise deserialize the text as a Python literal.
             resp = api.core.read_namespaced_pod_log(meta.name, cfg.k8s_namespace,
                                                     container=render.CONTAINER,
                                                     _preload_content=False)
             text = resp.data.decode("utf-8", errors="replace")
-            storage.write_text(uri, text if not text or text.endswith("\n") else text + "\n")
+            text = text if not text or text.endswith("\n") else text + "\n"
+            for target in (uri, *copies):
+                storage.write_text(target, text)
         except Exception as err:  # noqa: BLE001 (a pod that never started has no log)
             log(f"[cluster] no log kept for pod {meta.name}: {str(err).splitlines()[0][:200]}")
             continue
@@ -246,163 +260,6 @@ def _job_over(job, now: datetime) -> bool:
     return bool(start and deadline and now > start + timedelta(seconds=deadline))
 
 
-class _PodLog:
-    """Streams one pod's log into the controller's log with its `[role:index]` prefix.
-
-    The API server may end a follow stream while the pod still runs (kubelet and proxy
-    timeouts on long steps, an API server restart). The stream asks for timestamps, so a
-    reopened one starts a little before the last line seen and skips what was delivered."""
-
-    REOPEN_MARGIN = 60  # seconds asked for before the last line: clock skew to the server
-    OPEN_ATTEMPTS = 5  # consecutive failures to reopen before giving up on the log
-    REOPEN_PAUSE = 1.0  # seconds between two opens at least: a server that cuts at once
-
-    def __init__(self, controller: "JobController", pod_name: str, task: str):
-        self.pod_name = pod_name
-        self.task = task
-        self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
-        self._controller = controller
-        self._resp = None
-        self._closed = threading.Event()
-        self._last = _LogPosition()
-        self.thread = threading.Thread(target=self._pump, daemon=True,
-                                       name=f"log-{pod_name}")
-        self.thread.start()
-
-    def _pump(self) -> None:
-        c = self._controller
-        failures, final, reopened = 0, False, 0
-        while not self._closed.is_set():
-            opened = time.monotonic()
-            try:
-                resp = self._open()
-            except Exception as err:  # noqa: BLE001 (the pod may be gone already)
-                failures += 1
-                if self._last.us is None or failures >= self.OPEN_ATTEMPTS:
-                    if not c.finished.is_set():
-                        c.log(f"[cluster] no log for {self.task} (pod {self.pod_name}): "
-                              f"{str(err).splitlines()[0][:200]}")
-                    return
-                self._closed.wait(min(2.0 ** failures, 10.0))
-                continue
-            failures = 0
-            self._read(resp)
-            if final or self._closed.is_set() or c.finished.is_set():
-                return
-            # The stream ended: a finished pod's log is complete after one more read (lines
-            # written between the cut and the pod's end); a running pod's is reopened.
-            final = self._pod_finished()
-            if final is None:
-                return
-            if not final:
-                reopened += 1
-                if reopened == 1:  # once: a proxy's idle timeout can cut every few minutes
-                    c.log(f"[cluster] log stream of {self.task} (pod {self.pod_name}) ended "
-                          f"while the pod runs; reopening it whenever that happens")
-                self._closed.wait(max(0.0, opened + self.REOPEN_PAUSE - time.monotonic()))
-
-    def _open(self):
-        c = self._controller
-        extra = {}
-        if self._last.us is not None:
-            self._last.rewind()
-            behind = time.time() - self._last.us / 1e6
-            extra["since_seconds"] = max(1, int(behind) + 1 + self.REOPEN_MARGIN)
-        # Infinite read timeout: a quiet worker (a long step) is not a dead stream. The
-        # connect timeout still catches an unreachable API server.
-        resp = c.api.core.read_namespaced_pod_log(
-            self.pod_name, c.cfg.k8s_namespace, container=render.CONTAINER, follow=True,
-            timestamps=True, _preload_content=False, _request_timeout=(30, None), **extra)
-        self._resp = resp
-        return resp
-
-    def _read(self, resp) -> None:
-        buffer = b""
-        try:
-            for chunk in resp.stream(4096, decode_content=True):
-                buffer += chunk
-                *lines, buffer = buffer.split(b"\n")
-                for line in lines:
-                    self._take(line)
-            if buffer:
-                self._take(buffer)
-        except Exception:  # noqa: BLE001 (the connection dropped: pod deleted, server gone)
-            pass
-        finally:
-            resp.release_conn()
-
-    def _pod_finished(self) -> bool | None:
-        """True if the pod ended, False if it runs, None if it is gone or unreadable."""
-        c = self._controller
-        try:
-            pod = c.api.core.read_namespaced_pod(self.pod_name, c.cfg.k8s_namespace)
-        except Exception:  # noqa: BLE001 (deleted: its log went with it)
-            return None
-        return (pod.status.phase if pod.status else None) in ("Succeeded", "Failed")
-
-    def close(self) -> None:
-        """Unblock the reader (a deleted pod's stream may stay open for its grace period)."""
-        self._closed.set()
-        resp = self._resp
-        if resp is not None:
-            try:
-                resp.shutdown()
-            except Exception:  # noqa: BLE001 (already closed)
-                pass
-
-    def _take(self, raw: bytes) -> None:
-        text = raw.decode("utf-8", errors="replace").rstrip("\r")
-        stamp, _, line = text.partition(" ")
-        us = _stamp_us(stamp)
-        if us is None:
-            line = text  # no timestamp (not a kubelet): nothing to place the line by
-        elif not self._last.is_new(us):
-            return  # delivered before the stream was reopened
-        self.tail.append(line)
-        role, _, index = self.task.rpartition(":")
-        self._controller.logs.line(role, int(index), line)
-        self._controller.log(f"[{self.task}] {line}")
-
-
-class _LogPosition:
-    """The newest log timestamp delivered, and how many lines carried exactly it (lines can
-    share one), so that a reopened stream skips exactly what was already delivered."""
-
-    def __init__(self):
-        self.us: int | None = None
-        self._count = 0
-        self._seen_at_stamp = 0
-
-    def is_new(self, us: int) -> bool:
-        if self.us is not None and us < self.us:
-            return False
-        if us == self.us:
-            self._seen_at_stamp += 1
-            if self._seen_at_stamp <= self._count:
-                return False
-            self._count += 1
-            return True
-        self.us, self._count, self._seen_at_stamp = us, 1, 1
-        return True
-
-    def rewind(self) -> None:
-        """A new stream starts: count the lines at the newest timestamp again."""
-        self._seen_at_stamp = 0
-
-
-def _stamp_us(stamp: str) -> int | None:
-    """A kubelet log timestamp (RFC3339 with nanoseconds) -> microseconds since 1970.
-    datetime drops the last three digits; lines that then share a stamp are counted apart
-    by _LogPosition, so nothing is lost."""
-    try:
-        return (datetime.fromisoformat(stamp) - _EPOCH) // timedelta(microseconds=1)
-    except ValueError:
-        return None
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
 class JobController:
     """Runs one WorkerSpec as the step's Service, Secret and Jobs. `run()` blocks; `stop()`
     may be called from any thread (Airflow's on_kill)."""
@@ -420,10 +277,10 @@ class JobController:
         self._stopped = threading.Event()
         self.finished = threading.Event()
         self._lock = threading.RLock()
-        self._logs: dict[str, _PodLog] = {}
+        self._logs: dict[str, PodLog] = {}
         self.running_at: float | None = None  # every pod running (attempts.py)
         # Every pod's log in the run folder (worker_logs), kept before the pods are deleted.
-        self.logs = StepLogs(ctx.run_uri, spec.step, log)
+        self.logs = StepLogs(ctx.run_uri, spec.step, log, attempt=attempt_of(spec.env))
 
     # --- public ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -534,16 +391,12 @@ class JobController:
             if self._stopped.is_set():
                 raise WorkerError(f"{self.spec.step} workers stopped before finishing")
             pods = self._pods()
+            failed = self._failed(pods)
+            if failed:
+                self._fail_root_cause(failed)
             for key, pod in pods.items():
                 seen.add(key)
                 task = f"{key[0]}:{key[1]}"
-                phase = pod.status.phase if pod.status else None
-                if phase in ("Running", "Succeeded", "Failed") and \
-                        pod.metadata.name not in self._logs:
-                    self._logs[pod.metadata.name] = _PodLog(self, pod.metadata.name, task)
-                failure = _failure(pod)
-                if failure:
-                    self._fail(task, pod, failure)
                 unscheduled = _unschedulable(pod)
                 if unscheduled is not None and key not in reported_unschedulable:
                     reported_unschedulable.add(key)
@@ -608,15 +461,48 @@ class JobController:
                                       f"{cond.message or ''} (activeDeadlineSeconds comes "
                                       f"from worker_timeout_minutes)")
 
-    def _fail(self, task: str, pod, reason: str) -> None:
+    def _failed(self, pods: dict) -> list[tuple[str, object, str]]:
+        """(task, pod, reason) of every failed pod, in role order; streams the log of every
+        pod that has one."""
+        failed = []
+        for key, pod in pods.items():
+            task = f"{key[0]}:{key[1]}"
+            if _phase(pod) in ("Running", "Succeeded", "Failed") and \
+                    pod.metadata.name not in self._logs:
+                self._logs[pod.metadata.name] = PodLog(self, pod.metadata.name, task)
+            failure = _failure(pod)
+            if failure:
+                failed.append((task, pod, failure))
+        return failed
+
+    def _fail_root_cause(self, failed: list) -> None:
+        """Raise for the pod whose end caused the others': one killed (SIGKILL or SIGTERM,
+        out of memory, evicted, preempted) before one that exited with an error, since its
+        peers' collectives then fail too, possibly before its own end is reported; else the
+        one that finished first (the container's finishedAt). While none was killed and other
+        pods still run, watches up to `settle_seconds` for more."""
+        deadline = time.monotonic() + self.backend.settle_seconds
+        while not any(_killed(pod) for _, pod, _ in failed) and \
+                time.monotonic() < deadline and not self._stopped.is_set():
+            pods = self._pods()
+            failed = self._failed(pods) or failed
+            if not any(_phase(pod) == "Running" for pod in pods.values()):
+                break
+            self._stopped.wait(min(self.backend.poll_seconds, 0.5))
+        order = {id(f): i for i, f in enumerate(failed)}
+        cause = min(failed, key=lambda f: (not _killed(f[1]), _finished_at(f[1]), order[id(f)]))
+        self._fail(*cause, others=[f for f in failed if f is not cause])
+
+    def _fail(self, task: str, pod, reason: str, others: list = ()) -> None:
         stream = self._logs.get(pod.metadata.name)
         tail = []
         if stream is not None:
             stream.thread.join(timeout=5)  # the last lines (the error) first
             tail = list(stream.tail)
         last = next((ln for ln in reversed(tail) if ln.strip()), "(no output)")
+        after = "".join(f"; then {t} failed: {r}" for t, _, r in others)
         raise _failure_class(pod)(f"{task} (pod {pod.metadata.name}) failed: {reason}; last "
-                                  f"line: {last}\n--- last output of {task} ---\n" +
+                                  f"line: {last}{after}\n--- last output of {task} ---\n" +
                                   "\n".join(tail))
 
 
@@ -661,6 +547,35 @@ def _failure(pod) -> str | None:
 # Pod status reasons of a pod its node took away: Evicted (node pressure), and graceful node
 # shutdown's Terminated / NodeShutdown (Kubernetes "Node Shutdowns"; GKE spot reclaims).
 LOST_REASONS = ("Evicted", "Terminated", "NodeShutdown", "Shutdown")
+
+
+# Container exit codes of a process killed by a signal: 128 + SIGKILL, 128 + SIGTERM (the
+# container runtime's convention). 128 + SIGABRT (134) is left out: TensorFlow aborts a worker
+# whose collective failed, which is what a peer's death does to it.
+KILLED_EXIT_CODES = (137, 143)
+
+
+def _terminated(pod):
+    container = _container_status(pod)
+    return container.state.terminated if container and container.state else None
+
+
+def _killed(pod) -> bool:
+    """Ended from outside (a signal, the OOM killer, eviction, preemption, node shutdown),
+    not as a consequence of a peer's failure."""
+    terminated = _terminated(pod)
+    if terminated is not None and (terminated.reason == "OOMKilled" or
+                                   terminated.exit_code in KILLED_EXIT_CODES):
+        return True
+    disruption = _condition(pod, "DisruptionTarget")
+    return (disruption is not None and disruption.status == "True") or \
+        (pod.status is not None and pod.status.reason in LOST_REASONS)
+
+
+def _finished_at(pod) -> datetime:
+    terminated = _terminated(pod)
+    when = terminated.finished_at if terminated is not None else None
+    return when or datetime.max.replace(tzinfo=timezone.utc)
 
 
 def _phase(pod) -> str | None:

@@ -135,9 +135,33 @@ def accelerator_kind(cfg: RunConfig, spec: WorkerSpec) -> str:
     return image_kind(cfg.accelerator, cfg.accelerator_type) if spec.accelerated else "cpu"
 
 
+# Off GKE, nodes carry no cloud.google.com/gke-* labels. Their own GPU labels: the Kubernetes
+# well-known node.kubernetes.io/instance-type (kubernetes.io/docs/reference/labels-annotations-
+# taints), and on EKS with Karpenter karpenter.k8s.aws/instance-gpu-name (Amazon EKS User
+# Guide, "Target AI/ML workloads to specific nodes with labels", docs.aws.amazon.com/eks/
+# latest/userguide/ml-workload-placement.html; aws/karpenter-provider-aws's label list).
+OFF_GKE_GPU_SELECTORS = {
+    "eks": "node.kubernetes.io/instance-type=g6.xlarge",
+    "karpenter": "karpenter.k8s.aws/instance-gpu-name=l4",
+}
+
+
 def accelerator_problems(cfg: RunConfig) -> list[tuple[str, str]]:
-    """(field, reason) for a TPU layout this backend cannot run on GKE."""
-    if image_kind(cfg.accelerator, cfg.accelerator_type) != "tpu":
+    """(field, reason) for an accelerator layout this backend cannot run: GKE's node labels
+    on another platform, a TPU layout GKE cannot run."""
+    kind = image_kind(cfg.accelerator, cfg.accelerator_type)
+    if cfg.k8s_platform != "gke" and kind == "gpu" and cfg.accelerator_type:
+        example = OFF_GKE_GPU_SELECTORS[cfg.k8s_platform]
+        return [("accelerator_type", (
+            f"{cfg.accelerator_type} selects nodes by GKE's label {GKE_ACCELERATOR}, which "
+            f"k8s_platform {cfg.k8s_platform} nodes do not carry (the pods would never be "
+            f"scheduled); leave accelerator_type empty and select the GPU nodes with "
+            f"node_selector, e.g. {example}"))]
+    if cfg.k8s_platform != "gke" and kind == "tpu":
+        return [("accelerator", f"TPUs on Kubernetes are GKE's (cloud.google.com/gke-tpu-* "
+                                f"node labels), not {cfg.k8s_platform}'s; set k8s_platform "
+                                f"gke, or accelerator gpu or cpu")]
+    if kind != "tpu":
         return []
     if cfg.num_workers > 1:
         return [("num_workers", f"{cfg.num_workers} TPU hosts: TensorFlow's TPUStrategy on a "
@@ -163,13 +187,13 @@ def accelerator_problems(cfg: RunConfig) -> list[tuple[str, str]]:
     return problems
 
 
-def _tolerations(cfg: RunConfig, kind: str) -> list[dict]:
+def _tolerations(cfg: RunConfig, spec: WorkerSpec, kind: str) -> list[dict]:
     out = []
     if kind == "gpu":
         out.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
     elif kind == "tpu":
         out.append({"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
-    out += capacity.k8s_tolerations(cfg)
+    out += capacity.k8s_tolerations(cfg, spec)
     for entry in cfg.tolerations or ():
         key, value, effect = TOLERATION.match(entry).groups()
         out.append({"key": key, "operator": "Equal", "value": value, "effect": effect}
@@ -178,14 +202,14 @@ def _tolerations(cfg: RunConfig, kind: str) -> list[dict]:
     return out
 
 
-def _node_selector(cfg: RunConfig, kind: str) -> dict[str, str]:
+def _node_selector(cfg: RunConfig, spec: WorkerSpec, kind: str) -> dict[str, str]:
     out = {}
     if kind == "gpu" and cfg.accelerator_type:
         out[GKE_ACCELERATOR] = cfg.accelerator_type
     elif kind == "tpu":
         out[GKE_TPU_ACCELERATOR] = cfg.accelerator_type
         out[GKE_TPU_TOPOLOGY] = cfg.tpu_topology
-    out.update(capacity.k8s_node_selector(cfg))
+    out.update(capacity.k8s_node_selector(cfg, spec))
     out.update(cfg.node_selector or {})
     return out
 
@@ -365,10 +389,10 @@ def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
             pod_spec["serviceAccountName"] = cfg.service_account
         if cfg.image_pull_secrets:
             pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
-        node_selector = _node_selector(cfg, role_kind)
+        node_selector = _node_selector(cfg, spec, role_kind)
         if node_selector:
             pod_spec["nodeSelector"] = node_selector
-        tolerations = _tolerations(cfg, role_kind)
+        tolerations = _tolerations(cfg, spec, role_kind)
         if tolerations:
             pod_spec["tolerations"] = tolerations
         objects.append({

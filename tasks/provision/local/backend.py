@@ -10,7 +10,7 @@ from tasks.io.uris import join_uri
 from tasks.provision.backends import Backend, Log
 from tasks.provision.local.cluster import LocalCluster, kill_recorded, local_tmp_root
 from tasks.provision.spec import WorkerSpec
-from tasks.provision.worker_logs import StepLogs
+from tasks.provision.worker_logs import StepLogs, attempt_of
 from tasks.runs.runlayout import RunContext
 
 
@@ -37,7 +37,8 @@ class LocalBackend(Backend):
         # Secrets reach the processes' environment at start only, never the spec.
         return LocalCluster(spec, log=log, record_uri=record_uri,
                             tmp_root=local_tmp_root(ctx.run_uri), extra_env=secrets,
-                            logs=StepLogs(ctx.run_uri, spec.step, log))
+                            logs=StepLogs(ctx.run_uri, spec.step, log,
+                                          attempt=attempt_of(spec.env)))
 
     def release(self, cfg: RunConfig, ctx: RunContext, log: Log = print) -> dict:
         """Kill processes whose controller died (a killed Airflow worker), then remove the

@@ -22,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+import psutil
+
 from tasks.io import storage
 from tasks.config import PROJECT_ROOT
 from tasks.errors import WorkerError
 from tasks.provision.attempts import WorkerLost, outcome_of_exit
-from tasks.provision.spec import WorkerSpec, run_hash
+from tasks.provision.spec import WorkerSpec, process_env, run_hash
 
 if TYPE_CHECKING:
     from tasks.provision.local.warm_start import WarmProcess
@@ -50,19 +52,6 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
-def process_env(environ, *updates: dict[str, str]) -> dict[str, str]:
-    """A step process's environment: the controller's, `updates` on top, without a stale
-    TF_CONFIG (single-process strategies must not see one), and with this checkout first on
-    PYTHONPATH (`python -m tasks` must resolve here whatever the caller's cwd/sys.path)."""
-    env = dict(environ)
-    env.pop("TF_CONFIG", None)
-    for update in updates:
-        env.update(update)
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def tf_config(addresses: dict[str, list[str]], role: str, index: int) -> str:
     return json.dumps({"cluster": addresses, "task": {"type": role, "index": index}})
 
@@ -73,13 +62,13 @@ def local_tmp_root(run_uri: str) -> Path:
     return Path(tempfile.gettempdir()) / "bertflow-workers" / run_hash(run_uri, 16)
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """Start time of a process (Linux /proc), to tell a recorded pid from a reused one."""
+def process_started(pid: int) -> float | None:
+    """Start time of a process (psutil's create_time: seconds since the epoch, the same value
+    for the same process every time it is asked), to tell a recorded pid from a reused one."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 @dataclass
@@ -89,6 +78,10 @@ class _Proc:
     popen: subprocess.Popen | WarmProcess
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     reader: threading.Thread | None = None
+    # When its output ended (it exited; stamped by its reader thread, which a busy controller
+    # loop does not delay), and when the controller first saw its exit code.
+    ended_at: float | None = None
+    seen_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -105,7 +98,8 @@ class LocalCluster:
     def __init__(self, spec: WorkerSpec, log: Callable[[str], None] = print, *,
                  grace_seconds: float = 10.0, record_uri: str | None = None,
                  tmp_root: Path | None = None, port_attempts: int = 3,
-                 extra_env: dict[str, str] | None = None, logs=None):
+                 extra_env: dict[str, str] | None = None, logs=None,
+                 settle_seconds: float = 3.0):
         self.spec = spec
         # worker_logs.StepLogs: every process's output kept in the run folder.
         self.logs = logs
@@ -117,6 +111,9 @@ class LocalCluster:
         self.record_uri = record_uri
         self.tmp_root = Path(tmp_root) if tmp_root else None
         self.port_attempts = port_attempts
+        # After the first failure, how long to wait for the others to end before naming the
+        # root cause (_fail_root_cause).
+        self.settle_seconds = settle_seconds
         self._procs: list[_Proc] = []
         # Guards _procs against stop() from another thread. Re-entrant because stop() may also
         # run in a signal handler (Airflow's on_kill on SIGTERM) on the thread holding it.
@@ -208,6 +205,7 @@ class LocalCluster:
                 self.logs.line(proc.role, proc.index, line)
             with self._log_lock:
                 self.log(f"[{proc.name}] {line}")
+        proc.ended_at = time.monotonic()
 
     def _watch(self) -> None:
         if self._stopped.is_set():  # stop() came before or during start
@@ -216,10 +214,8 @@ class LocalCluster:
         while True:
             if self._stopped.is_set():
                 raise WorkerError("workers stopped before finishing")
-            for proc in self._procs:
-                code = proc.popen.poll()
-                if code:
-                    self._fail(proc, code)
+            if self._failed():
+                self._fail_root_cause()
             if main.popen.poll() == 0:
                 self._wait_for_peers(main)
                 return
@@ -236,19 +232,58 @@ class LocalCluster:
         deadline = time.monotonic() + self.grace_seconds
         while time.monotonic() < deadline and any(p.popen.poll() is None for p in finishing):
             time.sleep(0.1)
-        for proc in finishing:
-            code = proc.popen.poll()
-            if code:
-                self._fail(proc, code)
+        if self._failed():
+            self._fail_root_cause()
 
-    def _fail(self, proc: _Proc, code: int) -> None:
+    def _failed(self) -> list[_Proc]:
+        """Processes that exited non-zero, each stamped when first seen so."""
+        now = time.monotonic()
+        failed = []
+        for proc in self._procs:
+            if proc.popen.poll():
+                if proc.seen_at is None:
+                    proc.seen_at = now
+                failed.append(proc)
+        return failed
+
+    def _fail_root_cause(self) -> None:
+        """Raise for the process whose end caused the others': one killed by a signal (SIGKILL
+        from the OOM killer or a person, a segfault) before any that exited with an error, since
+        its peers' collectives then fail too, possibly a moment sooner than its own exit is
+        reported (a warm-started process's status comes over a socket); else the one whose
+        output ended first. Waits up to `settle_seconds` for the rest to end, so that a death
+        the poll has not seen yet is not missed."""
+        deadline = time.monotonic() + self.settle_seconds
+        while True:
+            failed = self._failed()
+            if any(_by_signal(p.popen.returncode) for p in failed) or \
+                    time.monotonic() >= deadline or \
+                    all(p.popen.poll() is not None for p in self._procs):
+                break
+            time.sleep(0.05)
+        for proc in failed:
+            proc.reader.join(timeout=5)  # its last lines (the error) and ended_at
+        for proc in failed:  # a lost race for a port, wherever it showed: retried
+            self._check_port_taken(proc)
+        cause = min(failed, key=lambda p: (not _by_signal(p.popen.returncode),
+                                           p.ended_at or p.seen_at, p.seen_at))
+        others = [p for p in failed if p is not cause]
+        self._fail(cause, cause.popen.returncode, others)
+
+    def _check_port_taken(self, proc: _Proc) -> None:
+        if self.spec.cluster and any(marker in line for line in proc.tail
+                                     for marker in _PORT_TAKEN):
+            raise _PortTaken(f"{proc.name}: {proc.tail[-1]}")
+
+    def _fail(self, proc: _Proc, code: int, others: list[_Proc] = ()) -> None:
         proc.reader.join(timeout=5)  # let the last lines (the error) arrive first
         text = "\n".join(proc.tail)
-        if self.spec.cluster and any(marker in text for marker in _PORT_TAKEN):
-            raise _PortTaken(f"{proc.name}: {proc.tail[-1] if proc.tail else code}")
+        self._check_port_taken(proc)
         last = next((ln for ln in reversed(proc.tail) if ln.strip()), "(no output)")
-        raise _exit_error(code)(f"{proc.name} exited with code {code}: {last}\n--- last "
-                                f"output of {proc.name} ---\n{text}")
+        after = "".join(f"; then {p.name} exited with code {p.popen.returncode}"
+                        for p in others)
+        raise _exit_error(code)(f"{proc.name} exited with code {code}: {last}{after}\n--- "
+                                f"last output of {proc.name} ---\n{text}")
 
     def _shutdown(self) -> None:
         with self._lock:
@@ -282,7 +317,14 @@ class LocalCluster:
             return
         storage.write_json(self.record_uri, {"pids": [
             {"pid": p.popen.pid, "role": p.role, "index": p.index,
-             "start_ticks": process_start_ticks(p.popen.pid)} for p in self._procs]})
+             "started": process_started(p.popen.pid)} for p in self._procs]})
+
+
+def _by_signal(code: int | None) -> bool:
+    """Killed by a signal, not as a consequence of a peer's failure. SIGABRT is left out:
+    TensorFlow aborts a process whose collective or coordination service failed (a fatal
+    check), which is what a peer's death does to it."""
+    return code is not None and code < 0 and code != -signal.SIGABRT
 
 
 def _exit_error(code: int) -> type[WorkerError]:
@@ -302,8 +344,8 @@ def kill_recorded(record: dict) -> list[int]:
     killed = []
     for entry in record.get("pids", []):
         pid = entry["pid"]
-        ticks = process_start_ticks(pid)
-        if ticks is None or ticks != entry.get("start_ticks"):
+        started = process_started(pid)
+        if started is None or started != entry.get("started"):
             continue  # gone, or the pid now belongs to another process
         _signal_group(pid, signal.SIGKILL)
         killed.append(pid)

@@ -49,6 +49,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 SOCKET_ENV = "BERTFLOW_WARM_SOCKET"
 # Read when TensorFlow, its plug-ins or Python itself start: a child with other values must
 # start cold. TF_CONFIG is read when a strategy is made, at run time.
@@ -136,8 +138,8 @@ class WarmProcess:
 def _alive(pid: int) -> bool:
     """Running (not gone, not a zombie that its new parent has yet to reap)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 
@@ -364,8 +366,7 @@ def start(path: str | os.PathLike, env: dict[str, str] | None = None,
           log_path: str | os.PathLike | None = None, timeout: float = 120) -> subprocess.Popen:
     """Start a server on `path` in the environment its children will be asked for, and wait
     until it serves. Stop it with terminate()."""
-    from tasks.provision.local.cluster import process_env
-    from tasks.provision.spec import BASE_ENV
+    from tasks.provision.spec import BASE_ENV, process_env
 
     path = Path(path)
     with contextlib.suppress(OSError):

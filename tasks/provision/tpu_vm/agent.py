@@ -36,7 +36,7 @@ from tasks.io import storage
 from tasks.config import PROJECT_ROOT
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
-from tasks.provision.worker_logs import Spool, log_uri
+from tasks.provision.worker_logs import Spool, attempt_of, log_uris
 
 TAIL_LINES = 30
 GRACE_SECONDS = 10.0
@@ -111,8 +111,9 @@ class Agent:
         earlier = sorted(u for u in storage.list_uris(logs + "/") if u.endswith(".txt"))
         chunk = len(earlier)
         # One process per TPU slice: the spec's single role (WorkerSpec.roles).
-        spool = Spool(log_uri(self.run_dir, request.get("step") or "worker", "worker", 0),
-                      "".join(storage.read_text(u) for u in earlier))
+        uri, copies = log_uris(self.run_dir, request.get("step") or "worker", "worker", 0,
+                               attempt_of(request.get("env") or {}))
+        spool = Spool(uri, "".join(storage.read_text(u) for u in earlier), copies=copies)
         try:
             self._run(request, rid, logs, chunk, spool)
         finally:

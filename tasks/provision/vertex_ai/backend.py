@@ -47,6 +47,9 @@ import threading
 import time
 import urllib.parse
 
+import tenacity
+from google.api_core import exceptions
+
 from tasks.io import credentials, storage
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
@@ -54,16 +57,21 @@ from tasks.errors import ConfigError, WorkerError
 from tasks.provision import capacity, worker_logs
 from tasks.provision.images import default_image, image_kind
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
+from tasks.provision.preflight import api_message
 from tasks.provision.spec import WorkerSpec, run_hash
+from tasks.provision.vertex_ai.client import ENDPOINT_ENV, job_client, parent, resolve_project
 from tasks.runs.runlayout import RunContext
 
-ENDPOINT_ENV = "BERTFLOW_VERTEX_ENDPOINT"
 # Poll intervals (s): start short, grow by POLL_GROWTH per unchanged state, up to the max.
 POLL_MIN_SECONDS = 5.0
 POLL_MAX_SECONDS = 60.0
 POLL_GROWTH = 1.5
 # Consecutive transient errors of get_custom_job tolerated before the step fails.
 MAX_POLL_ERRORS = 5
+# Answers of the API worth asking again (google-api-core's exception classes): 503, 504, 500,
+# 429.
+TRANSIENT = (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
+             exceptions.InternalServerError, exceptions.TooManyRequests)
 
 POOL_ROLES = ("chief", "worker", "ps")
 MANAGED_BY = "bertflow"
@@ -94,10 +102,14 @@ GPU_MACHINES: dict[str, dict[int, str]] = {
 }
 # TPU type -> (default chips, {chips: (machine type, topology)}): single-host slices only,
 # since bertflow's tpu strategy runs one process (multi-host slices: provisioner tpu_vm).
+# Only the TPUs Vertex AI trains TensorFlow on: "Training with TPU accelerators"
+# (cloud.google.com/vertex-ai/docs/training/training-with-tpu-vm, read 2026-12-04) lists TPU
+# v2, v3 and v5e VMs, and says TensorFlow is not supported from v6e on; the client's
+# TPU_V4_POD is not among them.
+VERTEX_TPU_DOCS = "cloud.google.com/vertex-ai/docs/training/training-with-tpu-vm"
 TPU_MACHINES: dict[str, tuple[int, dict[int, tuple[str, str]]]] = {
     "TPU_V2": (8, {8: ("cloud-tpu", "")}),
     "TPU_V3": (8, {8: ("cloud-tpu", "")}),
-    "TPU_V4_POD": (4, {4: ("ct4p-hightpu-4t", "2x2x1")}),
     "TPU_V5_LITEPOD": (4, {1: ("ct5lp-hightpu-1t", "1x1"), 4: ("ct5lp-hightpu-4t", "2x2"),
                            8: ("ct5lp-hightpu-8t", "2x4")}),
 }
@@ -125,6 +137,11 @@ def checked_accelerator(cfg: RunConfig) -> str:
         raise ConfigError("accelerator_type", f"{kind!r} is not a Vertex AI accelerator type; "
                                               f"expected one of {', '.join(valid)}")
     is_tpu = kind.startswith("TPU_")
+    if is_tpu and kind not in TPU_MACHINES:
+        raise ConfigError("accelerator_type", (
+            f"Vertex AI does not train TensorFlow on {kind}: its TPU page lists "
+            f"{', '.join(TPU_MACHINES)} (v2, v3, v5e; {VERTEX_TPU_DOCS}). Use one of those, "
+            f"or provisioner tpu_vm (a Cloud TPU VM) for other TPU generations"))
     if cfg.accelerator == "cpu":
         raise ConfigError("accelerator_type", f"{kind} is set but accelerator is cpu; clear "
                                               "it, or set accelerator to auto")
@@ -222,7 +239,8 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
     pools = []
     for i, replicas in enumerate(pool_replicas(spec)):
         accelerated = spec.accelerated and pool_computes(spec, POOL_ROLES[i])
-        pools.append({"machine_spec": _with_reservation(cfg, machine_spec(cfg, accelerated)),
+        pools.append({"machine_spec": _with_reservation(cfg, spec,
+                                                         machine_spec(cfg, accelerated)),
                       "replica_count": replicas, "container_spec": container}
                      if replicas else {})  # an empty pool keeps the later ones in place
     scheduling = {"timeout": dt.timedelta(minutes=cfg.worker_timeout_minutes)}
@@ -231,7 +249,7 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
         # Scheduling): "Restarts the entire CustomJob if a worker gets restarted ... for
         # distributed training jobs that are not resilient to workers leaving and joining".
         scheduling["restart_job_on_worker_restart"] = True
-    scheduling.update(capacity.vertex_scheduling(cfg))  # spot / flex-start (docs/spot.md)
+    scheduling.update(capacity.vertex_scheduling(cfg, spec))  # spot / flex-start (docs/spot.md)
     job_spec = {
         "worker_pool_specs": pools,
         "scheduling": scheduling,
@@ -245,11 +263,11 @@ def custom_job_dict(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec,
             "labels": labels(ctx, step), "job_spec": job_spec}
 
 
-def _with_reservation(cfg: RunConfig, spec: dict) -> dict:
-    """MachineSpec.reservation_affinity for capacity reservation (every pool: the reservation
-    must hold each pool's machine type)."""
-    affinity = capacity.vertex_reservation_affinity(cfg)
-    return {**spec, "reservation_affinity": affinity} if affinity else spec
+def _with_reservation(cfg: RunConfig, spec: WorkerSpec, machine: dict) -> dict:
+    """MachineSpec.reservation_affinity for capacity reservation (every pool of a step it
+    applies to: the reservation must hold each pool's machine type)."""
+    affinity = capacity.vertex_reservation_affinity(cfg, spec)
+    return {**machine, "reservation_affinity": affinity} if affinity else machine
 
 
 def custom_job(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, project: str = ""):
@@ -263,60 +281,6 @@ def job_json(job) -> dict:
     from google.protobuf.json_format import MessageToDict
 
     return MessageToDict(type(job).pb(job))
-
-
-# --- the client -------------------------------------------------------------------------------
-def job_client(cfg: RunConfig):
-    """A JobServiceClient for cfg.gcp_region (or the BERTFLOW_VERTEX_ENDPOINT override)."""
-    from google.cloud import aiplatform_v1
-
-    endpoint = os.environ.get(ENDPOINT_ENV)
-    if endpoint:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud.aiplatform_v1.services.job_service.transports.rest import (
-            JobServiceRestTransport)
-
-        scheme, _, host = endpoint.rpartition("://")
-        return aiplatform_v1.JobServiceClient(transport=JobServiceRestTransport(
-            host=host, credentials=AnonymousCredentials(), url_scheme=scheme or "https"))
-    credentials = None
-    if cfg.gcp_conn_id:
-        from tasks.io.cloud_storage import google_connection
-
-        credentials = google_connection(cfg.gcp_conn_id)[0]
-    return aiplatform_v1.JobServiceClient(
-        credentials=credentials,
-        client_options={"api_endpoint": f"{cfg.gcp_region}-aiplatform.googleapis.com"})
-
-
-def resolve_project(cfg: RunConfig) -> str:
-    """gcp_project, else the gcp_conn_id connection's project, else the ambient default."""
-    if cfg.gcp_project:
-        return cfg.gcp_project
-    if cfg.gcp_conn_id:
-        from tasks.io.cloud_storage import google_connection
-
-        project = google_connection(cfg.gcp_conn_id)[1]
-        if project:
-            return project
-    if not os.environ.get(ENDPOINT_ENV):
-        try:
-            import google.auth
-
-            project = google.auth.default()[1]
-        except Exception:  # google.auth.exceptions.DefaultCredentialsError
-            project = None
-        if project:
-            return project
-    raise ConfigError("gcp_project", "no Google Cloud project for the Vertex AI job: set "
-                                     "gcp_project, a project in the gcp_conn_id connection, "
-                                     "or an ambient default project")
-
-
-def parent(cfg: RunConfig, project: str) -> str:
-    if not cfg.gcp_region:
-        raise ConfigError("gcp_region", "vertex_ai needs a region, e.g. us-central1")
-    return f"projects/{project}/locations/{cfg.gcp_region}"
 
 
 def links(name: str) -> tuple[str, str]:
@@ -341,8 +305,6 @@ def _state(job) -> str:
 def _cancel(client, name: str) -> None:
     """Cancel `name`; a job that already ended is fine (Vertex AI answers FAILED_PRECONDITION,
     which the REST transport raises as BadRequest)."""
-    from google.api_core import exceptions
-
     try:
         client.cancel_custom_job(name=name)
     except (exceptions.FailedPrecondition, exceptions.BadRequest):
@@ -364,8 +326,6 @@ class VertexJobController:
         self.running_at: float | None = None
 
     def run(self) -> None:
-        from google.api_core import exceptions
-
         project = resolve_project(self.cfg)
         location = parent(self.cfg, project)
         self._client = client = job_client(self.cfg)
@@ -396,11 +356,22 @@ class VertexJobController:
             self.log(f"[vertex] cancelled {name}")
 
     # --- internals ------------------------------------------------------------------------
-    def _watch(self, client, job) -> str:
-        from google.api_core import exceptions
+    def _poll(self, client, delay: float):
+        """The job, read again; a transient API error is retried `delay` s apart, up to
+        MAX_POLL_ERRORS times in a row (the waits end early on stop())."""
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(TRANSIENT),
+            stop=(tenacity.stop_after_attempt(MAX_POLL_ERRORS + 1)
+                  | (lambda state: self._stopped.is_set())),
+            wait=tenacity.wait_fixed(delay), sleep=self._stopped.wait, reraise=True,
+            before_sleep=lambda state: self.log(
+                f"[vertex] polling failed ({type(state.outcome.exception()).__name__}); "
+                "retrying"))
+        return retrying(client.get_custom_job, name=self.name)
 
+    def _watch(self, client, job) -> str:
         created_at = time.monotonic()
-        state, delay, errors = _state(job), POLL_MIN_SECONDS, 0
+        state, delay = _state(job), POLL_MIN_SECONDS
         self.log(f"[vertex] {state}")
         while True:
             if self._stopped.is_set():
@@ -428,16 +399,12 @@ class VertexJobController:
             if self._stopped.wait(delay):
                 continue
             try:
-                job = client.get_custom_job(name=self.name)
-                errors = 0
-            except (exceptions.ServiceUnavailable, exceptions.DeadlineExceeded,
-                    exceptions.InternalServerError, exceptions.TooManyRequests) as err:
-                errors += 1
-                if errors > MAX_POLL_ERRORS:
-                    raise WorkerError(f"cannot read Vertex AI job {self.name}: "
-                                      f"{err.message}") from None
-                self.log(f"[vertex] polling failed ({type(err).__name__}); retrying")
-                continue
+                job = self._poll(client, delay)
+            except TRANSIENT as err:
+                if self._stopped.is_set():
+                    continue  # the loop's top cancels
+                raise WorkerError(f"cannot read Vertex AI job {self.name} after "
+                                  f"{MAX_POLL_ERRORS + 1} tries: {api_message(err)}") from None
             if _state(job) != state:
                 state, delay = _state(job), POLL_MIN_SECONDS
                 self.log(f"[vertex] {state}")
@@ -497,6 +464,11 @@ class VertexAIBackend(Backend):
         return warnings + [f"{field}: {reason} (a real run refuses this)"
                            for field, reason in problems]
 
+    def preflight_checks(self, cfg: RunConfig, ctx: RunContext) -> list:
+        from tasks.provision.vertex_ai import preflight
+
+        return preflight.checks(cfg, ctx)
+
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
         # The project is filled in at submission (the workers' keyless connection names it).
         return [job_json(custom_job(cfg, ctx, spec, cfg.gcp_project))]
@@ -519,8 +491,6 @@ class VertexAIBackend(Backend):
                     names.add(name)
         if not cfg.gcp_region and not names:
             return {"cancelled_jobs": []}  # no region: no job can have been created
-        from google.api_core import exceptions
-
         client = job_client(cfg)
         alive = {}
         for name in sorted(names):
