@@ -73,15 +73,15 @@ def _roberta(folder: Path) -> Path:
     return folder
 
 
-def test_init_run_refuses_a_non_bert_checkpoint_in_one_line_before_any_step(artifact_root,
-                                                                            tmp_path):
+def test_init_run_refuses_an_unsupported_checkpoint_in_one_line_before_any_step(artifact_root,
+                                                                                tmp_path):
     run_dir = f"{artifact_root}/runs/bert_finetune/manual_roberta"
     done = cli("init-run", "--run-dir", run_dir, "--base-model",
                str(_roberta(tmp_path / "roberta")))
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("bertflow: error: config field 'base_model': ")
-    assert "is a roberta checkpoint, not a BERT" in line and "Traceback" not in done.stderr
+    assert "model_type 'roberta'" in line and "Traceback" not in done.stderr
     assert not Path(run_dir, "config.json").exists()  # nothing to run a step on
 
 
