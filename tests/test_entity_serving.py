@@ -17,7 +17,7 @@ from tasks.model.heads import TOKEN_CLASSIFICATION
 from tasks.steps.tokenize import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
 from tasks.training.entity_serving import entity_serving_module
-from tasks.training.token_alignment import WordPieceAligner
+from tasks.steps.token_encoding import WordPieceAligner
 from test_entity_decoding import LABELS, pipeline_groups
 
 TEXTS = ["Ada Lovelace lived in London with Charles Babbage", "", "x " * 20,
@@ -56,7 +56,7 @@ def reference(encoder, model, text):
 def test_saved_signature_gives_the_reference_entities(tmp_path):
     encoder = BertTextEncoder(default_base_model_dir() / "vocab.txt", True, MAX_SEQ_LENGTH)
     model = tiny_token_model()
-    module = entity_serving_module(encoder, model, LABELS)
+    module = entity_serving_module(WordPieceAligner(encoder), model, LABELS)
     tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
     serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
     out = {k: v.numpy() for k, v in serve(text=tf.constant(TEXTS)).items()}

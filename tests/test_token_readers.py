@@ -1,5 +1,5 @@
 """tasks/io/token_readers.py: CoNLL and JSON Lines sentences, their errors, the tag
-vocabulary and the sentence split; on hand-made files and on WNUT17 (skipped without
+vocabulary and the sentence split (tasks/steps/token_data.py); on hand-made files and on WNUT17 (skipped without
 /work/shared/data)."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tasks.errors import DataError
-from tasks.io.token_readers import (conll_sentences, jsonl_sentences, split_sentences,
-                                    tag_vocabulary)
+from tasks.io.token_readers import conll_sentences, jsonl_sentences, tag_vocabulary
+from tasks.steps.token_data import split_sentences
 
 WNUT17 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wnut17"
 

@@ -18,7 +18,7 @@ is a `DataError` naming the file and line and what to do.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from tasks.errors import DataError
 from tasks.io import storage, text_readers
@@ -106,24 +106,3 @@ def tag_vocabulary(tags: Iterable[str]) -> list[str]:
     types = {tag[2:] for tag in tags if tag != OUTSIDE}
     return [OUTSIDE] + sorted(f"{prefix}-{kind}" for kind in types for prefix in "BI")
 
-
-def eval_chooser(num_sentences: int, eval_fraction: float,
-                 seed: int) -> Callable[[list[str], list[str]], bool]:
-    """`to_eval(tokens, tags)`, called once per sentence in file order: the data step's
-    streaming split rule (tasks.steps.data.Splitter: exactly min(n-1, max(1,
-    round(n * eval_fraction))) sentences held out, chosen by a seeded hash of each sentence),
-    with all sentences as one class, since a sentence has no single label."""
-    from tasks.steps.data import Splitter  # the step's rule, so both splits agree
-
-    splitter = Splitter({"": num_sentences}, eval_fraction, seed)
-    return lambda tokens, tags: splitter.to_eval(" ".join(tokens), " ".join(tags), "")
-
-
-def split_sentences(sentences: list[Sentence], eval_fraction: float,
-                    seed: int) -> tuple[list[Sentence], list[Sentence]]:
-    """(train, eval) of `sentences` by `eval_chooser`'s rule, each in input order."""
-    to_eval = eval_chooser(len(sentences), eval_fraction, seed)
-    train, evals = [], []
-    for sentence in sentences:
-        (evals if to_eval(sentence[1], sentence[2]) else train).append(sentence)
-    return train, evals

@@ -2,7 +2,8 @@
 pieces compose in an exported SavedModel (for the export step to wire).
 
     text -> whitespace_words (words, character spans)
-         -> WordPieceAligner.encode_words (BertTextEncoder's pieces; first piece per word)
+         -> WordPieceAligner.encode_words (tasks/steps/token_encoding.py: BertTextEncoder's
+            pieces; the first piece of each word)
          -> model logits -> softmax -> word_predictions (first piece's tag and probability)
          -> decode_entities (grouped as pipeline("ner", aggregation_strategy="first"))
 
@@ -12,21 +13,25 @@ with 0; `num_entities` [batch] says how many of each row are real.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import tensorflow as tf
 
-from tasks.steps.tokenize import BertTextEncoder
 from tasks.training.entity_decoding import decode_entities, whitespace_words, word_predictions
-from tasks.training.token_alignment import WordPieceAligner
+
+if TYPE_CHECKING:  # the export step, which may import steps, passes one in
+    from tasks.steps.token_encoding import WordPieceAligner
 
 _PADDING = {"entity_group": "", "word": "", "start": -1, "end": -1, "score": 0.0}
 
 
-def entity_serving_module(encoder: BertTextEncoder, model, labels: list[str]) -> tf.Module:
+def entity_serving_module(aligner: WordPieceAligner, model, labels: list[str]) -> tf.Module:
     """A tf.Module whose `serve(text)` (tf.string [batch]) gives the padded entities; save it
-    with `signatures={"serving_default": module.serve}`. `model`: a token classification
+    with `signatures={"serving_default": module.serve}`. `aligner`: the WordPieceAligner of
+    the BertTextEncoder that wrote the training data; `model`: a token classification
     tasks.model Classifier whose outputs are `labels`."""
     module = tf.Module()
-    module.aligner = WordPieceAligner(encoder)
+    module.aligner = aligner
     # The weights, not the Keras model, as the export step tracks them (tasks/steps/export.py).
     module.weights = list(model.variables)
 
