@@ -64,8 +64,9 @@ class WordPieceAligner(tf.Module):
         budget = self.max_seq_length - 2
         kept = (per_word > 0) & (first.flat_values < budget)
         starts = tf.where(kept, first.flat_values + 1, -1)  # +1: [CLS]
-        sentence_pieces = tf.RaggedTensor.from_row_lengths(
-            pieces.flat_values, _sentence_lengths(per_word, words))
+        # Pieces per sentence; a sentence without words has none.
+        lengths = tf.math.unsorted_segment_sum(per_word, words.value_rowids(), words.nrows())
+        sentence_pieces = tf.RaggedTensor.from_row_lengths(pieces.flat_values, lengths)
         untruncated = sentence_pieces.row_lengths() + 2
         ids, types = tf_text.combine_segments(
             [sentence_pieces[:, :budget]], start_of_sequence_id=self._cls_id,
@@ -76,22 +77,17 @@ class WordPieceAligner(tf.Module):
                "num_truncated": tf.reduce_sum(
                    tf.cast(untruncated > self.max_seq_length, tf.int64))}
         if tag_ids is not None:
-            out["labels"] = _piece_labels(tag_ids, pieces, per_word, words, budget)
+            out["labels"] = _piece_labels(tag_ids, per_word, lengths, budget)
         return out
 
 
-def _sentence_lengths(per_word: tf.Tensor, words: tf.RaggedTensor) -> tf.Tensor:
-    """Pieces per sentence, sentences without words included."""
-    return tf.math.unsorted_segment_sum(per_word, words.value_rowids(), words.nrows())
-
-
-def _piece_labels(tag_ids, pieces, per_word, words, budget) -> tf.RaggedTensor:
+def _piece_labels(tag_ids, per_word, sentence_lengths, budget) -> tf.RaggedTensor:
     """Each word's tag id on its first piece, IGNORED on the others; cut to `budget` pieces
     and framed by IGNORED for [CLS] and [SEP]."""
     first_piece = tf.equal(tf.ragged.range(per_word).flat_values, 0)
     word_tag = tf.repeat(tf.cast(tag_ids.flat_values, tf.int64), per_word)
     flat = tf.where(first_piece, word_tag, tf.constant(IGNORED, tf.int64))
-    labels = tf.RaggedTensor.from_row_lengths(flat, _sentence_lengths(per_word, words))
+    labels = tf.RaggedTensor.from_row_lengths(flat, sentence_lengths)
     framed, _ = tf_text.combine_segments([labels[:, :budget]], start_of_sequence_id=IGNORED,
                                          end_of_segment_id=IGNORED)
     return framed
