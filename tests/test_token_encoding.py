@@ -1,8 +1,9 @@
 """tasks/steps/token_encoding.py against transformers' BertTokenizer
 (`is_split_into_words=True`, `truncation=True`, `word_ids()`) with the default checkpoint's
 uncased vocabulary: on WNUT17's train sentences cut at 24 pieces and its dev sentences at
-128 (skipped without /work/shared/data), the same input_ids and token types, the same first-piece label positions (run_ner's
-labels) and the same first piece per word; then the aligner inside a SavedModel."""
+128 (skipped without /work/shared/data), the same input_ids and token types, the same
+first-piece label positions (run_ner's labels) and the same first piece per word; then
+words without pieces, empty sentences, and the aligner inside a SavedModel."""
 from __future__ import annotations
 
 from pathlib import Path

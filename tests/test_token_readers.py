@@ -1,6 +1,6 @@
 """tasks/io/token_readers.py: CoNLL and JSON Lines sentences, their errors, the tag
-vocabulary and the sentence split (tasks/steps/token_data.py); on hand-made files and on WNUT17 (skipped without
-/work/shared/data)."""
+vocabulary; the sentence split (tasks/steps/token_data.py); on hand-made files and on WNUT17
+(skipped without /work/shared/data)."""
 from __future__ import annotations
 
 import json

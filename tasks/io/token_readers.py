@@ -7,7 +7,8 @@ token (CoNLL) or of its record (JSON Lines), as an editor counts them from 1.
 - CoNLL: one token per line, its tag in `tag_column` (the last by default) and the token in
   `token_column` (the first); fields are tab-separated when the line holds a tab, else split
   on runs of spaces. Sentences are separated by empty or whitespace-only lines (WNUT17's hold
-  a lone tab; a lone byte-order mark counts as whitespace); a `-DOCSTART-` line is skipped and also ends the sentence before it.
+  a lone tab; a lone byte-order mark counts as whitespace); a `-DOCSTART-` line is skipped
+  and also ends the sentence before it.
 - JSON Lines: one object per line with a list of tokens and a list of tags of the same length
   (`tokens` and `tags` by default).
 
