@@ -146,31 +146,43 @@ def test_default_checkpoint_matches_pytorch_bert_model(references):
     assert max(errors.values()) < TOLERANCE, errors
 
 
-@pytest.fixture(scope="session")
-def exported(references, tmp_path_factory) -> tuple[Path, dict]:
-    """Each family's model with every weight perturbed, saved by save_hf_checkpoint, and
-    loaded by PyTorch (one process); bertflow's logits by family."""
-    out = tmp_path_factory.mktemp("exported")
+def export_perturbed(out: Path, load_model, labels: list[str], seed: int,
+                     command: str) -> dict:
+    """Each family's `load_model(family)` with every weight perturbed, saved by
+    save_hf_checkpoint into out/<family> and loaded by PyTorch (`command` of
+    torch_model_reference.py, one process); bertflow's logits by family."""
     np.savez(out / "batch.npz", **BATCH)
-    rng = np.random.default_rng(2)
+    rng = np.random.default_rng(seed)
     logits = {}
     for family in FAMILIES:
-        model, _ = load(references / family)
+        model = load_model(family)
         for variable in model.weights:
             variable.assign_add(rng.normal(0, 0.05, variable.shape).astype(np.float32))
-        save_hf_checkpoint(model, LABELS, out / family)
+        save_hf_checkpoint(model, labels, out / family)
         logits[family] = model(features(BATCH), training=False).numpy()
-    run_torch("load", *(out / family for family in FAMILIES))
-    return out, logits
+    run_torch(command, *(out / family for family in FAMILIES))
+    return logits
+
+
+def check_loaded_alike(folder: Path, logits: np.ndarray) -> None:
+    """PyTorch loaded `folder` with no missing, unexpected or mismatched key, and gave
+    `logits` within TOLERANCE."""
+    info = json.loads((folder / "loading_info.json").read_text())
+    assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [],
+                    "error_msgs": []}
+    error = max_error(logits, np.load(folder / "torch_logits.npy"))
+    print(f"{folder.name} export: PyTorch logits max abs error {error}")
+    assert error < TOLERANCE
+
+
+@pytest.fixture(scope="session")
+def exported(references, tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("exported")
+    return out, export_perturbed(out, lambda family: load(references / family)[0], LABELS,
+                                 seed=2, command="load")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_export_loads_in_pytorch_with_the_same_logits(exported, family):
-
     out, logits = exported
-    info = json.loads((out / family / "loading_info.json").read_text())
-    assert info == {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": [],
-                    "error_msgs": []}
-    error = max_error(logits[family], np.load(out / family / "torch_logits.npy"))
-    print(f"{family} export: PyTorch logits max abs error {error}")
-    assert error < TOLERANCE
+    check_loaded_alike(out / family, logits[family])

@@ -9,6 +9,11 @@
     python torch_model_reference.py load FOLDER...
         AutoModelForSequenceClassification.from_pretrained(FOLDER, output_loading_info=True):
         FOLDER/torch_logits.npy on FOLDER/../batch.npz and FOLDER/loading_info.json.
+    python torch_model_reference.py make-token OUT
+        The same tiny families written by *ForTokenClassification: OUT/<family> and
+        OUT/<family>/reference_logits.npy ([batch, seq, labels]) on OUT/batch.npz.
+    python torch_model_reference.py load-token FOLDER...
+        As load, with AutoModelForTokenClassification.
 """
 import json
 import sys
@@ -16,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import (AutoModelForSequenceClassification, BertConfig,
-                          BertForSequenceClassification, BertModel, DistilBertConfig,
-                          DistilBertForSequenceClassification, ElectraConfig,
-                          ElectraForSequenceClassification)
+from transformers import (AutoModelForSequenceClassification, AutoModelForTokenClassification,
+                          BertConfig, BertForSequenceClassification, BertForTokenClassification,
+                          BertModel, DistilBertConfig, DistilBertForSequenceClassification,
+                          DistilBertForTokenClassification, ElectraConfig,
+                          ElectraForSequenceClassification, ElectraForTokenClassification)
 
 NUM_LABELS = 3
 TINY = dict(vocab_size=99, max_position_embeddings=64, num_labels=NUM_LABELS)
@@ -35,6 +41,10 @@ MODELS = {
         embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=37, hidden_act="gelu_new", **TINY)),
 }
+
+TOKEN_CLASSES = {"bert": BertForTokenClassification,
+                 "distilbert": DistilBertForTokenClassification,
+                 "electra": ElectraForTokenClassification}
 
 
 def inputs(batch: dict, family: str) -> dict:
@@ -71,10 +81,22 @@ def make(out: Path, minilm_dir: str) -> None:
 
 
 @torch.no_grad()
-def load(folders: list[str]) -> None:
+def make_token(out: Path) -> None:
+    batches = np.load(out / "batch.npz")
+    for family, (_, config) in MODELS.items():
+        torch.manual_seed(0)
+        model = TOKEN_CLASSES[family](config).eval()
+        for parameter in model.parameters():  # off the initial values, as in make()
+            parameter.add_(0.1 * torch.randn_like(parameter))
+        model.save_pretrained(out / family)
+        logits = model(**inputs({k: batches[k] for k in batches.files}, family)).logits
+        np.save(out / family / "reference_logits.npy", logits.numpy())
+
+
+@torch.no_grad()
+def load(folders: list[str], auto=AutoModelForSequenceClassification) -> None:
     for folder in map(Path, folders):
-        model, info = AutoModelForSequenceClassification.from_pretrained(
-            folder, output_loading_info=True)
+        model, info = auto.from_pretrained(folder, output_loading_info=True)
         model.eval()
         batches = np.load(folder.parent / "batch.npz")
         features = inputs({k: batches[k] for k in batches.files}, model.config.model_type)
@@ -87,5 +109,9 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "make":
         make(Path(args[0]), args[1])
+    elif command == "make-token":
+        make_token(Path(args[0]))
+    elif command == "load-token":
+        load(args, AutoModelForTokenClassification)
     else:
         load(args)

@@ -8,21 +8,24 @@ from pathlib import Path
 
 from tasks.model.config import EncoderConfig
 from tasks.model.encoder import Encoder
-from tasks.model.heads import SEQUENCE_CLASSIFICATION, build_head
+from tasks.model.heads import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, build_head
 from tasks.model.hf_weights import load_hf_weights
 from tasks.model.layers import Dropout, LayerFactory
 
 
 class Classifier(tf_keras.Model):
-    """call(features, training) -> float32 logits [batch, num_labels]; `features` as the
-    encoder takes them (tasks/model/encoder.py)."""
+    """call(features, training) -> float32 logits [batch, num_labels] ([batch, seq,
+    num_labels] for token classification); `features` as the encoder takes them
+    (tasks/model/encoder.py)."""
 
     def __init__(self, config: EncoderConfig, num_labels: int, *, gelu: str,
                  cpu_kernels: bool, task: str = SEQUENCE_CLASSIFICATION):
         super().__init__(name=f"{config.family}_classifier")
         self.config, self.num_labels, self.task = config, num_labels, task
         make = LayerFactory(config.initializer_range, gelu, cpu_kernels)
-        self.encoder = Encoder(config, make, name=config.family)
+        # Token classification reads no pooled output: no pooler, as in transformers.
+        self.encoder = Encoder(config, make, with_pooler=task != TOKEN_CLASSIFICATION,
+                               name=config.family)
         self.head = build_head(task, config, num_labels, make)
 
     # Plain Python inside tf.function, for this call and every layer it calls: AutoGraph

@@ -16,6 +16,12 @@ ACTIVATIONS = ("gelu", "gelu_new", "relu")
 ARCHITECTURES = {"bert": "BertForSequenceClassification",
                  "distilbert": "DistilBertForSequenceClassification",
                  "electra": "ElectraForSequenceClassification"}
+# transformers' class of each family by task (the task names of tasks.model.heads).
+TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
+                      "token_classification": {
+                          "bert": "BertForTokenClassification",
+                          "distilbert": "DistilBertForTokenClassification",
+                          "electra": "ElectraForTokenClassification"}}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -87,11 +93,16 @@ class EncoderConfig:
                                             f"not supported (supported: {', '.join(ACTIVATIONS)})")
 
     def to_hf_config(self, labels: list[str],
-                     problem_type: str = "single_label_classification") -> dict:
-        """config.json of the classifier: the original config with this family's sequence
-        classification architecture and the labels in output order."""
+                     problem_type: str = "single_label_classification",
+                     task: str = "sequence_classification") -> dict:
+        """config.json of the classifier: the original config with this family's
+        architecture for `task` and the labels in output order. `problem_type` is what
+        transformers' sequence classification reads; token classification has none."""
         config = {key: value for key, value in self.raw.items() if key != "num_labels"}
-        config.update(model_type=self.family, architectures=[ARCHITECTURES[self.family]],
+        if task == "token_classification":
+            problem_type = None
+        config.update(model_type=self.family,
+                      architectures=[TASK_ARCHITECTURES[task][self.family]],
                       id2label={str(i): label for i, label in enumerate(labels)},
                       label2id={label: i for i, label in enumerate(labels)},
                       problem_type=problem_type)

@@ -11,15 +11,17 @@ class Encoder(tf_keras.layers.Layer):
     """`features` (input_ids, and optionally attention_mask and token_type_ids: int
     [batch, seq]) -> (last hidden state [batch, seq, hidden], pooled output [batch, hidden]
     or None). The pooled output is BERT's pooler (dense + tanh on the first token); DistilBERT
-    and ELECTRA have none. DistilBERT ignores token_type_ids."""
+    and ELECTRA have none, nor has a BERT built `with_pooler=False` (as transformers'
+    BertForTokenClassification builds its BertModel). DistilBERT ignores token_type_ids."""
 
-    def __init__(self, config: EncoderConfig, make: LayerFactory, **kwargs):
+    def __init__(self, config: EncoderConfig, make: LayerFactory, with_pooler: bool = True,
+                 **kwargs):
         super().__init__(**kwargs)
         self.embeddings = Embeddings(config, make, name="embeddings")
         self.blocks = [TransformerBlock(config, make, config.family != "distilbert",
                                         name=f"block_{i}") for i in range(config.num_layers)]
         self.pooler = (make.dense(config.hidden_size, "pooler", activation="tanh")
-                       if config.family == "bert" else None)
+                       if config.family == "bert" and with_pooler else None)
 
     def call(self, features, training=None):
         hidden = self.embeddings(features, training=training)

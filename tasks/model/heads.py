@@ -1,8 +1,8 @@
 """Task heads on top of the encoder, each as transformers' PyTorch class of its family has it.
 
-HEADS maps a task and a family to its head class; only sequence classification exists so far.
-A head is called with the encoder's (sequence output, pooled output or None) and returns
-logits in the compute dtype.
+HEADS maps a task and a family to its head class. A head is called with the encoder's
+(sequence output, pooled output or None) and returns logits in the compute dtype: [batch,
+num_labels] for sequence classification, [batch, seq, num_labels] for token classification.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tasks.model.config import EncoderConfig
 from tasks.model.layers import LayerFactory
 
 SEQUENCE_CLASSIFICATION = "sequence_classification"
+TOKEN_CLASSIFICATION = "token_classification"
 
 
 class BertSequenceHead(tf_keras.layers.Layer):
@@ -60,9 +61,29 @@ class ElectraSequenceHead(tf_keras.layers.Layer):
         return self.out_proj(hidden)
 
 
+class TokenHead(tf_keras.layers.Layer):
+    """BertForTokenClassification, DistilBertForTokenClassification and
+    ElectraForTokenClassification, one shape for all three: every token -> dropout ->
+    classifier. The dropout rate is the family's: BERT's and ELECTRA's classifier_dropout
+    (hidden_dropout_prob when unset), DistilBERT's `dropout` (not seq_classif_dropout, which
+    only its sequence head uses)."""
+
+    def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
+        super().__init__(**kwargs)
+        rate = (config.hidden_dropout if config.family == "distilbert"
+                else config.classifier_dropout)
+        self.dropout = make.dropout(rate)
+        self.classifier = make.dense(num_labels, "classifier")
+
+    def call(self, sequence, pooled, training=None):
+        return self.classifier(self.dropout(sequence, training=training))
+
+
 HEADS = {SEQUENCE_CLASSIFICATION: {"bert": BertSequenceHead,
                                    "distilbert": DistilBertSequenceHead,
-                                   "electra": ElectraSequenceHead}}
+                                   "electra": ElectraSequenceHead},
+         TOKEN_CLASSIFICATION: {"bert": TokenHead, "distilbert": TokenHead,
+                                "electra": TokenHead}}
 
 
 def build_head(task: str, config: EncoderConfig, num_labels: int,

@@ -67,9 +67,11 @@ HEAD_TABLES = {
     heads.DistilBertSequenceHead: {"pre_classifier": "pre_classifier",
                                    "classifier": "classifier"},
     heads.ElectraSequenceHead: {"classifier.dense": "dense", "classifier.out_proj": "out_proj"},
+    heads.TokenHead: {"classifier": "classifier"},  # *ForTokenClassification of each family
 }
 # Encoder weights a checkpoint may lack; transformers initialises them afresh (a BERT saved
-# without its pooler, as BertForMaskedLM saves it).
+# without its pooler, as BertForMaskedLM and BertForTokenClassification save it). A model
+# without a pooler (token classification) ignores a checkpoint's, as transformers does.
 OPTIONAL = ("pooler.",)
 # Buffers, not weights, that older checkpoints carry and transformers ignores.
 BUFFERS = ("position_ids", "token_type_ids")
@@ -111,7 +113,7 @@ def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
                   for k in expected if k in encoder_state
                   and encoder_state[k].shape != _torch_shape(*expected[k])]
     unexpected = [k for k in encoder_state
-                  if k not in expected and not k.endswith(BUFFERS)]
+                  if k not in expected and not k.endswith(BUFFERS) and not k.startswith(OPTIONAL)]
     if missing or mismatched or unexpected:
         raise BertflowError(
             f"{path}: does not match its {CONFIG} ({model.config.family}, "
@@ -137,8 +139,8 @@ def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
 def save_hf_checkpoint(model, labels: list[str], folder: Path | str) -> None:
     """Write `folder`/model.safetensors (PyTorch's key layout with the family prefix,
     float32, metadata format=pt) and config.json: what transformers'
-    AutoModelForSequenceClassification.from_pretrained loads with no missing or unexpected
-    keys."""
+    AutoModelForSequenceClassification.from_pretrained (AutoModelForTokenClassification for
+    a token classification model) loads with no missing or unexpected keys."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -149,7 +151,7 @@ def save_hf_checkpoint(model, labels: list[str], folder: Path | str) -> None:
     state.update({key: _torch_value(*entry) for key, entry in head_parameters(model).items()})
     # "format": "pt" is what PyTorch's from_pretrained asks of a safetensors file.
     save_file(state, str(folder / SAFETENSORS), metadata={"format": "pt"})
-    config = model.config.to_hf_config(labels)
+    config = model.config.to_hf_config(labels, task=model.task)
     (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
