@@ -124,6 +124,8 @@ class TaskKind:
     # or "pairs" (every (label, prediction) gathered: Spearman needs ranks).
     eval_kind: str
     wired: bool = True
+    # Other metrics evaluate's manifest lists next to the gate metrics (lower is better).
+    reported_metrics: tuple[str, ...] = ()
     split_rule: str = ""
     # Whether the outputs are named by the label vocabulary (regression: one output, named
     # after the label column), and whether a row's whole cell is one name (the readers then
@@ -250,6 +252,7 @@ KINDS: dict[str, TaskKind] = {
         prepare=lambda v, index: v, gate_metrics=("pearson", "spearman"),
         train_metric="mse",
         serving_outputs={"score": "float32 [batch]"}, eval_kind="pairs",
+        reported_metrics=("mse",),
         names_labels=False, one_name_per_row=False,
         split_rule="plain seeded: exactly round(n*eval_fraction) rows, chosen by selection "
                    "sampling on a seeded hash of each row"),
