@@ -168,10 +168,16 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
     and worker (each row once; the order does not matter to the metrics)."""
     data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                       label_spec)
+    # Each replica hands over a block of the per-replica batch size, its rows padded with
+    # NaN (dropped on the host): the collective gather across workers needs the same shape
+    # from every replica, and a replica's batch may be partial or empty at the end.
+    block = global_batch_size // strategy.num_replicas_in_sync
 
     def replica_pairs(features, labels):
         truth, logits = _real_rows(model, features, labels)
-        return tf.concat([tf.reshape(truth, [-1, 1]), logits[:, :1]], 1)
+        pairs = tf.concat([tf.reshape(truth, [-1, 1]), logits[:, :1]], 1)
+        return tf.pad(pairs, [[0, block - tf.shape(pairs)[0]], [0, 0]],
+                      constant_values=float("nan"))
 
     @tf.function
     def gather_all():
@@ -183,6 +189,7 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
         return pairs
 
     pairs = gather_all().numpy()
+    pairs = pairs[~np.isnan(pairs[:, 0])]
     return pairs[:, 0], pairs[:, 1]
 
 
