@@ -184,3 +184,14 @@ def test_whole_pipeline_from_the_cli(tmp_path, task):
         score = out["score"].numpy()
         print("served", score)
         assert score.shape == (2,) and score[0] < score[1] - 0.2, score
+
+
+def test_validate_reads_the_first_labels_as_the_task_does(tmp_path):
+    """check_inputs (the validate task) refuses a file written for another task before any
+    worker starts."""
+    path = tmp_path / "scores.tsv"
+    path.write_text("text\tlabel\na\tpos\nb\tneg\n")
+    with pytest.raises(DataError, match="regression needs a number") as err:
+        data.check_inputs(parse_config({"train_uri": str(path), "task": "regression"}))
+    assert err.value.line == 2
+    data.check_inputs(parse_config({"train_uri": str(path)}))

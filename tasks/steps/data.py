@@ -30,6 +30,7 @@ Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards, one
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import tempfile
 from collections import Counter
@@ -51,6 +52,7 @@ from tasks.task_kinds import LabelError, TaskKind, kind as task_kind
 SHARD_ROWS = 1_000_000  # prepared rows per shard file (~50-100 MB of JSON Lines)
 MAX_LABELS = 100_000  # distinct labels: bounds the per-label counters
 PREFLIGHT_BLOCK = 64 << 10  # check_inputs reads about this much of each file
+PREFLIGHT_ROWS = 100  # and checks this many of its first rows
 _WRITE_BATCH = 4096  # rows encoded per msgspec call
 
 
@@ -112,14 +114,19 @@ class _Scan:
 
 # --- public API --------------------------------------------------------------------------
 def check_inputs(cfg: RunConfig) -> None:
-    """Cheap pre-flight for the validate step: each input exists, is not empty, is decodable
-    up to its first record, and has the configured columns (reads the first block of each
-    file only). Raises DataError."""
+    """Cheap pre-flight for the validate step: each input exists, is not empty, has the
+    configured columns, and its first PREFLIGHT_ROWS rows are complete with labels the task
+    can read (reads about the first block of each file). Raises DataError."""
     for pattern in _input_uris(cfg):
         for uri in input_files(cfg, pattern):
             table = text_readers.open_table(uri, _file_format(cfg, uri),
                                             _wanted_columns(cfg), PREFLIGHT_BLOCK)
-            if next(table.records, None) is None:
+            # The first rows' labels as the task reads them: a file written for another
+            # task (words where regression needs numbers) fails the validate task.
+            rows = _parsed(uri, text_readers.rows(uri, table, cfg.text_column,
+                                                  cfg.label_column, cfg.text_pair_column),
+                           task_kind(cfg.task), cfg.label_delimiter)
+            if not list(itertools.islice(rows, PREFLIGHT_ROWS)):
                 text_readers.raise_no_rows(uri)
 
 
