@@ -104,7 +104,8 @@ class TaskKind:
     name: str
     # HF config.json problem_type; transformers picks the loss from it.
     problem_type: str
-    # tasks.model.heads.HEADS key: all three sequence tasks share the family's head.
+    # tasks.model.heads.HEADS key: the three sequence tasks share the family's sequence
+    # head (num_labels outputs; one for regression); token classification will name its own.
     head: str
     # raw cell (str, or list from JSON) -> label value; raises LabelError.
     parse: Callable
@@ -112,7 +113,7 @@ class TaskKind:
     names: Callable
     # label value -> the split's stratum (rows of a stratum are held out in proportion).
     stratum: Callable
-    # label value + name -> index table -> what a prepared row stores.
+    # (label value, name -> index) -> what a prepared row stores.
     prepare: Callable
     # Metrics promote's gate may use (higher is better), the first the default shown.
     gate_metrics: tuple[str, ...]
@@ -123,7 +124,7 @@ class TaskKind:
     # How the evaluation counts: "confusion" (a matrix), "label_counts" (per-label TP/FP/FN)
     # or "pairs" (every (label, prediction) gathered: Spearman needs ranks).
     eval_kind: str
-    wired: bool = True
+    wired: bool = True  # False: accepted by the schema, refused by parse_config
     # Other metrics evaluate's manifest lists next to the gate metrics (lower is better).
     reported_metrics: tuple[str, ...] = ()
     split_rule: str = ""
@@ -135,9 +136,6 @@ class TaskKind:
     # (label counts, rows, delimiter) -> Mismatch or None: labels that say the file was
     # written for another task.
     check_labels: Callable = lambda counts, rows, delimiter: None
-
-    def num_outputs(self, labels: list[str]) -> int:
-        return len(labels)
 
     # --- TFRecord label feature -------------------------------------------------------------
     def label_spec(self, num_labels: int) -> dict:
@@ -270,12 +268,6 @@ GATE_METRICS = tuple(dict.fromkeys(m for kind in KINDS.values() for m in kind.ga
 
 def kind(task: str) -> TaskKind:
     return KINDS[task]
-
-
-def labels_for_output(task: str, labels: list[str], label_column: str) -> list[str]:
-    """The names of the model's outputs: the label vocabulary; for regression its one
-    output, named after the label column (config.json's id2label)."""
-    return [label_column] if task == "regression" else labels
 
 
 # --- evaluation ------------------------------------------------------------------------------
