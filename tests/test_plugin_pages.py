@@ -443,3 +443,8 @@ def test_multi_label_and_regression_runs_show_their_metrics(logged_in, tree):
     assert page.status_code == 200, page.text
     assert "pearson <b>0.9</b>" in page.text.replace("0.9000", "0.9")
     assert page.text.count("<circle class='bin'") == 2 and "per-class" not in page.text
+    storage.write_json(f"{run}/evaluate/manifest.json", {
+        "task": "regression", "metrics_uri": f"{run}/evaluate/metrics.json", "num_examples": 5,
+        "metrics": {"pearson": 0.9, "spearman": 0.85, "mse": 0.125}})
+    index = logged_in.get("/bertflow/").text
+    assert "<td class='accuracy'><small>pearson</small> 0.9" in index
