@@ -47,12 +47,3 @@ def test_every_error_names_the_field(space, field):
 def test_cap_is_64():
     assert sweep_space.MAX_TRIALS == 64
     assert len(trials({"grid": {"seed": list(range(64))}})) == 64
-
-
-def test_the_task_is_the_sweeps_not_a_trials():
-    """A sweep of any task searches its training fields (multi_label_threshold too); the
-    task itself decides the prepared data, which every trial shares."""
-    assert sweep_space.trials({"grid": {"multi_label_threshold": [0.3, 0.5]}}) == [
-        {"multi_label_threshold": 0.3}, {"multi_label_threshold": 0.5}]
-    with pytest.raises(ConfigError, match="search_space.grid.task"):
-        sweep_space.trials({"grid": {"task": ["regression", "multi_label"]}})

@@ -20,9 +20,6 @@ from tasks.config import RunConfig
 from tasks.errors import ConfigError
 
 MAX_TRIALS = 64
-# Fields that decide the prepared data, which a sweep prepares once for every trial: a
-# sweep runs one task (its shared config's), so these cannot vary between trials.
-SHARED_ONLY = ("task", "label_delimiter")
 
 
 def _err(field: str, reason: str) -> ConfigError:
@@ -34,9 +31,6 @@ def _check_value(kind: str, name: str, value: Any) -> Any:
     info = RunConfig.model_fields.get(name)
     if info is None:
         raise _err(where, "not a RunConfig field; use a field name from docs/params.md")
-    if name in SHARED_ONLY:
-        raise _err(where, "the sweep prepares its data once for every trial; set it in the "
-                          "sweep's config and run one sweep per value")
     try:
         return TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
     except ValidationError as exc:
