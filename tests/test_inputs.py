@@ -123,7 +123,7 @@ def test_no_shards_is_an_error():
 
 
 @pytest.mark.parametrize("task, spec", [
-    ("multi_label", {"dtype": "float32", "shape": [3]}),
+    ("multi_label", {"dtype": "float32", "shape": [2]}),
     ("regression", {"dtype": "float32", "shape": [1]})])
 def test_float_labels_batch_and_pad_for_tpu(tmp_path, task, spec):
     """Multi-hot vectors and scores as the tokenize manifest's label_spec says; TPU filler

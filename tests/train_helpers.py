@@ -84,9 +84,9 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
               task: str = "classification") -> list[tuple]:
     """(input_ids, token_type_ids, label) with the label given away by the words.
 
-    multi_label: three labels, the first two as the halves of the vocabulary the words come
-    from (a row may mix both), the third on rows with an even number of words; regression:
-    the share of the words from the upper half (a score in [0, 1])."""
+    multi_label: rows of lower words, upper words or both, labelled by the halves their
+    words come from; regression: the share of the words from
+    the upper half (a score in [0, 1])."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -95,19 +95,19 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
         if task == "classification":
             words = [rng.randrange(*WORDS[label]) for _ in range(count)]
         else:  # halves mixed by a per-row share
-            share = (i % 5) / 4
+            share = (i % 3) / 2 if task == "multi_label" else (i % 5) / 4
             words = [rng.randrange(*WORDS[int(rng.random() < share)]) for _ in range(count)]
         ids = [CLS] + words + [SEP]
         if task == "multi_label":
             upper = sum(w >= WORDS[1][0] for w in words)
-            label = [float(upper < count), float(upper > 0), float(count % 2 == 0)]
+            label = [float(upper < count), float(upper > 0)]
         elif task == "regression":
             label = [sum(w >= WORDS[1][0] for w in words) / count]
         rows.append((ids, [0] * len(ids), label))
     return rows
 
 
-MULTI_LABELS = ["lower", "upper", "even"]
+MULTI_LABELS = ["lower", "upper"]
 
 
 def write_tfrecords(path: Path, rows: list[tuple]) -> None:
