@@ -17,8 +17,8 @@ from tasks.config import RunConfig
 # and "(advanced)" ones can stay at their defaults.
 FIRST_SECTION = "Run Parameters"
 SECTIONS: dict[str, tuple[str, ...]] = {
-    FIRST_SECTION: ("experiment", "task", "train_uri", "eval_uri", "labels", "epochs", "accelerator",
-                   "num_workers", "provisioner"),
+    FIRST_SECTION: ("experiment", "task", "train_uri", "eval_uri", "labels", "epochs",
+                   "accelerator", "num_workers", "provisioner"),
     "Data": ("file_format", "text_column", "text_pair_column", "label_column",
              "label_delimiter", "multi_label_threshold", "eval_fraction", "seed"),
     "Model": ("base_model", "max_seq_length", "lower_case", "num_shards"),

@@ -244,10 +244,12 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "goodput": goodput.describe(goodput.read_goodput(join_uri(ctx.run_uri, "train")))}
     return f"""# {cfg.model_name} {version}
 
-{train.get('model_family', 'bert')} sequence model ({kind.name}) fine-tuned by bertflow. Serving signature `serving_default`:
+{train.get('model_family', 'bert')} sequence model ({kind.name}) fine-tuned by bertflow.
+Serving signature `serving_default`:
 {", ".join(f"`{k}`" for k in sample_inputs(data["has_pair"]))} (tf.string [batch]) ->
 {"; ".join(f"`{name}` ({what})" for name, what in kind.serving_outputs.items())}
-(num_labels = {len(data["labels"])}). Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.
+(num_labels = {len(data["labels"])}).
+Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.
 The version folder is also a Hugging Face checkpoint (config.json, model.safetensors,
 tokenizer files): `AutoModelForSequenceClassification.from_pretrained(folder)` and
 `AutoTokenizer.from_pretrained(folder)` in PyTorch transformers.

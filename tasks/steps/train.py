@@ -277,10 +277,10 @@ class History:
     """`train/history.json`, a small training history the bertflow page draws without
     TensorFlow: `{"total_steps", "steps_per_epoch", "every", "records": [{"step", "epoch",
     "loss", "accuracy", "learning_rate", "elapsed_seconds"}]}` (the task's training metric in
-    place of accuracy: label_accuracy for multi-label, mse for regression). About `POINTS` records per
-    run (every `every` steps, the first and the last step), buffered and written whole (it is
-    small, and gs:// / s3:// objects cannot be appended to) at each epoch end and at the last
-    step. A resumed run keeps the records up to the step it resumes from."""
+    place of accuracy: label_accuracy for multi-label, mse for regression). About `POINTS`
+    records per run (every `every` steps, the first and the last step), buffered and written
+    whole (it is small, and gs:// / s3:// objects cannot be appended to) at each epoch end and
+    at the last step. A resumed run keeps the records up to the step it resumes from."""
 
     POINTS = 200
 
