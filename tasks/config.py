@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_valid
 from tasks.errors import ConfigError
 from tasks.io import uri_templates
 from tasks.io.uris import join_uri
+from tasks.task_kinds import GATE_METRICS, KINDS
 from tasks.topology import Topology, resolve_strategy_name
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +49,12 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # --- data -------------------------------------------------------------------------------
+    task: Literal[tuple(KINDS)] = Field(  # type: ignore[valid-type]
+        default="classification", title="Task",
+        description="classification: one label per text. multi_label: any number of labels "
+                    "per text (names joined by label_delimiter, or a JSON list in JSON "
+                    "Lines). regression: a number per text (a score). token_classification: "
+                    "not wired yet.")
     train_uri: str = Field(
         default=str(DEMO_DIR / "train.tsv"), title="Training data",
         description="CSV, TSV or JSON Lines file with a text and a label column: local path, "
@@ -71,6 +78,13 @@ class RunConfig(BaseModel):
         default=None, title="Allowed labels",
         description="Optional fixed label list, in output order. Rows with other labels are "
                     "rejected. Empty: learned from the training data (sorted).")
+    label_delimiter: str = Field(
+        default=",", min_length=1, title="Label delimiter",
+        description="multi_label: what separates the label names in a label cell.")
+    multi_label_threshold: float = Field(
+        default=0.5, gt=0.0, lt=1.0, title="Multi-label threshold",
+        description="multi_label: a label is predicted when its probability is over this "
+                    "(evaluation metrics and the served labels).")
     eval_fraction: float = Field(
         default=0.1, gt=0.0, lt=0.5, title="Held-out fraction",
         description="Fraction of the training data held out for evaluation when no "
@@ -312,8 +326,11 @@ class RunConfig(BaseModel):
         description="Airflow connection whose password is a Hugging Face token, for a "
                     "base_model on the Hub that is gated or private. Empty: the HF_TOKEN "
                     "environment variable, else anonymous.")
-    gate_metric: Literal["accuracy", "macro_f1"] = Field(default="accuracy",
-                                                          title="Quality-gate metric")
+    gate_metric: Literal[("auto",) + GATE_METRICS] = Field(  # type: ignore[valid-type]
+        default="auto", title="Quality-gate metric",
+        description="Higher is better. auto: the task's first. classification: accuracy, "
+                    "macro_f1; multi_label: micro_f1, macro_f1, subset_accuracy; "
+                    "regression: pearson, spearman.")
     gate_min_value: float = Field(default=0.0, ge=0, le=1, title="Minimum metric value",
                                   description="A model below this is not promoted.")
     gate_max_regression: float = Field(
@@ -344,6 +361,12 @@ class RunConfig(BaseModel):
             raise ValueError("text_pair_column must differ from text_column")
         if self.label_column in (self.text_column, self.text_pair_column):
             raise ValueError("label_column must differ from the text columns")
+        gate_metrics = KINDS[self.task].gate_metrics
+        if self.gate_metric != "auto" and self.gate_metric not in gate_metrics:
+            raise ValueError(f"gate_metric {self.gate_metric} is not a {self.task} metric; "
+                             f"use one of {', '.join(gate_metrics)} (or auto)")
+        if self.labels is not None and self.task == "regression":
+            raise ValueError("labels is for classification tasks; a regression run has none")
         if self.labels is not None:
             if len(self.labels) < 2:
                 raise ValueError("labels needs at least 2 classes (or leave it empty)")
@@ -352,6 +375,13 @@ class RunConfig(BaseModel):
         return self
 
     # --- derived --------------------------------------------------------------------------
+    @property
+    def gate_metric_name(self) -> str:
+        """The metric promote's gate reads: gate_metric, or for auto the task's first."""
+        if self.gate_metric == "auto":
+            return KINDS[self.task].gate_metrics[0]
+        return self.gate_metric
+
     def resolved_export_uri(self) -> str:
         return self.export_uri or join_uri(self.artifact_root, "models")
 
@@ -391,6 +421,8 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     except ValidationError as err:
         raise _error_from_validation(err) from None
     uri_templates.check(cleaned)  # unknown date placeholders name their field
+    if not KINDS[cfg.task].wired:
+        raise ConfigError("task", f"{cfg.task}: not wired yet")
     check_capacity(cfg)
     if cfg.provisioner == "tpu_vm" and cfg.accelerator not in ("auto", "tpu"):
         raise ConfigError("accelerator", f"provisioner tpu_vm runs on TPUs; set accelerator "

@@ -31,31 +31,49 @@ def model_dir(tmp_path_factory):
     return write_model(tmp_path_factory.mktemp("train") / "model")
 
 
-def write_model(path, model_type: str = "bert", **config):
+def write_model(path, model_type: str = "bert", labels=LABELS, **config):
     """A classifier of `model_type` with the run's labels, as the train step saves it."""
     import tf_keras
 
     tf_keras.utils.set_random_seed(0)
-    write_tiny_model(path, model_type, id2label=dict(enumerate(LABELS)), **config)
+    write_tiny_model(path, model_type, id2label=dict(enumerate(labels)), **config)
     (path / "vocab.txt").write_text("\n".join(VOCAB) + "\n")  # real words for the texts
     return path
 
 
-def fake_run(tmp_path, model_dir, has_pair=False, run_id="manual__1") -> RunContext:
+TASK_LABELS = {"classification": LABELS, "multi_label": ["sport", "news", "weather"],
+               "regression": ["score"]}
+TASK_METRICS = {
+    "multi_label": {"micro_f1": 0.6, "macro_f1": 0.5, "subset_accuracy": 0.25, "threshold": 0.5,
+                    "per_label": {label: {"precision": 0.5, "recall": 1.0, "f1": 0.67,
+                                          "support": 2} for label in TASK_LABELS["multi_label"]}},
+    "regression": {"pearson": 0.9, "spearman": 0.8, "mse": 0.1,
+                   "binned": {"edges": [0, 0.5, 1], "rows": [
+                       {"low": 0, "high": 0.5, "count": 3, "mean_true": 0.2,
+                        "mean_predicted": 0.3},
+                       {"low": 0.5, "high": 1, "count": 0, "mean_true": None,
+                        "mean_predicted": None}]}}}
+
+
+def fake_run(tmp_path, model_dir, has_pair=False, run_id="manual__1",
+             task="classification") -> RunContext:
     """Upstream manifests of a finished run, as data/tokenize/train/evaluate write them."""
     ctx = RunContext(str(tmp_path / "artifacts"), "bert_finetune", run_id, run_id)
+    labels = TASK_LABELS[task]
     metrics = {"accuracy": 0.75, "macro_f1": 0.7, "num_examples": 4, "labels": LABELS,
                "per_class": {label: {"precision": 0.5, "recall": 1.0, "f1": 0.67,
                                      "support": 2} for label in LABELS},
                "confusion_matrix": [[2, 0], [1, 1]]}
+    if task != "classification":
+        metrics = {"task": task, "num_examples": 4, "labels": labels, **TASK_METRICS[task]}
     storage.write_json(f"{ctx.step_uri('evaluate')}/metrics.json", metrics)
     runlayout.write_manifest(ctx.step_uri("data"), {
-        "labels": LABELS, "has_pair": has_pair, "eval_source": "file",
+        "task": task, "labels": labels, "has_pair": has_pair, "eval_source": "file",
         "sources": {"train": {"uri": "s3://data/train.csv", "sha256": "ab" * 32},
                     "eval": None}})
     runlayout.write_manifest(ctx.step_uri("tokenize"), {
         "content_hash": "cd" * 32, "max_seq_length": 32, "lower_case": True,
-        "has_pair": has_pair, "labels": LABELS})
+        "has_pair": has_pair, "labels": labels, "task": task})
     runlayout.write_manifest(ctx.step_uri("train"), {
         "model_dir": str(model_dir), "strategy": "one_device", "num_replicas": 1,
         "global_batch_size": 8, "epochs": 1, "steps": 2, "learning_rate": 5e-5,
@@ -203,3 +221,53 @@ def test_version_is_a_hugging_face_checkpoint_that_pytorch_loads(tmp_path, model
     # Not a trivial match: the texts' probabilities differ by 100x the tolerance at least (a
     # tiny random model's spread varies with its draw: 0.04 was seen).
     assert np.ptp(want[:, 0]) > 1e-3, want
+
+
+@pytest.mark.parametrize("task", ["multi_label", "regression"])
+def test_multi_label_and_regression_versions_serve_and_load_in_pytorch(tmp_path, task):
+    """Multi-label: sigmoid `probabilities` and the `labels` over the threshold (padded with
+    ""); regression: `score`. The HF checkpoint beside it carries problem_type, and PyTorch's
+    AutoModelForSequenceClassification gives the same outputs (sigmoid / the raw score)."""
+    import numpy as np
+
+    import torch_env
+
+    labels = TASK_LABELS[task]
+    ctx = fake_run(tmp_path, write_model(tmp_path / "wide", labels=labels,
+                                         initializer_range=1.0), task=task)
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "tiny", "task": task})
+    manifest = runlayout.read_manifest(export.run(cfg, ctx))
+    version = manifest["version_uri"]
+    assert manifest["task"] == task
+    config = json.loads(storage.read_text(f"{version}/config.json"))
+    texts = ["a good movie", "the second one , and a bad exported model", "different"]
+    out = predict(f"{version}/saved_model", text=texts)
+    card = storage.read_text(f"{version}/model_card.md")
+    if task == "multi_label":
+        assert manifest["outputs"] == ["labels", "probabilities"]
+        assert config["problem_type"] == "multi_label_classification"
+        probabilities = out["probabilities"].numpy()
+        assert probabilities.shape == (3, 3) and not np.allclose(probabilities.sum(1), 1)
+        names = out["labels"].numpy().astype(str)
+        assert names.shape == (3, 3)
+        for row, chosen in zip(probabilities, names):
+            want = [label for label, p in zip(labels, row) if p > cfg.multi_label_threshold]
+            assert list(chosen) == want + [""] * (3 - len(want))
+        want = probabilities
+        assert "| sport | 0.5000 |" in card and "micro F1: 0.6000" in card
+    else:
+        assert manifest["outputs"] == ["score"]
+        assert config["problem_type"] == "regression" and config["id2label"] == {"0": "score"}
+        want = out["score"].numpy()
+        assert want.shape == (3,)
+        assert "Pearson: 0.9000" in card and "| 0 to 0.5 | 3 | 0.2000 | 0.3000 |" in card
+    try:
+        torch_env.python()
+    except torch_env.Unavailable as err:
+        pytest.skip(f"the SavedModel checks passed; PyTorch's: {err}")
+    got = torch_env.predict(version, texts)
+    assert got["problem_type"] == config["problem_type"]
+    # A score is an unbounded logit (about 3 here): float32 sums in another order differ
+    # relatively, by ~3e-5 seen.
+    np.testing.assert_allclose(got["probabilities"], want, atol=1e-5, rtol=1e-4)
+    assert np.ptp(want.ravel()) > 1e-3, want

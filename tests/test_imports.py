@@ -33,7 +33,7 @@ SCRIPTS = ("dags", "plugins")  # files Airflow loads by path, named "dags/<file>
 LAYERS: list[tuple[str, ...]] = [
     ("tasks", "tasks.errors"),
     ("tasks.io",),
-    ("tasks.topology",),
+    ("tasks.topology", "tasks.task_kinds"),
     ("tasks.config",),
     ("tasks.params_doc", "tasks.params_form"),
     ("tasks.runs",),

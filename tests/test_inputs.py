@@ -120,3 +120,24 @@ def test_input_pipelines_split_the_rows_exactly(shards, pipelines):
 def test_no_shards_is_an_error():
     with pytest.raises(Exception, match="no TFRecord shards"):
         inputs.eval_dataset([], 8)
+
+
+@pytest.mark.parametrize("task, spec", [
+    ("multi_label", {"dtype": "float32", "shape": [2]}),
+    ("regression", {"dtype": "float32", "shape": [1]})])
+def test_float_labels_batch_and_pad_for_tpu(tmp_path, task, spec):
+    """Multi-hot vectors and scores as the tokenize manifest's label_spec says; TPU filler
+    rows carry NaN (where -1 could be a score), which is_real tells from real rows."""
+    rows = tiny_rows(13, seed=4, task=task)
+    path = tmp_path / "float.tfrecord"
+    write_tfrecords(path, rows)
+    batches = list(inputs.eval_dataset([str(path)], 4, label_spec=spec))
+    labels = np.concatenate([b[1].numpy() for b in batches])
+    assert labels.dtype == np.float32 and labels.shape == (13, spec["shape"][0])
+    assert sorted(map(tuple, labels)) == sorted(tuple(r[2]) for r in rows)
+    padded = inputs.eval_dataset([str(path)], 4, static_shapes=True, max_seq_length=32,
+                                 label_spec=spec)
+    real = np.concatenate([inputs.is_real(b[1]).numpy() for b in padded])
+    assert len(real) == 16 and real.sum() == 13 and not real[13:].any()
+    train = next(iter(inputs.train_dataset([str(path)], 4, 32, seed=1, label_spec=spec)))
+    assert train[1].shape == (4, spec["shape"][0])

@@ -413,3 +413,38 @@ def test_serialized_dag_carries_the_link_for_the_ui(dag):
     links = {t["__var"]["task_id"]: t["__var"].get("_operator_extra_links") for t in tasks}
     for step in ("train", "evaluate", "export"):
         assert links[step] == {"bertflow run": "_link_RunPageLink"}, links[step]
+
+
+def test_multi_label_and_regression_runs_show_their_metrics(logged_in, tree):
+    """A multi-label run's page lists its F1 scores and a row per label; a regression run's
+    its correlations and the predicted-against-true chart; a history whose training metric
+    is not accuracy (label_accuracy, mse) still draws."""
+    from tasks.io import storage
+
+    run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    storage.write_json(f"{run}/train/history.json", {"records": [
+        {"step": 1, "loss": 0.7, "mse": 0.3, "learning_rate": 1e-3},
+        {"step": 2, "loss": 0.5, "mse": 0.2, "learning_rate": 1e-3}]})
+    storage.write_json(f"{run}/evaluate/metrics.json", {
+        "task": "multi_label", "micro_f1": 0.8125, "macro_f1": 0.75, "subset_accuracy": 0.5,
+        "threshold": 0.5, "num_examples": 4, "labels": ["sport", "news"],
+        "per_label": {"sport": {"precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2},
+                      "news": {"precision": 0.5, "recall": 1.0, "f1": 0.6667, "support": 1}}})
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}")
+    assert page.status_code == 200, page.text
+    assert "micro_f1 <b>0.8125</b>" in page.text and "<td class='l'>news</td>" in page.text
+    assert "data-series='mse'" in page.text
+    storage.write_json(f"{run}/evaluate/metrics.json", {
+        "task": "regression", "pearson": 0.9, "spearman": 0.85, "mse": 0.125,
+        "num_examples": 5, "labels": ["score"], "binned": {"edges": [0, 0.5, 1], "rows": [
+            {"low": 0, "high": 0.5, "count": 3, "mean_true": 0.2, "mean_predicted": 0.3},
+            {"low": 0.5, "high": 1, "count": 2, "mean_true": 0.8, "mean_predicted": 0.7}]}})
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}")
+    assert page.status_code == 200, page.text
+    assert "pearson <b>0.9</b>" in page.text.replace("0.9000", "0.9")
+    assert page.text.count("<circle class='bin'") == 2 and "per-class" not in page.text
+    storage.write_json(f"{run}/evaluate/manifest.json", {
+        "task": "regression", "metrics_uri": f"{run}/evaluate/metrics.json", "num_examples": 5,
+        "metrics": {"pearson": 0.9, "spearman": 0.85, "mse": 0.125}})
+    index = logged_in.get("/bertflow/").text
+    assert "<td class='accuracy'><small>pearson</small> 0.9" in index

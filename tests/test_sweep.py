@@ -155,3 +155,19 @@ def test_the_slot_rule_never_lets_more_than_the_cap_run(cap):
         assert peak <= cap
         peaks.add(peak)
     assert cap in peaks  # the cap is reached, not only respected
+
+
+def test_a_regression_sweep_picks_its_best_by_the_tasks_gate_metric(artifact_root):
+    """A sweep runs one task (task is not sweepable: the trials share the data); its best
+    trial is the one with the best gate metric of that task, pearson for regression."""
+    plan = sweep.plan({**BASE, "task": "regression"}, {"grid": {"seed": [1, 2]}})
+    ctx = RunContext(artifact_root, "bert_sweep", "reg", "manual__r", "reg")
+    out = sweep.init_sweep(plan, ctx, max_parallel_trials=1)
+    assert sweep.read_sweep(ctx.run_uri)["metric"] == "pearson"
+    for trial, pearson in zip(out["trials"], (0.7, 0.8)):
+        runlayout.write_manifest(join_uri(trial["run_uri"], "evaluate"), {"metrics": {
+            "pearson": pearson, "spearman": 0.9 - pearson, "mse": 0.1}})
+    best = sweep.pick_best(ctx.run_uri)["best"]
+    assert best["index"] == 2 and best["metrics"]["pearson"] == 0.8
+    with pytest.raises(ConfigError, match="not sweepable"):
+        sweep.plan(BASE, {"grid": {"task": ["regression"]}})

@@ -342,3 +342,19 @@ def test_library_tfrecord_writer_writes_the_same_bytes(tmp_path, monkeypatch):
         shards.append([open(s, "rb").read() for split in manifest["splits"].values()
                        for s in split["shards"]])
     assert shards[0] == shards[1]
+
+
+def test_float_labels_are_written_as_a_float_list():
+    """Multi-hot vectors and scores (float32 [n, k]) become each record's `label` FloatList,
+    as protobuf packs it."""
+    from tasks.io.tfrecord_io import example_records
+
+    ids, lengths, types = np.array([2, 5, 3, 2, 300, 7, 3]), np.array([3, 4]), np.zeros(7)
+    for labels in (np.array([[0, 1, 1], [1, 0, 0]], np.float32),
+                   np.array([[1.5], [-2.25]], np.float32)):
+        buf, starts = example_records(ids, lengths, types, labels, framed=False)
+        data = buf.tobytes()
+        for k, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+            feature = tf.train.Example.FromString(data[a:b]).features.feature
+            assert list(feature["label"].float_list.value) == labels[k].tolist()
+            assert len(feature["input_ids"].int64_list.value) == lengths[k]

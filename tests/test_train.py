@@ -218,3 +218,40 @@ def test_fit_in_mixed_bfloat16_logs_the_plan(tmp_path, tiny_model_dir, capsys):
     assert {w.dtype for w in saved_weights(Path(manifest["model_dir"])).values()} == \
         {np.dtype("float32")}
 
+
+
+@pytest.mark.parametrize("task,loop", [("multi_label", "fit"), ("regression", "custom")])
+def test_multi_label_and_regression_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
+    """The other sequence tasks on the same tiny data: multi-hot labels with per-label
+    sigmoid cross-entropy, a score with squared error; both loops (the custom one with
+    accumulation and bfloat16); exact metrics over the 41 eval rows."""
+    extra = {"grad_accum_steps": 2, "per_replica_batch_size": 8,
+             "mixed_precision": "mixed_bfloat16"} if loop == "custom" else {}
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, task=task, training_loop=loop,
+                        learning_rate=1e-2, epochs=6, **extra)
+    train.run(cfg, ctx)
+    evaluate.run(cfg, ctx)
+    manifest = read_manifest(ctx.manifest_uri("train"))
+    assert manifest["task"] == task and manifest["steps"] == 48
+    history = json.loads(Path(ctx.step_uri("train"), "history.json").read_text())
+    metric = {"multi_label": "label_accuracy", "regression": "mse"}[task]
+    assert all(metric in record for record in history["records"])
+    config = json.loads(Path(manifest["model_dir"], "config.json").read_text())
+    result = read_manifest(ctx.manifest_uri("evaluate"))
+    metrics = json.loads(Path(result["metrics_uri"]).read_text())
+    assert result["num_examples"] == metrics["num_examples"] == 41 and metrics["task"] == task
+    print(task, {k: v for k, v in result["metrics"].items()}, "final loss",
+          manifest["final_loss"])
+    if task == "multi_label":
+        assert config["problem_type"] == "multi_label_classification"
+        assert list(config["id2label"].values()) == ["lower", "upper"]
+        assert manifest["final_loss"] < math.log(2)  # below chance for each label
+        assert set(result["metrics"]) == {"micro_f1", "macro_f1", "subset_accuracy"}
+        assert metrics["micro_f1"] > 0.9 and metrics["subset_accuracy"] > 0.8
+        support = {label: m["support"] for label, m in metrics["per_label"].items()}
+        assert support["lower"] + support["upper"] >= 41  # every row has a half
+    else:
+        assert config["problem_type"] == "regression" and config["id2label"] == {"0": "score"}
+        assert set(result["metrics"]) == {"pearson", "spearman", "mse"}
+        assert metrics["pearson"] > 0.8 and metrics["spearman"] > 0.8
+        assert sum(row["count"] for row in metrics["binned"]["rows"]) == 41

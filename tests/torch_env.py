@@ -77,15 +77,22 @@ model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
 tokenizer = AutoTokenizer.from_pretrained(folder)
 batch = tokenizer(texts, padding=True, return_tensors="pt")
 with torch.no_grad():
-    probabilities = torch.softmax(model(**batch).logits, dim=-1)
-print(json.dumps({"probabilities": probabilities.tolist(), "id2label": model.config.id2label,
-                  "tokenizer": type(tokenizer).__name__}))
+    logits = model(**batch).logits
+# The task's output, by config.json's problem_type as transformers reads it: softmax for one
+# label, sigmoid per label for several, the raw score for regression.
+problem = model.config.problem_type
+outputs = {"multi_label_classification": torch.sigmoid(logits),
+           "regression": logits[:, 0]}.get(problem, torch.softmax(logits, dim=-1))
+print(json.dumps({"probabilities": outputs.tolist(), "id2label": model.config.id2label,
+                  "problem_type": problem, "tokenizer": type(tokenizer).__name__}))
 """
 
 
 def predict(folder: str, texts: list[str]) -> dict:
-    """`{"probabilities", "id2label", "tokenizer"}` from AutoModelForSequenceClassification and
-    AutoTokenizer loading `folder` in the torch environment."""
+    """`{"probabilities", "id2label", "problem_type", "tokenizer"}` from
+    AutoModelForSequenceClassification and AutoTokenizer loading `folder` in the torch
+    environment; "probabilities" holds the task's output (softmax, sigmoid, or the score for
+    regression)."""
     with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
         done = subprocess.run([str(python()), "-c", _PREDICT, str(folder), json.dumps(texts)],
                               capture_output=True, text=True, timeout=600, cwd=cwd,

@@ -80,16 +80,34 @@ def logits_and_gradients(model, batch) -> tuple:
     return logits.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
 
 
-def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20) -> list[tuple]:
-    """(input_ids, token_type_ids, label) with the label given away by the words."""
+def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
+              task: str = "classification") -> list[tuple]:
+    """(input_ids, token_type_ids, label) with the label given away by the words.
+
+    multi_label: rows of lower words, upper words or both, labelled by the halves their
+    words come from; regression: the share of the words from
+    the upper half (a score in [0, 1])."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
         label = i % 2
-        words = [rng.randrange(*WORDS[label]) for _ in range(rng.randint(min_len, max_len))]
+        count = rng.randint(min_len, max_len)
+        if task == "classification":
+            words = [rng.randrange(*WORDS[label]) for _ in range(count)]
+        else:  # halves mixed by a per-row share
+            share = (i % 3) / 2 if task == "multi_label" else (i % 5) / 4
+            words = [rng.randrange(*WORDS[int(rng.random() < share)]) for _ in range(count)]
         ids = [CLS] + words + [SEP]
+        if task == "multi_label":
+            upper = sum(w >= WORDS[1][0] for w in words)
+            label = [float(upper < count), float(upper > 0)]
+        elif task == "regression":
+            label = [sum(w >= WORDS[1][0] for w in words) / count]
         rows.append((ids, [0] * len(ids), label))
     return rows
+
+
+MULTI_LABELS = ["lower", "upper"]
 
 
 def write_tfrecords(path: Path, rows: list[tuple]) -> None:
@@ -98,23 +116,33 @@ def write_tfrecords(path: Path, rows: list[tuple]) -> None:
     def ints(values):
         return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
+    def label_feature(label):
+        if isinstance(label, list):  # float labels: multi-hot or a score
+            return tf.train.Feature(float_list=tf.train.FloatList(value=label))
+        return ints([label])
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
         for ids, types, label in rows:
             example = tf.train.Example(features=tf.train.Features(feature={
-                "input_ids": ints(ids), "token_type_ids": ints(types), "label": ints([label])}))
+                "input_ids": ints(ids), "token_type_ids": ints(types),
+                "label": label_feature(label)}))
             writer.write(example.SerializeToString())
 
 
 def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: int = 2,
-                    max_seq_length: int = 32, train_lengths: tuple[int, int] = (3, 20)) -> str:
+                    max_seq_length: int = 32, train_lengths: tuple[int, int] = (3, 20),
+                    task: str = "classification") -> str:
     """Shards under the cache folder plus tokenize/manifest.json, as CONTRACTS.md describes.
     `train_lengths`: (min, max) words per training row; equal values give every batch the same
     shape, so a training function is traced once (faster multi-process tests)."""
+    from tasks.task_kinds import kind as task_kind
+
+    labels = {"multi_label": MULTI_LABELS, "regression": ["score"]}.get(task, LABELS)
     cache = Path(ctx.artifact_root) / "cache" / "tfrecords" / "tiny"
     splits = {}
     for split, n, seed in (("train", num_train, 1), ("eval", num_eval, 2)):
-        rows = tiny_rows(n, seed, *(train_lengths if split == "train" else (3, 20)))
+        rows = tiny_rows(n, seed, *(train_lengths if split == "train" else (3, 20)), task=task)
         shards = []
         for k in range(num_shards):
             path = cache / f"{split}-{k:05d}-of-{num_shards:05d}.tfrecord"
@@ -125,7 +153,8 @@ def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: 
     return write_manifest(ctx.step_uri("tokenize"), {
         "content_hash": "tiny", "cache_uri": str(cache), "reused": False,
         "vocab_size": len(VOCAB), "max_seq_length": max_seq_length, "lower_case": True,
-        "has_pair": False, "labels": LABELS, "splits": splits})
+        "has_pair": False, "task": task, "labels": labels,
+        "label_spec": task_kind(task).label_spec(len(labels)), "splits": splits})
 
 
 def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 41,
@@ -144,7 +173,7 @@ def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 
     write_run_config(ctx, cfg)
     storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())
     write_tokenized(ctx, num_train, num_eval, max_seq_length=cfg.max_seq_length,
-                    train_lengths=train_lengths)
+                    train_lengths=train_lengths, task=cfg.task)
     return cfg, ctx
 
 

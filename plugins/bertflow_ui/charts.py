@@ -6,6 +6,8 @@ escapes every text.
   shared axes, 5 ticks on each.
 - `confusion`: a confusion matrix as a heat map (rows: true label, columns: predicted),
   shaded by the share of each true label's examples.
+- `predicted_vs_true`: a regression's evaluation as points (mean true, mean predicted) per
+  bin of the true value, sized by the bin's rows, over the diagonal of perfect predictions.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ TICKS = 5
 # takes the lighter 400s in dark mode.
 RUN_SERIES = (("loss", "training loss", "#e7000b"),
               ("accuracy", "training accuracy", "#155dfc"),
+              # the other tasks' training metrics (tasks/task_kinds.py): at most one is there
+              ("label_accuracy", "training label accuracy", "#155dfc"),
+              ("mse", "training MSE", "#155dfc"),
               ("learning_rate", "learning rate", "#007a33"))
 
 # Tableau 10: distinct hues for the runs' curves and legend on the compare page (cycled
@@ -98,6 +103,40 @@ def run_charts(history: list[dict]) -> list[dict[str, Any]]:
     charts = (line_chart([(None, color, history_points(history, key))], title, key)
               for key, title, color in RUN_SERIES)
     return [c for c in charts if c is not None]
+
+
+def predicted_vs_true(binned: Any, size: int = 260) -> dict[str, Any] | None:
+    """The geometry of evaluate's `binned` summary (tasks/task_kinds.py binned): one point
+    per non-empty bin at (mean true, mean predicted), radius growing with its rows, and the
+    diagonal; None for anything else (draw nothing rather than fail)."""
+    rows = binned.get("rows") if isinstance(binned, dict) else None
+    points = [r for r in rows or [] if isinstance(r, dict) and r.get("count")
+              and all(isinstance(r.get(k), (int, float)) and math.isfinite(r[k])
+                      for k in ("mean_true", "mean_predicted"))]
+    if not points:
+        return None
+    values = [r[k] for r in points for k in ("mean_true", "mean_predicted")]
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        lo, hi = lo - 1, hi + 1
+    side = size - LEFT - RIGHT
+
+    def at(value: float, flip: bool = False) -> float:
+        share = (value - lo) / (hi - lo)
+        return TOP + side * (1 - share) if flip else LEFT + side * share
+
+    most = max(r["count"] for r in points)
+    steps = [i / (TICKS - 1) for i in range(TICKS)]
+    return {
+        "width": size, "height": TOP + side + BOTTOM, "left": LEFT, "top": TOP,
+        "right": LEFT + side, "bottom": TOP + side, "center": LEFT + side / 2,
+        "diagonal": {"x1": at(lo), "y1": at(lo, True), "x2": at(hi), "y2": at(hi, True)},
+        "ticks": [{"x": f"{at(lo + (hi - lo) * t):.1f}", "y": f"{at(lo + (hi - lo) * t, True):.1f}",
+                   "label": fmt(lo + (hi - lo) * t, 3)} for t in steps],
+        "points": [{"x": f"{at(r['mean_true']):.1f}", "y": f"{at(r['mean_predicted'], True):.1f}",
+                    "r": f"{3 + 5 * math.sqrt(r['count'] / most):.1f}",
+                    "tip": f"{r['count']} rows, true {fmt(r['mean_true'])}, predicted "
+                           f"{fmt(r['mean_predicted'])}"} for r in points]}
 
 
 def confusion(matrix: Any, labels: list[str]) -> dict[str, Any] | None:

@@ -229,6 +229,10 @@ def _config_rows(run: dict) -> list[tuple[str, str]]:
     return rows
 
 
+# The metrics of tasks other than classification, in the order the run page lists them.
+OTHER_METRICS = ("micro_f1", "macro_f1", "subset_accuracy", "pearson", "spearman", "mse")
+
+
 def _outcome(root: str, run: dict) -> dict[str, Any]:
     """What the run page's Training, Evaluation and Model sections draw of `run` (a run, or
     a sweep's best trial): charts, confusion matrix, per-class rows, the exported version
@@ -236,7 +240,8 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
     metrics = run["metrics"]
     labels = (metrics or {}).get("labels")
     labels = [str(x) for x in labels] if isinstance(labels, list) else []
-    per_class = (metrics or {}).get("per_class")
+    # classification's per class, multi-label's per label: the same table
+    per_class = (metrics or {}).get("per_class") or (metrics or {}).get("per_label")
     default = run_summary.default_location(root)
     tb_dir = run["train"].get("tensorboard_dir") or join_uri(run["uri"], "train",
                                                              "tensorboard")
@@ -244,6 +249,11 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
     return {
         "run": run, "charts": charts.run_charts(run["history"]), "metrics": metrics,
         "confusion": charts.confusion((metrics or {}).get("confusion_matrix"), labels),
+        # multi-label and regression runs name their own metrics (tasks/task_kinds.py)
+        "headline": [] if "accuracy" in (metrics or {}) else [
+            (name, metrics[name]) for name in OTHER_METRICS
+            if isinstance((metrics or {}).get(name), (int, float))],
+        "scatter": charts.predicted_vs_true((metrics or {}).get("binned")),
         "per_class": [(label, m) for label, m in (per_class or {}).items()
                       if isinstance(m, dict)] if isinstance(per_class, dict) else [],
         "tensorboard_dir": str(tb_dir),

@@ -96,7 +96,8 @@ def open_table(uri: str, fmt: str, wanted: list[str], block_size: int = BLOCK_SI
 def rows(uri: str, table: Table, text_column: str, label_column: str,
          pair_column: Optional[str] = None,
          labels: Optional[list[str]] = None) -> Iterator[tuple]:
-    """(line, text, text_pair, label) of each row of `table`, every cell checked as it passes:
+    """(line, text, text_pair, label) of each row of `table`, every cell checked as it passes
+    (label: a string, or a list of strings where a JSON Lines cell holds a list):
     DataError for an empty text or label, a missing field, a label not in `labels` (when
     given), a file without data rows."""
     allowed = set(labels) if labels is not None else None
@@ -108,7 +109,7 @@ def rows(uri: str, table: Table, text_column: str, label_column: str,
         try:  # fast path; any problem is re-checked below for its exact error
             text = _clean(record[text_key])
             pair = None if pair_key is None else _clean(record[pair_key])
-            label = _clean(record[label_key])
+            label = _clean_label(record[label_key])
         except KeyError:
             text = pair = label = ""
         if not text or not label or (pair_key is not None and not pair):
@@ -118,8 +119,11 @@ def rows(uri: str, table: Table, text_column: str, label_column: str,
             text = _required_cell(uri, line, mapping, text_column, "text")
             pair = (_required_cell(uri, line, mapping, pair_column, "text")
                     if pair_column else None)
-            label = _required_cell(uri, line, mapping, label_column, "label")
-        if allowed is not None and label not in allowed:
+            label = (_clean_label(mapping[label_column])
+                     if isinstance(mapping.get(label_column), list) else
+                     _required_cell(uri, line, mapping, label_column, "label"))
+        if allowed is not None and (label not in allowed if isinstance(label, str) else
+                                    not allowed.issuperset(label)):
             raise DataError(uri, f"label '{label}' is not one of the allowed labels "
                                  f"{labels}", line=line,
                             hint="fix the row, or add the label to the 'labels' setting")
@@ -127,6 +131,14 @@ def rows(uri: str, table: Table, text_column: str, label_column: str,
         yield line, text, pair, label
     if not any_rows:
         raise_no_rows(uri)
+
+
+def _clean_label(value):
+    """A label cell: a string, or for JSON Lines a list of names kept as a list (a
+    multi-label row), its names cleaned; what the list means is the data step's."""
+    if type(value) is list:
+        return [_clean(name) for name in value]
+    return _clean(value)
 
 
 def _clean(value) -> str:

@@ -139,6 +139,10 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     framed: each record is a TFRecord (8-byte length, its masked CRC32C, the Example, the
     Example's masked CRC32C), so a run of records is a valid TFRecord file as it stands.
     Built as per-record header strings and the packed id/type varints, interleaved.
+
+    labels: int64 [n] (an Int64List of one value per record), or float32 [n, k] (a FloatList
+    of k values: multi-hot vectors, scores; packed fixed 4-byte little-endian floats, as
+    protobuf writes them).
     """
     n = len(lengths)
     lengths = np.asarray(lengths, np.int64)
@@ -146,8 +150,13 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     np.cumsum(lengths, out=splits[1:])
     id_bytes, id_sizes = _packed_varints(np.asarray(ids, np.int64))
     type_bytes, type_sizes = _packed_varints(np.asarray(types, np.int64))
-    labels = np.asarray(labels, np.int64)
-    label_sizes = _varint_sizes(labels.view(np.uint64))
+    floats = np.asarray(labels).dtype.kind == "f"
+    if floats:
+        label_bytes = np.ascontiguousarray(labels, "<f4").reshape(n, -1).view(np.uint8)
+        label_sizes = np.full(n, label_bytes.shape[1], np.int64)
+    else:
+        labels = np.asarray(labels, np.int64)
+        label_sizes = _varint_sizes(labels.view(np.uint64))
 
     def nested(key: bytes, payload: np.ndarray):
         """(payload size, Int64List size, Feature size, FeatureEntry size) per row."""
@@ -167,11 +176,13 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     features = np.asarray(features, np.int64)
     example = 1 + _varint_sizes(features.view(np.uint64)) + features
 
-    def header(k: int) -> list:
+    def header(k: int, list_tag: bytes = b"\x1a") -> list:
+        """list_tag: Feature's int64_list (field 3) or float_list (field 2); both lists
+        pack their values as field 1."""
         payload, int64_list, feature, entry = sizes[k]
         key = _KEYS[k]
         return [b"\x0a", entry, b"\x0a" + bytes([len(key)]) + key + b"\x12", feature,
-                b"\x1a", int64_list, b"\x0a", payload]
+                list_tag, int64_list, b"\x0a", payload]
 
     framing = []
     if framed:
@@ -181,7 +192,8 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
               (id_bytes, sizes[0][0]),
               _packed_rows(n, header(1)),
               (type_bytes, sizes[1][0]),
-              _packed_rows(n, header(2) + [labels])]
+              _packed_rows(n, header(2, b"\x12") + [label_bytes] if floats
+                           else header(2) + [labels])]
     record = example + (16 if framed else 0)
     starts = np.zeros(n + 1, np.int64)
     np.cumsum(record, out=starts[1:])

@@ -136,11 +136,14 @@ def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
     return fresh
 
 
-def save_hf_checkpoint(model, labels: list[str], folder: Path | str) -> None:
+def save_hf_checkpoint(model, labels: list[str], folder: Path | str,
+                       problem_type: str = "single_label_classification") -> None:
     """Write `folder`/model.safetensors (PyTorch's key layout with the family prefix,
     float32, metadata format=pt) and config.json: what transformers'
     AutoModelForSequenceClassification.from_pretrained (AutoModelForTokenClassification for
-    a token classification model) loads with no missing or unexpected keys."""
+    a token classification model) loads with no missing or unexpected keys. `problem_type`
+    (config.json's) tells transformers the sequence task's loss: single_label_classification,
+    multi_label_classification or regression (one label)."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -151,7 +154,7 @@ def save_hf_checkpoint(model, labels: list[str], folder: Path | str) -> None:
     state.update({key: _torch_value(*entry) for key, entry in head_parameters(model).items()})
     # "format": "pt" is what PyTorch's from_pretrained asks of a safetensors file.
     save_file(state, str(folder / SAFETENSORS), metadata={"format": "pt"})
-    config = model.config.to_hf_config(labels, task=model.task)
+    config = model.config.to_hf_config(labels, problem_type, task=model.task)
     (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

@@ -90,7 +90,10 @@ def build(cfg: RunConfig, ctx: RunContext, model_name: str, version: str,
         "dag_id": ctx.dag_id, "run_id": ctx.run_id, "run_key": ctx.run_key,
         "experiment": ctx.experiment, "logical_date": ctx.logical_date or None,
         "run_uri": ctx.run_uri,
-        "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1", "num_examples")},
+        # The headline numbers of any task (accuracy and macro-F1 for classification,
+        # F1 scores for multi-label, correlations for regression): no tables.
+        "metrics": {k: v for k, v in metrics.items()
+                    if isinstance(v, (int, float)) and not isinstance(v, bool)},
     }
 
 
@@ -106,8 +109,9 @@ def card_lines(record: dict[str, Any]) -> str:
             f" sha256 `{base.get('sha256') or base.get('hash') or 'unknown'}`\n"
             f"- code: bertflow {code['bertflow']}, git commit "
             f"`{code['git_commit'] or 'unknown'}`\n"
-            f"- metrics: accuracy {record['metrics']['accuracy']}, macro F1 "
-            f"{record['metrics']['macro_f1']}\n\n"
+            f"- metrics: "
+            f"{', '.join(f'{k} {v}' for k, v in record['metrics'].items() if k != 'num_examples')}"
+            f"\n\n"
             f"### Config\n\n```json\n{json.dumps(record['config'], indent=2)}\n```\n")
 
 

@@ -26,6 +26,7 @@ import os
 import re
 from typing import Any
 
+from tasks import task_kinds
 from tasks.io import storage
 from tasks.io.uris import join_uri
 from tasks.errors import StorageError
@@ -176,6 +177,15 @@ def locations_by_id(root: str) -> dict[str, str]:
     return {location_id(loc): loc for loc in export_locations(root)}
 
 
+def _headline(config: dict, evaluation: dict, metrics: dict) -> tuple[str, Any] | None:
+    """(name, value) of the run's gate metric: gate_metric, or for auto its task's first."""
+    kind = task_kinds.KINDS.get(evaluation.get("task") or config.get("task") or "")
+    name = config.get("gate_metric")
+    if name in (None, "auto") and kind is not None:
+        name = kind.gate_metrics[0]
+    return (name, metrics[name]) if name in metrics else None
+
+
 def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
     """One row of the experiments table: context, key config, training and evaluation
     figures of a run folder (None for what a step has not written yet)."""
@@ -204,6 +214,10 @@ def run_summary(root: str, dag_id: str, run_key: str) -> dict[str, Any]:
         "provisioner": config.get("provisioner"),
         "accuracy": metrics.get("accuracy"),
         "macro_f1": metrics.get("macro_f1"),
+        # Multi-label and regression runs: the task and its gate metric, shown where
+        # accuracy is for classification.
+        "task": evaluation.get("task") or "classification",
+        "headline": None if "accuracy" in metrics else _headline(config, evaluation, metrics),
         "train_seconds": train.get("train_seconds"),
         "examples_per_second": train.get("examples_per_second"),
         "steps": train.get("steps"),

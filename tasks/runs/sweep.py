@@ -95,7 +95,7 @@ def init_sweep(p: Plan, ctx: RunContext, max_parallel_trials: int) -> dict[str, 
                        "run_uri": tctx.run_uri, "run_key": tctx.run_key,
                        "max_seq_length": trial.cfg.max_seq_length})
     record = {"space": p.space, "max_parallel_trials": max_parallel_trials,
-              "metric": p.shared.gate_metric, "trials": trials}
+              "metric": p.shared.gate_metric_name, "trials": trials}
     storage.write_json(join_uri(ctx.run_uri, SWEEP_FILE), record)
     return {"sweep_uri": ctx.run_uri,
             "trials": [{"run_uri": t["run_uri"], "label": t["label"]} for t in trials]}
@@ -162,8 +162,8 @@ def pick_best(sweep_uri: str) -> dict[str, Any]:
         rows.append({"index": trial["index"], "label": trial["label"],
                      "run_uri": trial["run_uri"], "run_key": trial["run_key"],
                      "evaluated": metrics is not None,
-                     "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1")}
-                     if metrics else None})
+                     # the task's gate metrics, as evaluate's manifest lists them
+                     "metrics": dict(metrics) if metrics else None})
     done = [r for r in rows if r["evaluated"]]
     if not done:
         raise BertflowError(f"no trial of the sweep {sweep_uri} was evaluated; see the "

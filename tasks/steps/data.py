@@ -30,12 +30,13 @@ Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards, one
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 import msgspec
 
@@ -46,10 +47,12 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
+from tasks.task_kinds import LabelError, TaskKind, kind as task_kind
 
 SHARD_ROWS = 1_000_000  # prepared rows per shard file (~50-100 MB of JSON Lines)
 MAX_LABELS = 100_000  # distinct labels: bounds the per-label counters
 PREFLIGHT_BLOCK = 64 << 10  # check_inputs reads about this much of each file
+PREFLIGHT_ROWS = 100  # and checks this many of its first rows
 _WRITE_BATCH = 4096  # rows encoded per msgspec call
 
 
@@ -58,7 +61,9 @@ class PreparedRow(msgspec.Struct):
 
     text: str
     text_pair: Optional[str]
-    label: int
+    # classification: the label's index; multi_label: the indices of its labels;
+    # regression: the score.
+    label: Union[int, float, list[int]]
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -70,7 +75,7 @@ class Example:
     line: int
     text: str
     text_pair: Optional[str]
-    label: str
+    label: object  # as the task reads it (tasks/task_kinds.py): a name, names or a score
 
 
 @dataclass(frozen=True)
@@ -101,21 +106,27 @@ class _Scan:
 
     uri: str
     files: list[tuple[str, str]] = field(default_factory=list)
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)  # rows carrying each label name
+    strata: Counter = field(default_factory=Counter)  # rows of each split stratum
     rows: int = 0
-    first_spaced: Optional[tuple[str, int, str]] = None  # (uri, line, label)
+    first_line: dict = field(default_factory=dict)  # label name -> (uri, line) first seen
 
 
 # --- public API --------------------------------------------------------------------------
 def check_inputs(cfg: RunConfig) -> None:
-    """Cheap pre-flight for the validate step: each input exists, is not empty, is decodable
-    up to its first record, and has the configured columns (reads the first block of each
-    file only). Raises DataError."""
+    """Cheap pre-flight for the validate step: each input exists, is not empty, has the
+    configured columns, and its first PREFLIGHT_ROWS rows are complete with labels the task
+    can read (reads about the first block of each file). Raises DataError."""
     for pattern in _input_uris(cfg):
         for uri in input_files(cfg, pattern):
             table = text_readers.open_table(uri, _file_format(cfg, uri),
                                             _wanted_columns(cfg), PREFLIGHT_BLOCK)
-            if next(table.records, None) is None:
+            # The first rows' labels as the task reads them: a file written for another
+            # task (words where regression needs numbers) fails the validate task.
+            rows = _parsed(uri, text_readers.rows(uri, table, cfg.text_column,
+                                                  cfg.label_column, cfg.text_pair_column),
+                           task_kind(cfg.task), cfg.label_delimiter)
+            if not list(itertools.islice(rows, PREFLIGHT_ROWS)):
                 text_readers.raise_no_rows(uri)
 
 
@@ -131,8 +142,20 @@ def iter_rows(cfg: RunConfig, uri: str,
     iterator is exhausted."""
     table = text_readers.open_table(uri, _file_format(cfg, uri), _wanted_columns(cfg),
                                     block_size or BLOCK_SIZE)
-    return table, text_readers.rows(uri, table, cfg.text_column, cfg.label_column,
-                                    cfg.text_pair_column, cfg.labels)
+    kind = task_kind(cfg.task)
+    rows = text_readers.rows(uri, table, cfg.text_column, cfg.label_column,
+                             cfg.text_pair_column, cfg.labels if kind.one_name_per_row else None)
+    return table, _parsed(uri, rows, kind, cfg.label_delimiter)
+
+
+def _parsed(uri: str, rows: Iterator[tuple], kind: TaskKind, delimiter: str) -> Iterator[tuple]:
+    """The rows with each label cell read as the task reads it (a name, names or a score);
+    a cell it cannot read is a DataError naming the line."""
+    for line, text, pair, raw in rows:
+        try:
+            yield line, text, pair, kind.parse(raw, delimiter)
+        except LabelError as err:
+            raise DataError(uri, err.reason, line=line, hint=err.hint) from None
 
 
 def load_source(cfg: RunConfig, uri: str) -> Source:
@@ -147,9 +170,12 @@ def load_source(cfg: RunConfig, uri: str) -> Source:
 
 def label_vocabulary(cfg: RunConfig, train: list[Example], train_uri: str) -> list[str]:
     """cfg.labels in its order if given, else the sorted distinct training labels."""
-    scan = _Scan(train_uri, counts=Counter(ex.label for ex in train), rows=len(train))
-    spaced = next((ex for ex in train if " " in ex.label), None)
-    scan.first_spaced = (spaced.uri, spaced.line, spaced.label) if spaced else None
+    scan = _Scan(train_uri, rows=len(train))
+    names = task_kind(cfg.task).names
+    for ex in train:
+        for name in names(ex.label):
+            scan.counts[name] += 1
+            scan.first_line.setdefault(name, (ex.uri, ex.line))
     return _vocabulary(cfg, scan)
 
 
@@ -192,7 +218,7 @@ def stratified_split(examples: list[Example], eval_fraction: float,
                      seed: int) -> tuple[list[Example], list[Example]]:
     """The step's split rule over a list (small data, tests): see `Splitter`. Both splits
     keep the input order; the result depends only on the rows and the seed."""
-    splitter = Splitter(Counter(ex.label for ex in examples), eval_fraction, seed)
+    splitter = Splitter(Counter(ex.label for ex in examples), eval_fraction, seed)  # by class
     train, evals = [], []
     for ex in examples:
         (evals if splitter.to_eval(ex.text, ex.text_pair, ex.label) else train).append(ex)
@@ -206,7 +232,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     eval_scan = _scan(cfg, cfg.eval_uri, seen=train_scan.counts) if cfg.eval_uri else None
     splitter = None
     if eval_scan is None:
-        splitter = Splitter(train_scan.counts, cfg.eval_fraction, cfg.seed)
+        splitter = Splitter(train_scan.strata, cfg.eval_fraction, cfg.seed)
         if not sum(splitter.quotas.values()):
             raise DataError(cfg.train_uri, "too few rows to hold out an evaluation split",
                             hint="add rows, or give an eval_uri")
@@ -214,13 +240,15 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     step = ctx.step_uri("data")
     storage.delete_prefix(step)  # a retry rewrites the folder: no shard of an earlier try
     index = {label: i for i, label in enumerate(labels)}
-    writers = {name: _SplitWriter(step, name, labels) for name in ("train", "eval")}
+    counted = labels if task_kind(cfg.task).names_labels else []  # no counts of scores
+    writers = {name: _SplitWriter(step, name, counted) for name in ("train", "eval")}
     _write_rows(cfg, train_scan, index, writers["train"],
                 writers["eval"] if splitter else None, splitter)
     if eval_scan is not None:
         _write_rows(cfg, eval_scan, index, writers["eval"])
     splits = {name: writer.close() for name, writer in writers.items()}
     manifest = {
+        "task": cfg.task,
         "labels": labels,
         "has_pair": cfg.text_pair_column is not None,
         "eval_source": "file" if eval_scan else "split",
@@ -231,8 +259,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     if splitter is not None:
         manifest["split_rule"] = {
             "eval_fraction": cfg.eval_fraction, "seed": cfg.seed,
-            "rule": "per class exactly min(n-1, max(1, round(n*eval_fraction))) rows, "
-                    "chosen by selection sampling on a seeded hash of each row"}
+            "rule": task_kind(cfg.task).split_rule}
     return runlayout.write_manifest(step, manifest)
 
 
@@ -241,40 +268,54 @@ def _scan(cfg: RunConfig, uri: str, seen: Optional[Counter] = None) -> _Scan:
     """Pass 1: validate every row of `uri`'s files, count labels, hash the files. `seen`:
     the training labels, which every evaluation row's label must be one of."""
     scan = _Scan(uri)
-    counts = scan.counts
+    counts, kind = scan.counts, task_kind(cfg.task)
     for file_uri in input_files(cfg, uri):
         table, rows = iter_rows(cfg, file_uri)
-        for line, _, _, label in rows:
-            if label not in counts:
-                if seen is not None and label not in seen:
-                    raise DataError(file_uri, f"label '{label}' never appears in the training "
-                                              "data", line=line,
-                                    hint="the model cannot learn it; add training examples "
-                                         "or drop these rows")
-                if len(counts) >= MAX_LABELS:
-                    raise DataError(file_uri, f"more than {MAX_LABELS} distinct values in "
-                                              f"label column '{cfg.label_column}'", line=line,
-                                    hint=f"are label_column ('{cfg.label_column}') and "
-                                         f"text_column ('{cfg.text_column}') swapped?")
-                if scan.first_spaced is None and " " in label:
-                    scan.first_spaced = (file_uri, line, label)
-            counts[label] += 1
-        scan.rows = sum(counts.values())
+        for line, _, _, value in rows:
+            scan.rows += 1
+            scan.strata[kind.stratum(value)] += 1
+            for label in kind.names(value):
+                _count_name(cfg, scan, seen, file_uri, line, label)
         scan.files.append((file_uri, table.stream.sha256))
     return scan
+
+
+def _count_name(cfg: RunConfig, scan: _Scan, seen: Optional[Counter], file_uri: str,
+                line: int, label: str) -> None:
+    """Count one label name of a row; `seen`: the training labels, which every evaluation
+    label must be one of."""
+    counts = scan.counts
+    if label not in counts:
+        if seen is not None and label not in seen:
+            raise DataError(file_uri, f"label '{label}' never appears in the training data",
+                            line=line, hint="the model cannot learn it; add training "
+                                            "examples or drop these rows")
+        if cfg.labels is not None and label not in cfg.labels:  # multi-label names
+            raise DataError(file_uri, f"label '{label}' is not one of the allowed labels "
+                                      f"{cfg.labels}", line=line,
+                            hint="fix the row, or add the label to the 'labels' setting")
+        if len(counts) >= MAX_LABELS:
+            raise DataError(file_uri, f"more than {MAX_LABELS} distinct values in label "
+                                      f"column '{cfg.label_column}'", line=line,
+                            hint=f"are label_column ('{cfg.label_column}') and text_column "
+                                 f"('{cfg.text_column}') swapped?")
+        scan.first_line[label] = (file_uri, line)
+    counts[label] += 1
 
 
 def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: "_SplitWriter",
                 held_out: Optional["_SplitWriter"] = None,
                 splitter: Optional[Splitter] = None) -> None:
     """Pass 2: read the files of `scan` again and append each row to its split."""
+    kind = task_kind(cfg.task)
     for file_uri, sha256 in scan.files:
         table, rows = iter_rows(cfg, file_uri)
-        for _, text, pair, label in rows:
-            if splitter is not None and splitter.to_eval(text, pair, label):
-                held_out.add(text, pair, index[label])
+        for _, text, pair, value in rows:
+            row = (text, pair, kind.prepare(value, index), [index[n] for n in kind.names(value)])
+            if splitter is not None and splitter.to_eval(text, pair, kind.stratum(value)):
+                held_out.add(*row)
             else:
-                out.add(text, pair, index[label])
+                out.add(*row)
         if table.stream.sha256 != sha256:
             raise DataError(file_uri, "the file changed while it was being read",
                             hint="run the step again once the file is complete")
@@ -296,9 +337,12 @@ class _SplitWriter:
         local = storage.is_local(step)
         self._tmp_dir = str(storage.local_path(step)) if local else None
 
-    def add(self, text: str, pair: Optional[str], label: int) -> None:
+    def add(self, text: str, pair: Optional[str], label, names: list[int]) -> None:
+        """`label` as the prepared row stores it; `names`: the indices of the label names
+        the row carries (counted in label_counts)."""
         self._batch.append(PreparedRow(text, pair, label))
-        self.counts[label] += 1
+        for name in names:
+            self.counts[name] += 1
         if len(self._batch) >= _WRITE_BATCH or self._in_shard + len(self._batch) >= SHARD_ROWS:
             self._flush()
 
@@ -354,11 +398,19 @@ def _vocabulary(cfg: RunConfig, scan: _Scan) -> list[str]:
     """cfg.labels in its order if given, else the sorted distinct training labels; rejects a
     single class and a label column that holds free text."""
     counts = scan.counts
+    kind = task_kind(cfg.task)
+    if not kind.names_labels:  # regression: one output, named after the column
+        return [cfg.label_column]
     if len(counts) < 2:
         raise DataError(scan.uri, f"only one class ({next(iter(counts))!r}) in column "
                                   f"'{cfg.label_column}'; a classifier needs at least 2",
                         hint="check label_column, or add examples of the other classes")
     _reject_free_text_labels(cfg, scan)
+    mismatch = kind.check_labels(counts, scan.rows, cfg.label_delimiter)
+    if mismatch is not None:
+        label = mismatch.label
+        uri, line = scan.first_line[label]
+        raise DataError(uri, mismatch.reason, line=line, hint=mismatch.hint)
     return list(cfg.labels) if cfg.labels is not None else sorted(counts)
 
 
@@ -371,7 +423,8 @@ def _reject_free_text_labels(cfg: RunConfig, scan: _Scan) -> None:
     distinct = len(scan.counts)
     with_spaces = sum(1 for label in scan.counts if " " in label)
     if distinct >= 5 and distinct > 0.5 * scan.rows and with_spaces > 0.5 * distinct:
-        uri, line, label = scan.first_spaced
+        label = next(label for label in scan.counts if " " in label)
+        uri, line = scan.first_line[label]
         raise DataError(
             uri, f"label column '{cfg.label_column}' looks like free text: {distinct} "
                  f"distinct values in {scan.rows} rows, most with spaces (e.g. "

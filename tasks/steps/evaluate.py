@@ -1,9 +1,14 @@
 """Evaluate step: exact metrics of the fine-tuned model over the whole evaluation split.
 
-Each replica turns its batches into a confusion matrix; the matrices are summed across
-replicas and workers. Every example lands in exactly one batch of one replica (the partial
-last batch is kept, filler rows are ignored), so counts are exact under any strategy, and all
-metrics follow from the summed matrix on the host.
+Each replica turns its batches into sufficient statistics that add up: for classification a
+confusion matrix, for multi-label per-label true/false positives and false negatives plus
+exact-match rows (at multi_label_threshold). They are summed across replicas and workers,
+never averaged per batch. Every example lands in exactly one batch of one replica (the
+partial last batch is kept, filler rows are ignored), so counts are exact under any strategy,
+and all metrics follow from the sums on the host. Regression's Spearman correlation needs
+ranks, which no sum gives: its (label, prediction) pairs are gathered from every replica
+(strategy.gather; the eval set is small) and MSE, Pearson and Spearman are computed from all
+of them on the host in float64.
 """
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
+from tasks.task_kinds import (TaskKind, kind as task_kind, multi_label_metrics, ratio,
+                              regression_metrics)
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
@@ -37,6 +44,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     trained = read_manifest(ctx.manifest_uri("train"))
     labels = tok["labels"]
+    kind = task_kind(tok.get("task", "classification"))
     expected = tok["splits"]["eval"]["num_examples"]
 
     with storage.staged_local_dir(trained["model_dir"], "r") as model_dir, \
@@ -44,50 +52,145 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         with strategy.scope():
             model = checkpoint.load_classifier(
                 model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(kind, name))
-        matrix = confusion_matrix(strategy, model, files, len(labels),
-                                  cfg.eval_batch_size * strategy.num_replicas_in_sync,
-                                  static_shapes=name == "tpu", max_seq_length=cfg.max_seq_length)
-    if matrix.sum() != expected:
-        raise BertflowError(f"evaluated {matrix.sum()} examples but the tokenize manifest "
-                            f"lists {expected}; the eval shards changed since tokenize ran")
-    metrics = classification_metrics(matrix, labels)
+        metrics = task_metrics(kind, strategy, model, files, labels,
+                               cfg.eval_batch_size * strategy.num_replicas_in_sync,
+                               cfg.multi_label_threshold, static_shapes=name == "tpu",
+                               max_seq_length=cfg.max_seq_length,
+                               label_spec=tok.get("label_spec"))
+    if metrics["num_examples"] != expected:
+        raise BertflowError(f"evaluated {metrics['num_examples']} examples but the tokenize "
+                            f"manifest lists {expected}; the eval shards changed since "
+                            "tokenize ran")
     step_uri = ctx.step_uri("evaluate")
     if not strategy_lib.is_chief():
         return ctx.manifest_uri("evaluate")
+    metrics = {"task": kind.name, **metrics}
     metrics_uri = join_uri(step_uri, "metrics.json")
     storage.write_json(metrics_uri, metrics)
-    print(f"evaluate: accuracy {metrics['accuracy']:.4f} macro-F1 {metrics['macro_f1']:.4f} "
-          f"on {expected} examples", flush=True)
+    headline = {m: metrics[m] for m in kind.gate_metrics + kind.reported_metrics}
+    print("evaluate: " + " ".join(f"{m} {v:.4f}" for m, v in headline.items())
+          + f" on {expected} examples", flush=True)
     return write_manifest(step_uri, {
         "metrics_uri": metrics_uri, "num_examples": metrics["num_examples"],
-        "metrics": {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"]},
+        "task": kind.name, "metrics": headline,
         "strategy": name, "model_dir": trained["model_dir"]})
+
+
+def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list[str],
+                 global_batch_size: int, threshold: float, static_shapes: bool = False,
+                 max_seq_length: int = 0, label_spec: dict | None = None) -> dict:
+    """metrics.json's content (without "task") for the task's evaluation kind."""
+    args = (strategy, model, files, global_batch_size, static_shapes, max_seq_length,
+            label_spec)
+    if kind.eval_kind == "confusion":
+        return classification_metrics(_summed(*args, confusion_counts(len(labels))), labels)
+    if kind.eval_kind == "label_counts":
+        counts = _summed(*args, multi_label_counts(len(labels), threshold))
+        n = len(labels)
+        return multi_label_metrics({"per_label": counts[:3 * n].reshape(3, n),
+                                    "exact": counts[3 * n], "rows": counts[3 * n + 1]},
+                                   labels, threshold)
+    truth, predicted = gathered_pairs(*args)
+    return regression_metrics(truth, predicted)
 
 
 def confusion_matrix(strategy: tf.distribute.Strategy, model, files: list[str],
                      num_labels: int, global_batch_size: int, static_shapes: bool = False,
                      max_seq_length: int = 0) -> np.ndarray:
     """[true label, predicted label] counts over every row of `files`."""
-    data = strategy.distribute_datasets_from_function(
+    return _summed(strategy, model, files, global_batch_size, static_shapes, max_seq_length,
+                   None, confusion_counts(num_labels))
+
+
+def confusion_counts(num_labels: int):
+    """(counts of one batch's real rows, zeros): a [label, prediction] matrix."""
+    def counts(labels, logits):
+        predicted = tf.argmax(logits, -1, output_type=tf.int32)
+        return tf.math.confusion_matrix(labels, predicted, num_classes=num_labels,
+                                        dtype=tf.int64)
+    return counts, tf.zeros((num_labels, num_labels), tf.int64)
+
+
+def multi_label_counts(num_labels: int, threshold: float):
+    """(counts, zeros): per label true positives, false positives, false negatives, then
+    the rows whose every label is right and the rows, as one int64 vector [3L + 2]. A label
+    is predicted when its sigmoid is over `threshold`, as the exported model decides."""
+    def counts(labels, logits):
+        predicted, truth = tf.sigmoid(logits) > threshold, labels > 0.5
+        both = tf.cast(predicted & truth, tf.int64)
+        tp = tf.reduce_sum(both, 0)
+        fp = tf.reduce_sum(tf.cast(predicted, tf.int64), 0) - tp
+        fn = tf.reduce_sum(tf.cast(truth, tf.int64), 0) - tp
+        exact = tf.reduce_sum(tf.cast(tf.reduce_all(predicted == truth, -1), tf.int64))
+        rows = tf.shape(labels, out_type=tf.int64)[:1]
+        return tf.concat([tp, fp, fn, [exact], rows], 0)
+    return counts, tf.zeros([3 * num_labels + 2], tf.int64)
+
+
+def _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length, label_spec):
+    return strategy.distribute_datasets_from_function(
         lambda ctx: inputs.eval_dataset(files, global_batch_size, ctx, static_shapes,
-                                        max_seq_length))
+                                        max_seq_length, label_spec))
+
+
+def _real_rows(model, features, labels):
+    """(labels, logits) of a batch's real rows (filler rows dropped)."""
+    real = inputs.is_real(labels)
+    logits = model(features, training=False)
+    return tf.boolean_mask(labels, real), tf.boolean_mask(logits, real)
+
+
+def _summed(strategy, model, files, global_batch_size, static_shapes, max_seq_length,
+            label_spec, counter) -> np.ndarray:
+    """counter = (counts(labels, logits) -> tensor, zeros): the counts of every row of
+    `files`, summed over batches, replicas and workers."""
+    counts, zeros = counter
+    data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+                      label_spec)
 
     def replica_counts(features, labels):
-        predicted = tf.argmax(model(features, training=False), -1, output_type=tf.int32)
-        real = labels != inputs.PAD_LABEL
-        return tf.math.confusion_matrix(tf.boolean_mask(labels, real),
-                                        tf.boolean_mask(predicted, real),
-                                        num_classes=num_labels, dtype=tf.int64)
+        return counts(*_real_rows(model, features, labels))
 
     @tf.function  # one trace: the loop runs in the graph over batches of any length
     def count_all():
-        total = tf.zeros((num_labels, num_labels), tf.int64)
+        total = zeros
         for features, labels in data:
             per_replica = strategy.run(replica_counts, args=(features, labels))
             total += strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
         return total
 
     return count_all().numpy()
+
+
+def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=False,
+                   max_seq_length=0, label_spec=None) -> tuple[np.ndarray, np.ndarray]:
+    """(true scores, predicted scores) of every row of `files`, gathered from every replica
+    and worker (each row once; the order does not matter to the metrics)."""
+    data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+                      label_spec)
+    # Each replica hands over a block of the per-replica batch size, its rows padded with
+    # NaN (dropped on the host): the collective gather across workers needs the same shape
+    # from every replica, and a replica's batch may be partial or empty at the end.
+    block = global_batch_size // strategy.num_replicas_in_sync
+
+    def replica_pairs(features, labels):
+        truth, logits = _real_rows(model, features, labels)
+        pairs = tf.concat([tf.reshape(truth, [-1, 1]), logits[:, :1]], 1)
+        return tf.pad(pairs, [[0, block - tf.shape(pairs)[0]], [0, 0]],
+                      constant_values=float("nan"))
+
+    @tf.function
+    def gather_all():
+        # A loop variable that grows: its static shape must say so from the start.
+        pairs = tf.compat.v1.placeholder_with_default(tf.zeros([0, 2]), shape=[None, 2])
+        for features, labels in data:
+            per_replica = strategy.run(replica_pairs, args=(features, labels))
+            pairs = tf.concat([pairs, strategy.gather(per_replica, axis=0)], 0)
+        return pairs
+
+    pairs = gather_all().numpy()
+    pairs = pairs[~np.isnan(pairs[:, 0])]
+    return pairs[:, 0], pairs[:, 1]
 
 
 def classification_metrics(matrix, labels: list[str]) -> dict:
@@ -97,9 +200,9 @@ def classification_metrics(matrix, labels: list[str]) -> dict:
     correct = np.diag(matrix).astype(float)
     support = matrix.sum(axis=1)
     predicted = matrix.sum(axis=0)
-    precision = _ratio(correct, predicted)
-    recall = _ratio(correct, support)
-    f1 = _ratio(2 * precision * recall, precision + recall)
+    precision = ratio(correct, predicted)
+    recall = ratio(correct, support)
+    f1 = ratio(2 * precision * recall, precision + recall)
     total = int(matrix.sum())
     return {
         "accuracy": float(correct.sum() / total) if total else 0.0,
@@ -112,8 +215,3 @@ def classification_metrics(matrix, labels: list[str]) -> dict:
         "num_examples": total,
     }
 
-
-def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    out = np.zeros_like(numerator, dtype=float)
-    np.divide(numerator, denominator, out=out, where=denominator > 0)
-    return out

@@ -30,6 +30,7 @@ from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.steps.tokenize import BertTextEncoder
+from tasks.task_kinds import TaskKind, kind as task_kind
 
 SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]
 
@@ -40,8 +41,9 @@ import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the tokenizer ops the graph uses
 serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
 out = serve(**{k: tf.constant(v) for k, v in json.loads(sys.argv[2]).items()})
-print(json.dumps({"probabilities": out["probabilities"].numpy().tolist(),
-                  "label": [x.decode() for x in out["label"].numpy()]}))
+import numpy as np
+print(json.dumps({k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
+                      else v.numpy().astype(float)).tolist() for k, v in out.items()}))
 """
 
 
@@ -56,10 +58,12 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         with tempfile.TemporaryDirectory(prefix="bertflow-export-") as tmp:
             build_version(cfg, ctx, Path(tmp), version)
             published = storage.publish_dir(Path(tmp), version_uri)
+    kind = task_kind(data.get("task", "classification"))
     return runlayout.write_manifest(ctx.step_uri("export"), {
         "version_uri": version_uri, "version": version, "model_name": cfg.model_name,
         "experiment": ctx.experiment, "logical_date": ctx.logical_date or None,
         "inputs": ["text", "text_pair"] if has_pair else ["text"], "labels": labels,
+        "task": kind.name, "outputs": sorted(kind.serving_outputs),
         "published": published})
 
 
@@ -83,14 +87,15 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
     evaluation = runlayout.read_manifest(ctx.manifest_uri("evaluate"))
     metrics = storage.read_json(evaluation["metrics_uri"])
     labels, has_pair = data["labels"], data["has_pair"]
+    kind = task_kind(data.get("task", "classification"))
 
     with storage.staged_local_dir(train["model_dir"]) as model_dir:
         model = checkpoint.load_classifier(model_dir, labels)
         encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
                                   tokens["max_seq_length"])
         write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
-                            tokens["lower_case"], tokens["max_seq_length"])
-    module = serving_module(encoder, model, labels, has_pair)
+                            tokens["lower_case"], tokens["max_seq_length"], kind.problem_type)
+    module = serving_module(encoder, model, labels, has_pair, kind, cfg.multi_label_threshold)
     saved = out / "saved_model"
     tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
     check_fresh_load(saved, module, has_pair)
@@ -106,7 +111,8 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
 
 
 def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
-                        lower_case: bool, max_seq_length: int) -> None:
+                        lower_case: bool, max_seq_length: int,
+                        problem_type: str = "single_label_classification") -> None:
     """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
     family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
     (tasks/model/hf_weights.py), vocab.txt and the tokenizer files. PyTorch's
@@ -114,7 +120,7 @@ def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
     from transformers import BertTokenizer  # the tokenizer files only; no model code
 
-    save_hf_checkpoint(model, labels, out)
+    save_hf_checkpoint(model, labels, out, problem_type)
     shutil.copy(vocab_file, out / checkpoint.VOCAB)
     # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
     inputs = (["input_ids", "attention_mask"] if model.config.type_vocab_size == 0
@@ -124,8 +130,12 @@ def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
                   model_input_names=inputs).save_pretrained(out)
 
 
-def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool):
-    """A tf.Module whose `serve` maps raw strings to `probabilities` and `label` names."""
+def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool,
+                   kind: TaskKind | None = None, threshold: float = 0.5):
+    """A tf.Module whose `serve` maps raw strings to the task's outputs
+    (tasks/task_kinds.py, `serving_outputs`): classification `probabilities` and `label`;
+    multi-label `probabilities` and `labels`; regression `score`."""
+    kind = kind or task_kind("classification")
     module = tf.Module()
     module.encoder = encoder
     # Track the weights, not the Keras model: saving the model object would also trace and
@@ -137,9 +147,7 @@ def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair:
         ids, types = encoder(texts) if pairs is None else encoder(texts, pairs)
         logits = model({"input_ids": ids.to_tensor(), "token_type_ids": types.to_tensor(),
                         "attention_mask": tf.ones_like(ids).to_tensor()}, training=False)
-        probabilities = tf.nn.softmax(logits, axis=-1)
-        return {"probabilities": probabilities,
-                "label": tf.gather(label_names, tf.argmax(probabilities, axis=-1))}
+        return kind.serving_outputs_of(logits, label_names, threshold)
 
     if has_pair:
         module.serve = tf.function(
@@ -172,11 +180,15 @@ def check_fresh_load(saved_model: Path, module, has_pair: bool) -> None:
         raise BertflowError(f"exported SavedModel does not load in a fresh process:\n"
                             f"{proc.stderr[-2000:]}")
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    want_labels = [x.decode() for x in expected["label"].numpy()]
-    if (got["label"] != want_labels or not np.allclose(
-            got["probabilities"], expected["probabilities"].numpy(), atol=1e-5)):
+    want = {k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
+                else v.numpy()) for k, v in expected.items()}
+    same = set(got) == set(want) and all(
+        got[k] == v.tolist() if v.dtype.kind == "U" else np.allclose(got[k], v, atol=1e-5)
+        for k, v in want.items())
+    if not same:
         raise BertflowError(f"exported SavedModel predicts {got} in a fresh process, but "
-                            f"the in-process model predicts {want_labels}")
+                            f"the in-process model predicts "
+                            f"{ {k: v.tolist() for k, v in want.items()} }")
 
 
 def base_checkpoint_line(cfg: RunConfig, train: dict) -> str:
@@ -190,15 +202,40 @@ def base_checkpoint_line(cfg: RunConfig, train: dict) -> str:
             f"{base['weights']} sha256 `{base['sha256']}`)")
 
 
+def evaluation_section(kind: TaskKind, metrics: dict) -> str:
+    """The model card's metrics: the headline numbers, then a table per label (per class
+    for classification), or for regression predicted against true by bins of the truth."""
+    names = {"accuracy": "accuracy", "macro_f1": "macro F1", "micro_f1": "micro F1",
+             "subset_accuracy": "subset accuracy", "pearson": "Pearson",
+             "spearman": "Spearman", "mse": "MSE"}
+    lines = [f"- {names[m]}: {metrics[m]:.4f}"
+             for m in kind.gate_metrics + kind.reported_metrics if m in metrics]
+    if "threshold" in metrics:
+        lines.append(f"- threshold: {metrics['threshold']}")
+    per_label = metrics.get("per_class") or metrics.get("per_label")
+    if per_label:
+        lines += ["", "| label | precision | recall | f1 | support |", "|---|---|---|---|---|"]
+        lines += [f"| {label} | {m['precision']:.4f} | {m['recall']:.4f} | {m['f1']:.4f} | "
+                  f"{m['support']} |" for label, m in per_label.items()]
+    rows = (metrics.get("binned") or {}).get("rows")
+    if rows:
+        lines += ["", "| true value | rows | mean true | mean predicted |", "|---|---|---|---|"]
+        lines += [f"| {r['low']:.3g} to {r['high']:.3g} | {r['count']} | "
+                  f"{_number(r['mean_true'])} | {_number(r['mean_predicted'])} |" for r in rows]
+    return "\n".join(lines)
+
+
+def _number(value) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
 def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens: dict,
                train: dict, metrics: dict) -> str:
     sources = "\n".join(f"- {split}: `{src['uri']}` (sha256 `{src['sha256']}`)"
                         for split, src in data["sources"].items() if src)
-    per_class = "\n".join(
-        f"| {label} | {m['precision']:.4f} | {m['recall']:.4f} | {m['f1']:.4f} | "
-        f"{m['support']} |" for label, m in metrics.get("per_class", {}).items())
+    kind = task_kind(data.get("task", "classification"))
     settings = {
-        "labels": data["labels"], "text pairs": data["has_pair"],
+        "task": kind.name, "labels": data["labels"], "text pairs": data["has_pair"],
         "max_seq_length": tokens["max_seq_length"], "lower_case": tokens["lower_case"],
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
@@ -207,9 +244,11 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "goodput": goodput.describe(goodput.read_goodput(join_uri(ctx.run_uri, "train")))}
     return f"""# {cfg.model_name} {version}
 
-{train.get('model_family', 'bert')} sequence classifier fine-tuned by bertflow. Serving signature `serving_default`:
+{train.get('model_family', 'bert')} sequence model ({kind.name}) fine-tuned by bertflow.
+Serving signature `serving_default`:
 {", ".join(f"`{k}`" for k in sample_inputs(data["has_pair"]))} (tf.string [batch]) ->
-`probabilities` (float32 [batch, {len(data["labels"])}]) and `label` (tf.string [batch]).
+{"; ".join(f"`{name}` ({what})" for name, what in kind.serving_outputs.items())}
+(num_labels = {len(data["labels"])}).
 Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.
 The version folder is also a Hugging Face checkpoint (config.json, model.safetensors,
 tokenizer files): `AutoModelForSequenceClassification.from_pretrained(folder)` and
@@ -224,12 +263,7 @@ tokenizer files): `AutoModelForSequenceClassification.from_pretrained(folder)` a
 {chr(10).join(f"- {k}: {v}" for k, v in settings.items())}
 
 ## Evaluation ({metrics.get("num_examples")} examples)
-- accuracy: {metrics["accuracy"]:.4f}
-- macro F1: {metrics["macro_f1"]:.4f}
-
-| label | precision | recall | f1 | support |
-|---|---|---|---|---|
-{per_class}
+{evaluation_section(kind, metrics)}
 
 ## Lineage
 - experiment: `{ctx.experiment}`

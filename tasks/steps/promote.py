@@ -62,7 +62,7 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
     """The gate's decision against the current champion, without moving the pointer; also
     what the approval task shows (both sides' metrics). Written to gate/manifest.json."""
     exported, version_uri, metrics = _candidate(cfg, ctx)
-    value = float(metrics[cfg.gate_metric])
+    value = float(metrics[cfg.gate_metric_name])
     current = storage.read_versioned(champion_uri(cfg))
     champion = json.loads(current[0]) if current else None
     if champion and champion["version_uri"] == version_uri:
@@ -77,7 +77,7 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
         champion_metrics[champion["metric"]] = champion["value"]
     result = {"passed": passed, "reason": reason, "version": exported["version"],
               "version_uri": version_uri, "model_name": cfg.model_name,
-              "metric": cfg.gate_metric, "value": value,
+              "metric": cfg.gate_metric_name, "value": value,
               "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1")},
               "champion": _without_history(champion), "champion_metrics": champion_metrics,
               "champion_run": champion_run,
@@ -130,13 +130,13 @@ def approval_request(result: dict, run_page: str, compare_page: str = "") -> tup
 def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> str:
     """Promote the exported version if the gate passes (and, when asked, a person approved)."""
     exported, version_uri, metrics = _candidate(cfg, ctx)
-    value = float(metrics[cfg.gate_metric])
+    value = float(metrics[cfg.gate_metric_name])
     pointer = champion_uri(cfg)
     if approval is not None and not approval.approved:
         current = storage.read_versioned(pointer)
         return runlayout.write_manifest(ctx.step_uri("promote"), {
             "promoted": False, "reason": approval.reason(cfg), "version_uri": version_uri,
-            "version": exported["version"], "metric": cfg.gate_metric, "value": value,
+            "version": exported["version"], "metric": cfg.gate_metric_name, "value": value,
             "champion_uri": pointer, "approval": asdict(approval),
             "champion_before": json.loads(current[0]) if current else None})
 
@@ -152,7 +152,7 @@ def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> st
         if approval is not None:
             reason = f"{reason}; {approval.reason(cfg)}"
         record = {"version": exported["version"], "version_uri": version_uri,
-                  "metric": cfg.gate_metric, "value": value,
+                  "metric": cfg.gate_metric_name, "value": value,
                   "previous": _without_history(champion),
                   "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "dag_id": ctx.dag_id, "run_id": ctx.run_id}
@@ -164,14 +164,14 @@ def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> st
 
     return runlayout.write_manifest(ctx.step_uri("promote"), {
         "promoted": promoted, "reason": reason, "version_uri": version_uri,
-        "version": exported["version"], "metric": cfg.gate_metric, "value": value,
+        "version": exported["version"], "metric": cfg.gate_metric_name, "value": value,
         "champion_uri": pointer, "champion_before": champion,
         **({"approval": asdict(approval)} if approval is not None else {})})
 
 
 def gate(cfg: RunConfig, value: float, champion: dict | None) -> tuple[bool, str]:
-    """(promote?, why) for a new model scoring `value` on cfg.gate_metric."""
-    metric = cfg.gate_metric
+    """(promote?, why) for a new model scoring `value` on cfg.gate_metric_name."""
+    metric = cfg.gate_metric_name
     if value < cfg.gate_min_value:
         return False, f"{metric} {value:.4f} is below gate_min_value {cfg.gate_min_value}"
     if champion is None:

@@ -57,6 +57,7 @@ from tasks.io.tfrecord_io import serialize_examples  # noqa: F401
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
+from tasks.task_kinds import kind as task_kind
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"
@@ -324,15 +325,17 @@ def _uint8_tensor(buffer: bytes) -> tf.Tensor:
 def run(cfg: RunConfig, ctx: RunContext) -> str:
     """Tokenize the prepared splits (or reuse the cache); return the manifest URI."""
     data = runlayout.read_manifest(ctx.manifest_uri("data"))
+    task = data.get("task", "classification")  # data manifests from before issue 33
     vocab_file = checkpoint.vocab_path(checkpoint.resolve_base_model(cfg))
-    content_hash = _content_hash(data["splits"], vocab_file.read_bytes(), cfg)
+    content_hash = _content_hash(data["splits"], vocab_file.read_bytes(), cfg,
+                                 task, len(data["labels"]))
     cache = runlayout.cache_uri(cfg.artifact_root, content_hash)
 
     cached = _complete_cache_manifest(cache)
     reused = cached is not None
     if not reused:
         encoder = BertTextEncoder(vocab_file, cfg.lower_case, cfg.max_seq_length)
-        cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards)
+        cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task)
 
     manifest = {
         "content_hash": content_hash,
@@ -342,19 +345,29 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "max_seq_length": cached["max_seq_length"],
         "lower_case": cached["lower_case"],
         "has_pair": data["has_pair"],
+        "task": task,
         "labels": data["labels"],
+        # The TFRecords' `label` feature (tasks.training.inputs parses by it).
+        "label_spec": task_kind(task).label_spec(len(data["labels"])),
         "splits": {name: {**split, "shards": [join_uri(cache, s) for s in split["shards"]]}
                    for name, split in cached["splits"].items()},
     }
     return runlayout.write_manifest(ctx.step_uri("tokenize"), manifest)
 
 
-def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig) -> str:
+def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "classification",
+                  num_labels: int = 0) -> str:
     """sha256 over the settings, the vocab and each split's prepared bytes (its shards in
-    order), streamed block by block; the same value as hashing each split's bytes whole."""
+    order), streamed block by block; the same value as hashing each split's bytes whole.
+
+    The task decides the label feature (int64 index, float multi-hot of num_labels, float
+    score), so it is part of the key; classification leaves it out, which keeps the caches
+    written before tasks existed valid."""
     digest = hashlib.sha256()
     settings = {"encoder": ENCODER_VERSION, "max_seq_length": cfg.max_seq_length,
                 "lower_case": cfg.lower_case, "num_shards": cfg.num_shards}
+    if task != "classification":
+        settings.update(task=task, num_labels=num_labels)
     for part in (json.dumps(settings, sort_keys=True).encode(), vocab):
         # Length-prefixed so that moving bytes between parts changes the hash.
         digest.update(len(part).to_bytes(8, "big"))
@@ -384,9 +397,11 @@ def _complete_cache_manifest(cache: str) -> dict | None:
 
 
 def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: dict,
-                 num_shards: int) -> dict:
+                 num_shards: int, task: str = "classification") -> dict:
+    kind, num_labels = task_kind(task), len(data["labels"])
     with tempfile.TemporaryDirectory(prefix="bertflow-tokenize-") as tmp:
-        splits = _write_shards(Path(tmp), encoder, data["splits"], num_shards)
+        splits = _write_shards(Path(tmp), encoder, data["splits"], num_shards,
+                               lambda values: kind.record_labels(values, num_labels))
         manifest = {"content_hash": content_hash, "encoder_version": ENCODER_VERSION,
                     "vocab_size": encoder.vocab_size, "max_seq_length": encoder.max_seq_length,
                     "lower_case": encoder.lower_case, "has_pair": data["has_pair"],
@@ -400,16 +415,22 @@ def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: 
     return manifest
 
 
-def _chunks(split: str, shards: list[str], total: int, bounds: list[int]):
+def _int_labels(values: list) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def _chunks(split: str, shards: list[str], total: int, bounds: list[int],
+            record_labels=_int_labels):
     """(split, output shard k, texts, pairs or None, labels) chunks of the prepared rows in
     file order, each at most _CHUNK_ROWS rows and within one output shard (rows
-    [bounds[k], bounds[k+1]) go to shard k), read block by block."""
+    [bounds[k], bounds[k+1]) go to shard k), read block by block. `record_labels` turns a
+    chunk's prepared labels into the array the records hold (tasks/task_kinds.py)."""
     k, row = 0, 0
     texts, pairs, labels = [], [], []
 
     def emit():
         chunk = (split, k, texts[:], pairs[:] if pairs and pairs[0] is not None else None,
-                 np.array(labels, np.int64))
+                 record_labels(labels))
         texts.clear(), pairs.clear(), labels.clear()
         return chunk
 
@@ -440,7 +461,7 @@ def _chunks(split: str, shards: list[str], total: int, bounds: list[int]):
 
 
 def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
-                  num_shards: int) -> dict:
+                  num_shards: int, record_labels=_int_labels) -> dict:
     """Write every split's shards and return their manifest entries. Shard k of a split
     holds a contiguous, near-equal row range (file order preserved). The prepared rows are
     read block by block and cut into chunks of at most _CHUNK_ROWS rows, which worker threads
@@ -457,7 +478,8 @@ def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
         counts = np.zeros(len(edges) - 1, np.int64)
         truncated = 0
         for k, lengths, untruncated in _tokenized(
-                encoder, _chunks(split, splits[split]["shards"], total, bounds), folder, names):
+                encoder, _chunks(split, splits[split]["shards"], total, bounds, record_labels),
+                folder, names):
             counts += np.histogram(lengths, bins=edges)[0]
             truncated += int(np.sum(untruncated > encoder.max_seq_length))
         out[split] = {"shards": names, "num_examples": total, "num_truncated": truncated,
@@ -490,7 +512,7 @@ def _tokenized(encoder: BertTextEncoder, chunks, folder: Path, names: list[str])
                 pending.append((following, pool.submit(tokenize, following)))
             _, k, _, _, labels = chunk
             ids, lengths, types, untruncated = future.result()
-            if library is not None:
+            if library is not None and labels.dtype == np.int64:  # int64 labels only
                 library.write(folder / names[k], ids, lengths, types, labels)
             else:
                 records, _ = _example_records(ids, lengths, types, labels, framed=True)

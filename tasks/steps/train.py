@@ -32,6 +32,7 @@ from tasks.io import storage
 from tasks.config import RunConfig, check_training_loop
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
+from tasks.task_kinds import TaskKind, kind as task_kind
 
 KEEP_CHECKPOINTS = 3
 
@@ -70,7 +71,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     policy = model_lib.set_precision(cfg, kind)
     kernels = strategy_lib.use_cpu_kernels(kind, name)
     tok = read_manifest(ctx.manifest_uri("tokenize"))
-    labels = tok["labels"]
+    labels = tok["labels"]  # the outputs' names (regression: one, the label column)
+    kind = task_kind(tok.get("task", "classification"))
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
                                strategy.num_replicas_in_sync)
     resolved = checkpoint.resolve_base_checkpoint(cfg)
@@ -107,18 +109,20 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                   flush=True)
         progress = Progress(plan, out / "tensorboard", History(
             join_uri(step_uri, "history.json"), plan, start_step) if chief else None,
-            clock=clock)
+            clock=clock, metric=kind.train_metric)
 
         def dataset_fn(input_context, seed_offset=0, skip_batches=0):
             return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
                                         cfg.seed + seed_offset, input_context,
                                         static_shapes=name == "tpu", skip_batches=skip_batches,
-                                        num_rows=tok["splits"]["train"]["num_examples"])
+                                        num_rows=tok["splits"]["train"]["num_examples"],
+                                        label_spec=tok.get("label_spec"))
 
         if start_step < plan.total_steps:
             loop = {"fit": _fit, "custom": _custom_loop}[cfg.training_loop]
             if name == "parameter_server":
                 loop = _fit_in_chunks
+            loop = functools.partial(loop, kind=kind)
             upload = None
             if chief and not storage.is_local(step_uri):
                 # Remote run folders: publish every checkpoint as it is written, so a retry
@@ -139,7 +143,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             saver.save(int(optimizer.iterations.numpy()))
         if chief:
             with clock.checkpoint():
-                save_hf_checkpoint(model, labels, out / "model")
+                save_hf_checkpoint(model, labels, out / "model", kind.problem_type)
             shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
     clock.write()
 
@@ -158,6 +162,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         # Source as configured, what it resolved to (Hub commit, champion version, bucket
         # content key) and the files' sizes and sha256: the run's lineage.
         "base_checkpoint": {k: v for k, v in resolved.to_dict().items() if k != "path"},
+        "task": kind.name,
         "labels": labels,
         "num_train_examples": tok["splits"]["train"]["num_examples"],
         **plan.to_dict(),
@@ -214,9 +219,10 @@ class Progress(tf_keras.callbacks.Callback):
     measured from the end of the first step, so graph tracing is not counted."""
 
     def __init__(self, plan: model_lib.TrainPlan, tb_dir: Path, history: History | None = None,
-                 clock: GoodputClock | None = None):
+                 clock: GoodputClock | None = None, metric: str = "accuracy"):
         super().__init__()
         self.plan, self.clock = plan, clock
+        self.metric = metric  # the task's training metric, logged next to the loss
         self.history = history
         self.started = time.perf_counter()
         self.every = max(1, min(100, plan.total_steps // 10))
@@ -226,7 +232,7 @@ class Progress(tf_keras.callbacks.Callback):
         self.epoch_loss: float | None = None
 
     def step_done(self, step: int, metrics: dict[str, float]) -> None:
-        """`metrics`: loss, accuracy and learning_rate at this optimizer step."""
+        """`metrics`: loss, the task's metric and learning_rate at this optimizer step."""
         if self.clock is not None:
             self.clock.step_done(step)
         now = time.perf_counter()
@@ -238,8 +244,8 @@ class Progress(tf_keras.callbacks.Callback):
         if step % self.every and step < self.plan.total_steps:
             return
         speed = self.examples_per_second or 0.0
-        print(f"step {step}/{self.plan.total_steps} loss {metrics['loss']:.4f} accuracy "
-              f"{metrics['accuracy']:.3f} {speed:.1f} examples/s", flush=True)
+        print(f"step {step}/{self.plan.total_steps} loss {metrics['loss']:.4f} {self.metric} "
+              f"{metrics[self.metric]:.3f} {speed:.1f} examples/s", flush=True)
         with self.writer.as_default(step=step):
             for tag, value in {**metrics, "examples_per_second": speed}.items():
                 tf.summary.write(tag, tf.constant(value, tf.float32), metadata=_SCALAR)
@@ -260,7 +266,7 @@ class Progress(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         optimizer = self.model.optimizer
         self.step_done(int(optimizer.iterations.numpy()), {
-            "loss": float(logs["loss"]), "accuracy": float(logs["accuracy"]),
+            "loss": float(logs["loss"]), self.metric: float(logs[self.metric]),
             "learning_rate": model_lib.current_learning_rate(optimizer)})
 
     def on_epoch_end(self, epoch, logs=None):
@@ -270,10 +276,11 @@ class Progress(tf_keras.callbacks.Callback):
 class History:
     """`train/history.json`, a small training history the bertflow page draws without
     TensorFlow: `{"total_steps", "steps_per_epoch", "every", "records": [{"step", "epoch",
-    "loss", "accuracy", "learning_rate", "elapsed_seconds"}]}`. About `POINTS` records per
-    run (every `every` steps, the first and the last step), buffered and written whole (it is
-    small, and gs:// / s3:// objects cannot be appended to) at each epoch end and at the last
-    step. A resumed run keeps the records up to the step it resumes from."""
+    "loss", "accuracy", "learning_rate", "elapsed_seconds"}]}` (the task's training metric in
+    place of accuracy: label_accuracy for multi-label, mse for regression). About `POINTS`
+    records per run (every `every` steps, the first and the last step), buffered and written
+    whole (it is small, and gs:// / s3:// objects cannot be appended to) at each epoch end and
+    at the last step. A resumed run keeps the records up to the step it resumes from."""
 
     POINTS = 200
 
@@ -375,8 +382,8 @@ def distribute(strategy, name: str, dataset_fn, start_step: int, grad_accum_step
     return strategy.distribute_datasets_from_function(fn, options)
 
 
-def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
-    _compile(strategy, model, optimizer)
+def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress, kind=None):
+    _compile(strategy, model, optimizer, kind)
     start = int(optimizer.iterations.numpy())
     callbacks = [progress, _StepCallbacks(saver, plan.total_steps)]
     if start % plan.steps_per_epoch:
@@ -393,20 +400,21 @@ def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
               steps_per_epoch=plan.steps_per_epoch, verbose=0, callbacks=callbacks)
 
 
-def _compile(strategy, model, optimizer) -> None:
+def _compile(strategy, model, optimizer, kind: TaskKind | None = None) -> None:
+    kind = kind or task_kind("classification")
     with strategy.scope():  # metrics must live in the model's strategy
-        model.compile(optimizer=optimizer,
-                      loss=tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[tf_keras.metrics.SparseCategoricalAccuracy("accuracy")])
+        model.compile(optimizer=optimizer, loss=kind.keras_loss(),
+                      metrics=[kind.keras_metric()])
     # Logged loss/accuracy are metric results, already aggregated over replicas; Keras'
     # default ("auto") would add them up again across workers.
     model.distribute_reduction_method = "first"
 
 
-def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
+def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, progress,
+                   kind=None):
     """fit under ParameterServer, which allows no batch-level callbacks: one fit call per
     checkpoint interval, logging and saving in between."""
-    _compile(strategy, model, optimizer)
+    _compile(strategy, model, optimizer, kind)
     progress.every = saver.every
     step = int(optimizer.iterations.numpy())
     while step < plan.total_steps:
@@ -419,21 +427,23 @@ def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, pr
         logs = model.fit(data, epochs=1, steps_per_epoch=chunk, verbose=0).history
         step = int(optimizer.iterations.numpy())
         progress.epoch_loss = logs["loss"][-1]
-        progress.step_done(step, {"loss": logs["loss"][-1], "accuracy": logs["accuracy"][-1],
+        progress.step_done(step, {"loss": logs["loss"][-1],
+                                  progress.metric: logs[progress.metric][-1],
                                   "learning_rate": model_lib.current_learning_rate(optimizer)})
         saver.step_done(step)
 
 
-def _custom_loop(strategy, name, model, optimizer, plan, dataset_fn, saver, progress):
+def _custom_loop(strategy, name, model, optimizer, plan, dataset_fn, saver, progress,
+                 kind=None):
     step = int(optimizer.iterations.numpy())
     iterator = iter(distribute(strategy, name, dataset_fn, step, plan.grad_accum_steps))
-    train_step = make_train_step(strategy, model, optimizer, plan)
+    train_step = make_train_step(strategy, model, optimizer, plan, kind)
     epoch_loss, epoch_steps = 0.0, 0
     while step < plan.total_steps:
-        loss, accuracy = (float(x) for x in train_step(iterator))
+        loss, metric = (float(x) for x in train_step(iterator))
         step = int(optimizer.iterations.numpy())
         epoch_loss, epoch_steps = epoch_loss + loss, epoch_steps + 1
-        progress.step_done(step, {"loss": loss, "accuracy": accuracy,
+        progress.step_done(step, {"loss": loss, progress.metric: metric,
                                   "learning_rate": model_lib.current_learning_rate(optimizer)})
         saver.step_done(step)
         if step % plan.steps_per_epoch == 0 or step >= plan.total_steps:
@@ -441,16 +451,18 @@ def _custom_loop(strategy, name, model, optimizer, plan, dataset_fn, saver, prog
             epoch_loss, epoch_steps = 0.0, 0
 
 
-def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan):
+def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
+                    kind: TaskKind | None = None):
     """A tf.function doing one optimizer step from `plan.grad_accum_steps` micro-batches per
-    replica; returns (mean loss, accuracy) over the global batch.
+    replica; returns (mean loss, the task's metric) over the global batch (`kind`:
+    tasks/task_kinds.py, classification by default).
 
     Each micro-batch loss is divided by the global batch size, so summing gradients over
     micro-batches and (in apply_gradients) over replicas gives the gradient of the mean loss
     over all examples of the step, the same as one large batch.
     """
-    loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction=tf_keras.losses.Reduction.NONE)
+    kind = kind or task_kind("classification")
+    loss_fn = kind.keras_loss(reduction=tf_keras.losses.Reduction.NONE)
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     with strategy.scope():
         # One private copy per replica: gradients add up locally between updates.
@@ -470,9 +482,7 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan):
             grads = optimizer.get_unscaled_gradients(grads)
         for acc, grad in zip(accumulators, grads):
             acc.assign_add(tf.cast(grad, acc.dtype))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32),
-                                                 labels), tf.float32))
-        return loss, correct
+        return loss, kind.metric_sum(labels, logits)
 
     def apply():
         optimizer.apply_gradients(zip([acc.read_value() for acc in accumulators],
@@ -482,14 +492,14 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan):
 
     @tf.function
     def train_step(iterator):
-        loss, correct = tf.constant(0.0), tf.constant(0.0)
+        loss, metric = tf.constant(0.0), tf.constant(0.0)
         for micro in tf.range(plan.grad_accum_steps):
             features, labels = next(iterator)
             with seeded_dropout.micro_batch(micro):
-                step_loss, step_correct = strategy.run(accumulate, args=(features, labels))
+                step_loss, step_metric = strategy.run(accumulate, args=(features, labels))
             loss += strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
-            correct += strategy.reduce(tf.distribute.ReduceOp.SUM, step_correct, axis=None)
+            metric += strategy.reduce(tf.distribute.ReduceOp.SUM, step_metric, axis=None)
         strategy.run(apply)
-        return loss, correct / plan.global_batch_size
+        return loss, metric / plan.global_batch_size
 
     return train_step

@@ -16,12 +16,33 @@ from tasks.errors import BertflowError
 
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BUFFER = 10_000
-PAD_LABEL = -1  # filler rows added for static shapes; metrics ignore them
-_SPEC = {
-    "input_ids": tf.io.VarLenFeature(tf.int64),
-    "token_type_ids": tf.io.VarLenFeature(tf.int64),
-    "label": tf.io.FixedLenFeature([], tf.int64),
-}
+PAD_LABEL = -1  # filler rows added for static shapes; metrics ignore them (is_real)
+# The tokenize manifest's `label_spec` of classification, and of manifests written before
+# other tasks existed.
+CLASS_LABEL = {"dtype": "int64", "shape": []}
+
+
+def _feature_spec(label_spec: dict | None) -> dict:
+    label_spec = label_spec or CLASS_LABEL
+    return {"input_ids": tf.io.VarLenFeature(tf.int64),
+            "token_type_ids": tf.io.VarLenFeature(tf.int64),
+            "label": tf.io.FixedLenFeature(label_spec["shape"], label_spec["dtype"])}
+
+
+def pad_label(label_spec: dict | None) -> tf.Tensor:
+    """The label of filler rows: PAD_LABEL for class indices; NaN for float labels, where
+    -1 could be a real score."""
+    label_spec = label_spec or CLASS_LABEL
+    if label_spec["dtype"] == "int64":
+        return tf.constant(PAD_LABEL)
+    return tf.fill(label_spec["shape"], float("nan"))
+
+
+def is_real(labels: tf.Tensor) -> tf.Tensor:
+    """[batch] bool: the rows that are not filler (see pad_label)."""
+    if labels.dtype.is_integer:
+        return labels != PAD_LABEL
+    return tf.logical_not(tf.math.is_nan(tf.reshape(labels, [tf.shape(labels)[0], -1])[:, 0]))
 
 
 @contextmanager
@@ -39,8 +60,11 @@ def local_shards(tokenize_manifest: dict, split: str) -> Iterator[list[str]]:
         yield [str(local / uri[len(cache):]) for uri in shards]
 
 
-def parse_example(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-    row = tf.io.parse_single_example(serialized, _SPEC)
+def parse_example(serialized: tf.Tensor,
+                  label_spec: dict | None = None) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """One record -> (features, label): an int32 class index, or float32 labels of
+    `label_spec`'s shape (the tokenize manifest's)."""
+    row = tf.io.parse_single_example(serialized, _feature_spec(label_spec))
     input_ids = tf.cast(tf.sparse.to_dense(row["input_ids"]), tf.int32)
     features = {
         "input_ids": input_ids,
@@ -48,7 +72,8 @@ def parse_example(serialized: tf.Tensor) -> tuple[dict[str, tf.Tensor], tf.Tenso
         # Padding adds zeros, so ones over the real tokens become the mask of every batch.
         "attention_mask": tf.ones_like(input_ids),
     }
-    return features, tf.cast(row["label"], tf.int32)
+    label = row["label"]
+    return features, (tf.cast(label, tf.int32) if label.dtype == tf.int64 else label)
 
 
 def bucket_boundaries(max_seq_length: int) -> list[int]:
@@ -64,7 +89,8 @@ def bucket_boundaries(max_seq_length: int) -> list[int]:
 def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int, seed: int,
                   input_context: tf.distribute.InputContext | None = None,
                   static_shapes: bool = False, skip_batches: int = 0,
-                  num_rows: int | None = None) -> tf.data.Dataset:
+                  num_rows: int | None = None,
+                  label_spec: dict | None = None) -> tf.data.Dataset:
     """Endless, shuffled batches of `global_batch_size` split per replica, with rows of
     similar length together (the caller sets steps per epoch). The order depends only on
     `seed` and the pipeline's share of the files; `skip_batches` starts it that many batches in
@@ -79,7 +105,7 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
     programs are compiled.
     """
     batch = _per_replica(global_batch_size, input_context)
-    ds = _records(files, input_context, shuffle_seed=seed)
+    ds = _records(files, input_context, shuffle_seed=seed, label_spec=label_spec)
     ds = ds.shuffle(SHUFFLE_BUFFER, seed=seed, reshuffle_each_iteration=True).repeat()
     if static_shapes:
         bounds = bucket_boundaries(max_seq_length)
@@ -146,7 +172,8 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int) -> tf
 
 def eval_dataset(files: list[str], global_batch_size: int,
                  input_context: tf.distribute.InputContext | None = None,
-                 static_shapes: bool = False, max_seq_length: int = 0) -> tf.data.Dataset:
+                 static_shapes: bool = False, max_seq_length: int = 0,
+                 label_spec: dict | None = None) -> tf.data.Dataset:
     """Every example exactly once, keeping the partial last batch.
 
     Rows are sorted by length within windows of WINDOW_BATCHES batches, in file order, and
@@ -156,13 +183,13 @@ def eval_dataset(files: list[str], global_batch_size: int,
     last batch, so every batch has the same shape.
     """
     batch = _per_replica(global_batch_size, input_context)
-    ds = _records(files, input_context)
+    ds = _records(files, input_context, label_spec=label_spec)
     if not static_shapes:
         return _length_sorted(ds, batch, WINDOW_BATCHES).prefetch(AUTOTUNE)
     filler = ({"input_ids": tf.zeros([1], tf.int32), "token_type_ids": tf.zeros([1], tf.int32),
-               "attention_mask": tf.zeros([1], tf.int32)}, tf.constant(PAD_LABEL))
+               "attention_mask": tf.zeros([1], tf.int32)}, pad_label(label_spec))
     ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
-    shapes = ({name: [max_seq_length] for name in filler[0]}, [])
+    shapes = ({name: [max_seq_length] for name in filler[0]}, filler[1].shape)
     return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True).prefetch(AUTOTUNE)
 
 
@@ -171,7 +198,7 @@ def _per_replica(global_batch_size: int, ctx: tf.distribute.InputContext | None)
 
 
 def _records(files: list[str], ctx: tf.distribute.InputContext | None,
-             shuffle_seed: int | None = None) -> tf.data.Dataset:
+             shuffle_seed: int | None = None, label_spec: dict | None = None) -> tf.data.Dataset:
     """Parsed rows of this input pipeline's share: whole files when there are enough to go
     round, else every n-th row (both give each row to exactly one pipeline)."""
     if not files:
@@ -189,4 +216,4 @@ def _records(files: list[str], ctx: tf.distribute.InputContext | None,
             tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=AUTOTUNE)
     if not by_file:
         ds = ds.shard(pipelines, index)
-    return ds.map(parse_example, num_parallel_calls=AUTOTUNE)
+    return ds.map(lambda record: parse_example(record, label_spec), num_parallel_calls=AUTOTUNE)

@@ -1,0 +1,346 @@
+"""What differs between tasks, in one table: every `if task == ...` of the pipeline is a
+field of `TaskKind` here, so a new task is a new row (token classification is the next).
+
+A row says how a label cell is read (data step), stored (prepared rows, TFRecords), learned
+(loss, training metric), counted (evaluation's sufficient statistics and metrics), gated
+(promote), served (SavedModel outputs) and named for Hugging Face (problem_type). The
+conventions follow transformers' (DESIGN.md, "Model families and tasks"): multi-label is
+`problem_type="multi_label_classification"` with float multi-hot labels and BCEWithLogits;
+regression is num_labels 1 with MSELoss.
+
+Pure Python at import (tasks.config imports it); TensorFlow is imported inside the functions
+that build graph pieces, which only the worker steps call.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+TASKS = ("classification", "multi_label", "regression", "token_classification")
+
+
+class LabelError(ValueError):
+    """A label cell this task cannot read; the data step turns it into a DataError naming
+    the file and line. `hint` says what to change."""
+
+    def __init__(self, reason: str, hint: str = ""):
+        super().__init__(reason)
+        self.reason, self.hint = reason, hint
+
+
+# --- reading a label cell ----------------------------------------------------------------
+def _class_label(raw, delimiter: str):
+    if isinstance(raw, list):
+        raise LabelError("the label is a list; a classification row has one label",
+                         hint="set task to multi_label for rows with several labels")
+    return raw
+
+
+def _multi_label(raw, delimiter: str):
+    """A JSON list of names (JSON Lines) or names joined by `delimiter`; names are stripped,
+    empty ones dropped, repeats kept once in their first position."""
+    names = raw if isinstance(raw, list) else str(raw).split(delimiter)
+    cleaned = list(dict.fromkeys(str(n).strip() for n in names if str(n).strip()))
+    if not cleaned:
+        raise LabelError("no label in this multi-label row",
+                         hint="give at least one label name, or remove the row")
+    return cleaned
+
+
+def _score(raw, delimiter: str):
+    if isinstance(raw, list):
+        raise LabelError("the label is a list; regression needs one number",
+                         hint="set task to multi_label for rows with several labels")
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        raise LabelError(f"regression needs a number in the label column, found {raw!r}",
+                         hint="set task to classification for named labels, or fix the "
+                              "row") from None
+    if not math.isfinite(value):
+        raise LabelError(f"label {raw!r} is not a finite number", hint="fix the row")
+    return value
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    label: str  # the example named in the error (its first line is reported)
+    reason: str
+    hint: str
+
+
+def _check_class_labels(counts, rows: int, delimiter: str):
+    """Classification labels that look like another task's: most rows hold the delimiter
+    (several labels per row: multi_label), or the labels are many distinct numbers with
+    fractions (scores: regression)."""
+    joined = [label for label in counts if delimiter in label]
+    if joined and sum(counts[label] for label in joined) > 0.5 * rows:
+        return Mismatch(joined[0], f"most labels contain the label delimiter {delimiter!r} "
+                                   f"(e.g. {joined[0]!r}): several labels per row?",
+                        f"set task to multi_label, or label_delimiter to a character the "
+                        f"label names do not contain")
+    numbers = [label for label in counts if _is_number(label)]
+    if len(counts) >= 10 and len(numbers) == len(counts) and any(
+            not float(label).is_integer() for label in numbers):
+        example = next(label for label in numbers if not float(label).is_integer())
+        return Mismatch(example, f"{len(counts)} distinct numeric labels (e.g. {example!r}): "
+                                 "scores rather than classes?",
+                        "set task to regression to predict the number")
+    return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    name: str
+    # HF config.json problem_type; transformers picks the loss from it.
+    problem_type: str
+    # tasks.model.heads.HEADS key: the three sequence tasks share the family's sequence
+    # head (num_labels outputs; one for regression); token classification will name its own.
+    head: str
+    # raw cell (str, or list from JSON) -> label value; raises LabelError.
+    parse: Callable
+    # label value -> the names it adds to the label vocabulary (and label_counts).
+    names: Callable
+    # label value -> the split's stratum (rows of a stratum are held out in proportion).
+    stratum: Callable
+    # (label value, name -> index) -> what a prepared row stores.
+    prepare: Callable
+    # Metrics promote's gate may use (higher is better), the first the default shown.
+    gate_metrics: tuple[str, ...]
+    # The training metric logged next to the loss (history.json, TensorBoard, stdout).
+    train_metric: str
+    # The SavedModel's outputs besides the inputs, for docs and the model card.
+    serving_outputs: dict[str, str]
+    # How the evaluation counts: "confusion" (a matrix), "label_counts" (per-label TP/FP/FN)
+    # or "pairs" (every (label, prediction) gathered: Spearman needs ranks).
+    eval_kind: str
+    wired: bool = True  # False: accepted by the schema, refused by parse_config
+    # Other metrics evaluate's manifest lists next to the gate metrics (lower is better).
+    reported_metrics: tuple[str, ...] = ()
+    split_rule: str = ""
+    # Whether the outputs are named by the label vocabulary (regression: one output, named
+    # after the label column), and whether a row's whole cell is one name (the readers then
+    # check it against `labels` as it passes).
+    names_labels: bool = True
+    one_name_per_row: bool = True
+    # (label counts, rows, delimiter) -> Mismatch or None: labels that say the file was
+    # written for another task.
+    check_labels: Callable = lambda counts, rows, delimiter: None
+
+    # --- TFRecord label feature -------------------------------------------------------------
+    def label_spec(self, num_labels: int) -> dict:
+        """The TFRecords' `label` feature: classification an int64 index; multi-label a float
+        multi-hot vector of num_labels; regression a float list of one value (the model's
+        [batch, 1] output shape)."""
+        if self.name == "classification":
+            return {"dtype": "int64", "shape": []}
+        return {"dtype": "float32", "shape": [num_labels if self.name == "multi_label" else 1]}
+
+    def record_labels(self, values: list, num_labels: int) -> np.ndarray:
+        """Prepared-row labels of a chunk -> the array tfrecord_io writes."""
+        if self.name == "classification":
+            return np.array(values, np.int64)
+        if self.name == "regression":
+            return np.array(values, np.float32).reshape(-1, 1)
+        hot = np.zeros((len(values), num_labels), np.float32)
+        for row, indices in enumerate(values):
+            hot[row, indices] = 1.0
+        return hot
+
+    # --- training ------------------------------------------------------------------------
+    def keras_loss(self, reduction=None):
+        """The loss as a Keras loss object (per example with reduction NONE): sparse softmax
+        cross-entropy; per-label sigmoid cross-entropy averaged over labels (BCEWithLogits'
+        mean over labels and examples, as every row has num_labels terms); squared error."""
+        import tf_keras
+
+        kwargs = {} if reduction is None else {"reduction": reduction}
+        if self.name == "classification":
+            return tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+        if self.name == "multi_label":
+            return tf_keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
+        return tf_keras.losses.MeanSquaredError(**kwargs)
+
+    def keras_metric(self):
+        import tf_keras
+
+        if self.name == "classification":
+            return tf_keras.metrics.SparseCategoricalAccuracy(self.train_metric)
+        if self.name == "multi_label":  # logits > 0 is probability > 0.5
+            return tf_keras.metrics.BinaryAccuracy(self.train_metric, threshold=0.0)
+        return tf_keras.metrics.MeanSquaredError(self.train_metric)
+
+    def metric_sum(self, labels, logits):
+        """Sum over the batch's rows of the per-row training metric (the custom loop divides
+        by the global batch): correct rows; the fraction of a row's labels right; squared
+        error."""
+        import tensorflow as tf
+
+        if self.name == "classification":
+            predicted = tf.argmax(logits, -1, output_type=tf.int32)
+            return tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
+        if self.name == "multi_label":
+            right = tf.equal(tf.cast(logits > 0, tf.float32), labels)
+            return tf.reduce_sum(tf.reduce_mean(tf.cast(right, tf.float32), -1))
+        return tf.reduce_sum(tf.square(logits - labels))
+
+    # --- serving ----------------------------------------------------------------------------
+    def serving_outputs_of(self, logits, label_names, threshold: float) -> dict:
+        import tensorflow as tf
+
+        if self.name == "classification":
+            probabilities = tf.nn.softmax(logits, axis=-1)
+            return {"probabilities": probabilities,
+                    "label": tf.gather(label_names, tf.argmax(probabilities, axis=-1))}
+        if self.name == "multi_label":
+            probabilities = tf.sigmoid(logits)
+            # The names over the threshold, in label order, first in the row and padded with
+            # "" to [batch, num_labels]: a signature's outputs must be dense tensors.
+            over = probabilities > threshold
+            names = tf.ragged.boolean_mask(
+                tf.broadcast_to(label_names, tf.shape(logits)), over)
+            return {"probabilities": probabilities,
+                    "labels": names.to_tensor(default_value="",
+                                              shape=[None, logits.shape[-1]])}
+        return {"score": logits[:, 0]}
+
+
+def _first(values):
+    return values[0]
+
+
+KINDS: dict[str, TaskKind] = {
+    "classification": TaskKind(
+        name="classification", problem_type="single_label_classification",
+        head="sequence_classification", parse=_class_label, names=lambda v: [v],
+        stratum=lambda v: v, prepare=lambda v, index: index[v],
+        gate_metrics=("accuracy", "macro_f1"), train_metric="accuracy",
+        serving_outputs={"probabilities": "float32 [batch, num_labels] (softmax)",
+                         "label": "tf.string [batch] (the most probable label)"},
+        eval_kind="confusion", check_labels=_check_class_labels,
+        split_rule="per class exactly min(n-1, max(1, round(n*eval_fraction))) rows, "
+                   "chosen by selection sampling on a seeded hash of each row"),
+    "multi_label": TaskKind(
+        name="multi_label", problem_type="multi_label_classification",
+        head="sequence_classification", parse=_multi_label, names=lambda v: v,
+        stratum=_first, prepare=lambda v, index: [index[n] for n in v],
+        gate_metrics=("micro_f1", "macro_f1", "subset_accuracy"),
+        train_metric="label_accuracy",
+        serving_outputs={"probabilities": "float32 [batch, num_labels] (sigmoid)",
+                         "labels": "tf.string [batch, num_labels]: the labels whose "
+                                   "probability is over multi_label_threshold, in label "
+                                   "order, then \"\" padding"},
+        eval_kind="label_counts", one_name_per_row=False,
+        split_rule="stratified by each row's first label: per first label exactly "
+                   "min(n-1, max(1, round(n*eval_fraction))) rows, chosen by selection "
+                   "sampling on a seeded hash of each row"),
+    "regression": TaskKind(
+        name="regression", problem_type="regression", head="sequence_classification",
+        parse=_score, names=lambda v: [], stratum=lambda v: "",
+        prepare=lambda v, index: v, gate_metrics=("pearson", "spearman"),
+        train_metric="mse",
+        serving_outputs={"score": "float32 [batch]"}, eval_kind="pairs",
+        reported_metrics=("mse",),
+        names_labels=False, one_name_per_row=False,
+        split_rule="plain seeded: exactly round(n*eval_fraction) rows, chosen by selection "
+                   "sampling on a seeded hash of each row"),
+    # Accepted by the schema; the data, tokenize, train and evaluate pieces are another
+    # engineer's (validate refuses it until they are wired).
+    "token_classification": TaskKind(
+        name="token_classification", problem_type="token_classification",
+        head="token_classification", parse=_class_label, names=lambda v: [v],
+        stratum=lambda v: v, prepare=lambda v, index: index[v],
+        gate_metrics=("f1",), train_metric="accuracy", serving_outputs={},
+        eval_kind="none", wired=False),
+}
+GATE_METRICS = tuple(dict.fromkeys(m for kind in KINDS.values() for m in kind.gate_metrics))
+
+
+def kind(task: str) -> TaskKind:
+    return KINDS[task]
+
+
+# --- evaluation ------------------------------------------------------------------------------
+def multi_label_metrics(counts, labels: list[str], threshold: float) -> dict:
+    """From summed counts: tp, fp, fn per label [3, L] and (exact rows, rows)."""
+    tp, fp, fn = (np.asarray(x, np.float64) for x in counts["per_label"])
+    exact, rows = counts["exact"], counts["rows"]
+    precision, recall = ratio(tp, tp + fp), ratio(tp, tp + fn)
+    f1 = ratio(2 * precision * recall, precision + recall)
+    micro_p, micro_r = ratio(tp.sum(), tp.sum() + fp.sum()), ratio(tp.sum(), tp.sum() + fn.sum())
+    return {
+        "micro_f1": float(ratio(2 * micro_p * micro_r, micro_p + micro_r)),
+        "macro_f1": float(f1.mean()),
+        "subset_accuracy": float(exact / rows) if rows else 0.0,
+        "threshold": threshold,
+        "per_label": {label: {"precision": float(precision[i]), "recall": float(recall[i]),
+                              "f1": float(f1[i]), "support": int(tp[i] + fn[i])}
+                      for i, label in enumerate(labels)},
+        "labels": list(labels), "num_examples": int(rows)}
+
+
+def regression_metrics(truth, predicted) -> dict:
+    """MSE, Pearson and Spearman (Pearson of average ranks, ties shared, as scipy's) over
+    every evaluation pair, in float64; plus a binned predicted-vs-true summary the model
+    card and the run page draw."""
+    truth, predicted = np.asarray(truth, np.float64), np.asarray(predicted, np.float64)
+    return {"mse": float(np.mean((predicted - truth) ** 2)) if len(truth) else 0.0,
+            "pearson": _pearson(truth, predicted),
+            "spearman": _pearson(_ranks(truth), _ranks(predicted)),
+            "num_examples": int(len(truth)),
+            "binned": binned(truth, predicted)}
+
+
+def binned(truth, predicted, bins: int = 10) -> dict:
+    """Equal-width bins of the true value: per bin its row count and the mean and range of
+    the predictions (a small predicted-against-true table; also what the run page plots)."""
+    if not len(truth):
+        return {"edges": [], "rows": []}
+    edges = np.linspace(truth.min(), truth.max(), bins + 1)
+    which = np.clip(np.searchsorted(edges, truth, side="right") - 1, 0, bins - 1)
+    rows = []
+    for b in range(bins):
+        p = predicted[which == b]
+        rows.append({"low": float(edges[b]), "high": float(edges[b + 1]), "count": int(len(p)),
+                     "mean_true": float(truth[which == b].mean()) if len(p) else None,
+                     "mean_predicted": float(p.mean()) if len(p) else None})
+    return {"edges": edges.tolist(), "rows": rows}
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    if len(x) < 2:
+        return 0.0
+    x, y = x - x.mean(), y - y.mean()
+    denominator = math.sqrt(float((x * x).sum() * (y * y).sum()))
+    return float((x * y).sum() / denominator) if denominator else 0.0
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks, tied values sharing their average rank."""
+    order = np.argsort(values, kind="stable")
+    sorted_values = values[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_values)) + 1]
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values), np.float64)
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
+    return ranks
+
+
+def ratio(numerator, denominator):
+    """numerator / denominator elementwise in float64; 0 where the denominator is 0."""
+    numerator = np.asarray(numerator, np.float64)
+    denominator = np.asarray(denominator, np.float64)
+    out = np.zeros_like(numerator)
+    np.divide(numerator, denominator, out=out, where=denominator > 0)
+    return out
+
