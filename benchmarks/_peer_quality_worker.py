@@ -1,5 +1,6 @@
 """Peer side of benchmarks/quality.py: the Hugging Face recipe, transformers' Trainer with its
-defaults (torch AdamW, epsilon 1e-8, gradient clipping at norm 1.0, linear schedule) plus the
+defaults (torch's fused AdamW `adamw_torch_fused`, epsilon 1e-8, gradient clipping at norm 1.0,
+linear schedule; the optimizer it used is recorded as `optim`) plus the
 settings a user of the recipe sets: epochs, batch, learning rate, warm-up ratio, weight
 decay, bf16, group_by_length, seed. Runs in .venv-peer (torch, no TensorFlow).
 
