@@ -79,6 +79,21 @@ def smoke_batches(model_dir: Path, out: Path, batch: int = 4, steps: int = 3,
     return model_sizes.write_batches(model_dir / "vocab.txt", seq, batch, steps, out)
 
 
+def smoke_data_root(root: Path, rows: int = 64) -> Path:
+    """A data root holding sst2/train.tsv (`text`, `label`): `rows` synthetic rows of two
+    classes, for --smoke runs (set DATA_ROOT to it)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["good", "bad", "film", "plot", "actors", "fine", "dull", "great", "poor", "story"]
+    (root / "sst2").mkdir(parents=True, exist_ok=True)
+    with open(root / "sst2" / "train.tsv", "w", encoding="utf-8") as f:
+        f.write("text\tlabel\n")
+        for i in range(rows):
+            f.write(" ".join(rng.choices(words, k=rng.randint(3, 12))) + f"\t{i % 2}\n")
+    return root
+
+
 # Absolute paths in results files: an absolute path starts a string or follows a blank, `=`,
 # `(` or a quote; not after `:` (URIs), a word (`ex/s`) or a `<label>` this module wrote.
 _ABS_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:[\w.+@-]+/)*[\w.+@-]+")

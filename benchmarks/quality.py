@@ -338,7 +338,7 @@ def main() -> None:
     if args.smoke:
         common.smoke_results_dir()
         args.datasets, args.seeds, args.max_steps, args.merge = "sst2", "0", 2, False
-        common.DATA_ROOT = smoke_data(work / "data")
+        common.DATA_ROOT = common.smoke_data_root(work / "data")
         model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
         args.set = [*args.set, f"base_model={model_dir}"]
     names = args.datasets.split(",")
@@ -383,18 +383,6 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     else:
         print(f"run folders kept under {work}")
-
-
-def smoke_data(root: Path) -> Path:
-    """A data root holding sst2/train.tsv: 64 synthetic rows of two classes (--smoke)."""
-    rng = random.Random(0)
-    words = ["good", "bad", "film", "plot", "actors", "fine", "dull", "great", "poor", "story"]
-    (root / "sst2").mkdir(parents=True, exist_ok=True)
-    with open(root / "sst2" / "train.tsv", "w", encoding="utf-8") as f:
-        f.write("text\tlabel\n")
-        for i in range(64):
-            f.write(" ".join(rng.choices(words, k=rng.randint(3, 12))) + f"\t{i % 2}\n")
-    return root
 
 
 def merge(earlier: dict | None, results: dict) -> dict:
