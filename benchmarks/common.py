@@ -80,17 +80,19 @@ def smoke_batches(model_dir: Path, out: Path, batch: int = 4, steps: int = 3,
 
 
 def smoke_data_root(root: Path, rows: int = 64) -> Path:
-    """A data root holding sst2/train.tsv (`text`, `label`): `rows` synthetic rows of two
-    classes, for --smoke runs (set DATA_ROOT to it)."""
+    """A data root holding sst2/train.tsv and snips/train.tsv (`text`, `label`): `rows`
+    synthetic rows of two classes each, for --smoke runs (set DATA_ROOT to it)."""
     import random
 
     rng = random.Random(0)
     words = ["good", "bad", "film", "plot", "actors", "fine", "dull", "great", "poor", "story"]
-    (root / "sst2").mkdir(parents=True, exist_ok=True)
-    with open(root / "sst2" / "train.tsv", "w", encoding="utf-8") as f:
-        f.write("text\tlabel\n")
-        for i in range(rows):
-            f.write(" ".join(rng.choices(words, k=rng.randint(3, 12))) + f"\t{i % 2}\n")
+    for name, labels in (("sst2", ("0", "1")), ("snips", ("PlayMusic", "GetWeather"))):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        with open(root / name / "train.tsv", "w", encoding="utf-8") as f:
+            f.write("text\tlabel\n")
+            for i in range(rows):
+                f.write(" ".join(rng.choices(words, k=rng.randint(3, 12)))
+                        + f"\t{labels[i % 2]}\n")
     return root
 
 
