@@ -103,8 +103,11 @@ print("RESULT " + json.dumps({
     "accuracy": float(correct.sum() / matrix.sum()), "macro_f1": float(f1.mean()),
     "num_train_examples": len(train_set), "num_eval_examples": len(eval_set),
     "train_steps": int(train_out.global_step), "final_loss": [h["loss"] for h in trainer.state.log_history if "loss" in h][-1],
-    "step_seconds": times, "optim": str(args.optim), "adam_epsilon": args.adam_epsilon,
-    "max_grad_norm": args.max_grad_norm, "lr_scheduler": str(args.lr_scheduler_type),
+    "step_seconds": times, "adam_epsilon": args.adam_epsilon,
+    # the Trainer's names (adamw_torch_fused, linear), not the enums' reprs
+    "optim": getattr(args.optim, "value", str(args.optim)),
+    "lr_scheduler": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
+    "max_grad_norm": args.max_grad_norm,
     "warmup_ratio": a.warmup_ratio, "weight_decay": a.weight_decay, "bf16": not a.no_bf16,
     "threads": torch.get_num_threads(), "torch": torch.__version__}))
 sys.stdout.flush()
