@@ -6,9 +6,13 @@ Untimed set-up: the rows are written to a TSV and go through `tasks.steps.data.r
 `tasks.steps.tokenize.run` into a fresh run folder. Then `tasks.steps.train.run` trains for
 warmup + timed steps; step end times are read by wrapping `tasks.steps.train.Progress.step_done`
 (the project's own per-step hook). The warm-up is one pass over the rows, so the timed steps
-are the second pass: the peer's rows exactly, grouped into bertflow's own batches.
+are the second pass: the peer's rows exactly, grouped into bertflow's own batches (the peer
+worker also warms up on one pass of its batches by default).
 `--set field=value` overrides RunConfig fields (e.g. mixed_precision).
-Prints one line `RESULT {json}`."""
+Prints one line `RESULT {json}`, with `first_step_end_unix` (wall clock at the end of the
+first training step: the driver reports start-up, process start to first step, from it; the
+untimed data and tokenize steps fall inside it, `setup_s`) and `recipe` (this side's optimizer,
+schedule, clipping, weight decay, precision)."""
 import argparse
 import json
 import os
@@ -60,15 +64,20 @@ cfg = RunConfig(**{
     "max_steps": a.warmup + timed_steps, "checkpoint_every_steps": 10_000, **overrides})
 ctx = RunContext(str(work / "art"), "bench", "train")
 write_run_config(ctx, cfg)
+t_setup = time.perf_counter()
 data_step.run(cfg, ctx)
 tokenize_step.run(cfg, ctx)
+setup_s = time.perf_counter() - t_setup
 
 ends: list[tuple[int, float]] = []
+first_step_end_unix: list[float] = []
 _orig = train_step.Progress.step_done
 
 
 def step_done(self, step, metrics):
     ends.append((step, time.perf_counter()))
+    if not first_step_end_unix:
+        first_step_end_unix.append(time.time())
     return _orig(self, step, metrics)
 
 
@@ -102,6 +111,13 @@ flops = train_flops(tokens, sum(b for b, _ in shapes),
                     ffn=model_config["intermediate_size"])
 # Each timed step's own time (from the previous step's end), for medians.
 step_seconds = [t1 - t0 for (s0, t0), (s1, t1) in zip(ends, ends[1:]) if s0 >= a.warmup]
+recipe = {"optimizer": "tasks.training.model.AdamW (fused; bertflow's CPU kernel where built)",
+          "learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay,
+          "max_grad_norm": None, "lr_schedule": "linear", "warmup_ratio": cfg.warmup_ratio,
+          "adam_epsilon": 1e-8, "precision": manifest["mixed_precision"],
+          "untimed_warmup_steps": a.warmup, "timed_steps": n_steps,
+          "batch_size": batch_size,
+          "padding": "per batch, to its longest row (bertflow's own length-grouped batches)"}
 print("RESULT " + json.dumps({
     "examples_per_s": n_ex / dt, "seconds": dt, "steps": n_steps, "examples": n_ex,
     "padded_tokens": tokens, "mean_padded_length": tokens / n_ex,
@@ -112,7 +128,8 @@ print("RESULT " + json.dumps({
     "precision": "bf16" if "bfloat16" in manifest["mixed_precision"] else "fp32",
     "mixed_precision": manifest["mixed_precision"], "strategy": manifest["strategy"],
     "cpu_kernels": manifest["cpu_kernels"],
-    "final_loss": manifest["final_loss"], "overrides": overrides}))
+    "final_loss": manifest["final_loss"], "overrides": overrides,
+    "first_step_end_unix": first_step_end_unix[0], "setup_s": setup_s, "recipe": recipe}))
 sys.stdout.flush()
 import shutil  # noqa: E402
 shutil.rmtree(work, ignore_errors=True)

@@ -1,5 +1,6 @@
 """Peer side of benchmarks/quality.py: the Hugging Face recipe, transformers' Trainer with its
-defaults (torch AdamW, epsilon 1e-8, gradient clipping at norm 1.0, linear schedule) plus the
+defaults (torch's fused AdamW `adamw_torch_fused`, epsilon 1e-8, gradient clipping at norm 1.0,
+linear schedule; the optimizer it used is recorded as `optim`) plus the
 settings a user of the recipe sets: epochs, batch, learning rate, warm-up ratio, weight
 decay, bf16, group_by_length, seed. Runs in .venv-peer (torch, no TensorFlow).
 
@@ -102,8 +103,11 @@ print("RESULT " + json.dumps({
     "accuracy": float(correct.sum() / matrix.sum()), "macro_f1": float(f1.mean()),
     "num_train_examples": len(train_set), "num_eval_examples": len(eval_set),
     "train_steps": int(train_out.global_step), "final_loss": [h["loss"] for h in trainer.state.log_history if "loss" in h][-1],
-    "step_seconds": times, "optim": str(args.optim), "adam_epsilon": args.adam_epsilon,
-    "max_grad_norm": args.max_grad_norm, "lr_scheduler": str(args.lr_scheduler_type),
+    "step_seconds": times, "adam_epsilon": args.adam_epsilon,
+    # the Trainer's names (adamw_torch_fused, linear), not the enums' reprs
+    "optim": getattr(args.optim, "value", str(args.optim)),
+    "lr_scheduler": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
+    "max_grad_norm": args.max_grad_norm,
     "warmup_ratio": a.warmup_ratio, "weight_decay": a.weight_decay, "bf16": not a.no_bf16,
     "threads": torch.get_num_threads(), "torch": torch.__version__}))
 sys.stdout.flush()

@@ -2,6 +2,11 @@
 
 Every benchmark is one command (`./.venv/bin/python benchmarks/<name>.py`), prints its figures
 and writes `benchmarks/results/<name>.json` (written atomically: tmp file then rename).
+
+`--smoke` (every script has it) runs a tiny version in seconds and writes to a temporary
+folder, never to benchmarks/results/: set $BERTFLOW_BENCH_RESULTS_DIR to choose the folder.
+Results files hold no absolute path of the machine: `portable` rewrites the checkout's paths
+relative to it, the shared data root's as `<data>/...`, temporary folders as `<tmp>/...`.
 """
 from __future__ import annotations
 
@@ -10,14 +15,19 @@ import json
 import os
 import platform
 import statistics
+import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 BENCH_DIR = Path(__file__).resolve().parent
 PROJECT_ROOT = BENCH_DIR.parent
-RESULTS_DIR = BENCH_DIR / "results"
+# Where write_results writes: benchmarks/results/, or $BERTFLOW_BENCH_RESULTS_DIR (smoke runs,
+# tests). A smoke run with the variable unset gets a fresh temporary folder (smoke_results_dir).
+RESULTS_ENV = "BERTFLOW_BENCH_RESULTS_DIR"
+RESULTS_DIR = Path(os.environ.get(RESULTS_ENV) or BENCH_DIR / "results")
 # The shared data sets (sst2/, snips/, banking77/) live beside the checkout, in ../shared/data.
 DATA_ENV = "BERTFLOW_SHARED_DATA"
 DATA_ROOT = Path(os.environ.get(DATA_ENV) or PROJECT_ROOT.parent / "shared" / "data")
@@ -37,6 +47,113 @@ def require_data(*relative: str) -> list[Path]:
               f"the checkout)", file=sys.stderr)
         sys.exit(2)
     return paths
+
+
+def smoke_results_dir() -> Path:
+    """The results folder of a --smoke run: $BERTFLOW_BENCH_RESULTS_DIR, else a new temporary
+    folder. Never benchmarks/results/ (a smoke run measures nothing worth keeping)."""
+    global RESULTS_DIR
+    if os.environ.get(RESULTS_ENV):
+        RESULTS_DIR = Path(os.environ[RESULTS_ENV])
+    else:
+        RESULTS_DIR = Path(tempfile.mkdtemp(prefix="bertflow-bench-smoke-"))
+    if RESULTS_DIR.resolve() == (BENCH_DIR / "results").resolve():
+        raise SystemExit(f"error: a --smoke run must not write to benchmarks/results/ "
+                         f"(${RESULTS_ENV} points there)")
+    return RESULTS_DIR
+
+
+def smoke_model_dir(out: Path) -> Path:
+    """A tiny RANDOM BERT checkpoint (2 layers, hidden 32; the MiniLM checkpoint's uncased
+    vocabulary) for --smoke runs: config.json, vocab.txt, model.safetensors."""
+    import model_sizes
+    return model_sizes.write_random_checkpoint(model_sizes.MODELS["tiny"], out,
+                                               model_sizes.vocab_file())
+
+
+def smoke_batches(model_dir: Path, out: Path, batch: int = 4, steps: int = 3,
+                  seq: int = 16) -> Path:
+    """`steps` synthetic batches (random whole-word rows, truncated to `seq` tokens) in the
+    format trainbench_data.build writes, for --smoke runs: no shared data needed."""
+    import model_sizes
+    return model_sizes.write_batches(model_dir / "vocab.txt", seq, batch, steps, out)
+
+
+def smoke_data_root(root: Path, rows: int = 64) -> Path:
+    """A data root holding sst2/train.tsv and snips/train.tsv (`text`, `label`): `rows`
+    synthetic rows of two classes each, for --smoke runs (set DATA_ROOT to it)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["good", "bad", "film", "plot", "actors", "fine", "dull", "great", "poor", "story"]
+    for name, labels in (("sst2", ("0", "1")), ("snips", ("PlayMusic", "GetWeather"))):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        with open(root / name / "train.tsv", "w", encoding="utf-8") as f:
+            f.write("text\tlabel\n")
+            for i in range(rows):
+                f.write(" ".join(rng.choices(words, k=rng.randint(3, 12)))
+                        + f"\t{labels[i % 2]}\n")
+    return root
+
+
+# Absolute paths in results files: an absolute path starts a string or follows a blank, `=`,
+# `(` or a quote; not after `:` (URIs), a word (`ex/s`) or a `<label>` this module wrote.
+_ABS_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:[\w.+@-]+/)*[\w.+@-]+")
+# Machine-independent paths a result may name as facts (the kernel's files).
+_NOT_MACHINE_PATHS = ("/proc/", "/sys/", "/dev/")
+
+
+def absolute_paths(value: Any) -> list[str]:
+    """Every absolute path of the machine in a JSON value's strings (keys included)."""
+    found: list[str] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found += absolute_paths(k) + absolute_paths(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            found += absolute_paths(v)
+    elif isinstance(value, str):
+        found += [m for m in _ABS_PATH.findall(value) if "/" in m[1:]
+                  and not m.startswith(_NOT_MACHINE_PATHS)]
+    return found
+
+
+def _prefixes() -> list[tuple[str, str]]:
+    """(absolute prefix, replacement), longest first: checkout, data root, temp folders."""
+    pairs = []
+    for root, label in ((DATA_ROOT, "<data>"), (Path(tempfile.gettempdir()), "<tmp>"),
+                        (Path("/tmp"), "<tmp>")):
+        for form in {str(root), str(Path(root).resolve())}:
+            pairs.append((form.rstrip("/"), label))
+    for form in {str(PROJECT_ROOT), str(PROJECT_ROOT.resolve())}:
+        pairs.append((form.rstrip("/"), "."))
+    return sorted(pairs, key=lambda p: -len(p[0]))
+
+
+def portable(value: Any) -> Any:
+    """The value with the machine's absolute paths rewritten: the checkout's as relative
+    (`./.venv/bin/python`), the shared data root's as `<data>/sst2/train.tsv`, temporary
+    folders' as `<tmp>/...`; any other as `<abs>/<its last part>`."""
+    if isinstance(value, dict):
+        return {portable(k): portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    if not isinstance(value, str) or "/" not in value:
+        return value
+    prefixes = _prefixes()
+
+    def one(m: re.Match) -> str:
+        path = m.group(0)
+        if "/" not in path[1:] or path.startswith(_NOT_MACHINE_PATHS):
+            return path
+        for prefix, label in prefixes:
+            if path == prefix or path.startswith(prefix + "/"):
+                rest = path[len(prefix):].lstrip("/")
+                if label == ".":
+                    return rest or "."
+                return f"{label}/{rest}" if rest else label
+        return "<abs>/" + path.rstrip("/").rsplit("/", 1)[-1]
+    return _ABS_PATH.sub(one, value)
 
 
 def median(xs: list[float]) -> float:
@@ -112,9 +229,11 @@ def write_results(name: str, results: dict[str, Any], quiet: bool = False) -> Pa
         "machine": machine_info(),
         **results,
     }
+    # no absolute path of the machine (data root, venv, temp folders) goes into a results file
+    payload = portable(json.loads(json.dumps(payload, default=str)))
     path = RESULTS_DIR / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
     tmp.replace(path)
     if not quiet:
         shown = path.relative_to(PROJECT_ROOT) if path.is_relative_to(PROJECT_ROOT) else path

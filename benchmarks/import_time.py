@@ -7,7 +7,10 @@ in the same venv: `-X pycache_prefix=<empty folder>` makes Python look for .pyc 
 there (it finds none) and PYTHONDONTWRITEBYTECODE keeps it from writing any. Both sides run
 in one invocation, alternating; CPU is user+sys of the child process.
 
-    ./.venv/bin/python benchmarks/import_time.py [--repeats 5]
+    ./.venv/bin/python benchmarks/import_time.py [--repeats 5] [--smoke]
+
+`--smoke`: one run per side of a light module (`tasks`, which imports no TensorFlow), results
+in a temporary folder (common.smoke_results_dir): the harness, not a figure.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import sys
 import tempfile
 import time
 
+import common
 from common import PROJECT_ROOT, alternate, median, write_results
 
 # tensorflow alone, and what `python -m tasks train` imports before it trains.
@@ -47,10 +51,16 @@ def run_import(module: str, no_pyc_prefix: str | None) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true",
+                        help="one run per side of a light module, results in a temporary folder")
     args = parser.parse_args()
-    results = {"repeats": args.repeats, "modules": {}}
+    modules = MODULES
+    if args.smoke:
+        common.smoke_results_dir()
+        args.repeats, modules = 1, ("tasks",)
+    results = {"repeats": args.repeats, "smoke": args.smoke, "modules": {}}
     with tempfile.TemporaryDirectory(prefix="no-pyc-") as empty:
-        for module in MODULES:
+        for module in modules:
             print(f"import {module} (CPU seconds):")
             walls: dict[str, list[float]] = {"with_pyc": [], "no_pyc": []}
 

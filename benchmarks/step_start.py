@@ -9,7 +9,9 @@ process's CPU is user+sys from wait4: for the cold side this process's child, fo
 side the server's (it reports them). The server's own start (the one-time preload) is
 measured too, and the break-even that follows from it is computed, not measured.
 
-    ./.venv/bin/python benchmarks/step_start.py [--repeats 5]
+    ./.venv/bin/python benchmarks/step_start.py [--repeats 5] [--smoke]
+
+`--smoke`: one run per side, results in a temporary folder (common.smoke_results_dir).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import common
 from common import PROJECT_ROOT, alternate, median, write_results
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -78,7 +81,12 @@ class Side:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true",
+                        help="one run per side, results in a temporary folder")
     args = parser.parse_args()
+    if args.smoke:
+        common.smoke_results_dir()
+        args.repeats = 1
     with tempfile.TemporaryDirectory(prefix="step-start-") as tmp:
         run_uri = tiny_run(Path(tmp))
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -92,7 +100,7 @@ def main() -> None:
     # server, its forked children's: subtract both sides' processes to leave the server's.
     server_cpu = ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                   - sum(cpus["cold"]) - sum(cpus["warm"]))
-    results = {"repeats": args.repeats, "step": "train (tiny random BERT, 64 rows, 1 epoch)",
+    results = {"repeats": args.repeats, "smoke": args.smoke, "step": "train (tiny random BERT, 64 rows, 1 epoch)",
                "sides": {name: {"cpu_seconds": cpus[name], "wall_seconds": sides[name].walls,
                                 "median_cpu_seconds": median(cpus[name]),
                                 "median_wall_seconds": median(sides[name].walls)}

@@ -1,6 +1,9 @@
 """Benchmark 1: tokenization to TFRecords on all of SST-2 train (67,349 rows).
 
-    ./.venv/bin/python benchmarks/tokenize_throughput.py [--repeats 3] [--limit N]
+    ./.venv/bin/python benchmarks/tokenize_throughput.py [--repeats 3] [--limit N] [--smoke]
+
+`--smoke`: 64 synthetic rows (common.smoke_data_root), one run per side, results in a
+temporary folder (common.smoke_results_dir).
 
 bertflow side: the real tokenize step, `tasks.steps.tokenize.run(cfg, ctx)` (read the data step's
 jsonl, tokenize in-graph, serialize tf.train.Example, write shards), on a fresh artifact root each
@@ -79,7 +82,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--limit", type=int, default=0, help="rows (0 = all)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="64 synthetic rows, one run per side, results in a temporary folder")
     args = ap.parse_args()
+    if args.smoke:
+        common.smoke_results_dir()
+        args.repeats, args.limit = 1, 0
+        common.DATA_ROOT = common.smoke_data_root(Path(tempfile.mkdtemp(prefix="bench-tok-data-")))
     (sst2,) = common.require_data("sst2/train.tsv")
     try:
         import tasks.steps.tokenize as tk
@@ -163,8 +172,10 @@ def main() -> None:
     print(f"  step ratio bertflow/baseline: x{ratio:.2f}")
     print(f"target >= {TARGET_ROWS_S:,} rows/s: {v_abs}")
     print(f"target >= {TARGET_RATIO}x baseline: {v_rat}")
+    if args.smoke:
+        shutil.rmtree(common.DATA_ROOT, ignore_errors=True)
     common.write_results("tokenize_throughput", {
-        "rows": rows, "repeats": args.repeats, "median_rows_per_s": med,
+        "smoke": args.smoke, "rows": rows, "repeats": args.repeats, "median_rows_per_s": med,
         "runs_rows_per_s": res, "ratio_step_vs_baseline": ratio,
         "target_rows_per_s": v_abs, "target_ratio": v_rat})
 

