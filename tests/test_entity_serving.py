@@ -14,7 +14,7 @@ import tensorflow as tf
 from tasks.model.classifier import build_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.heads import TOKEN_CLASSIFICATION
-from tasks.steps.tokenize import BertTextEncoder
+from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
 from tasks.training.entity_serving import entity_serving_module
 from tasks.steps.token_encoding import WordPieceAligner

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 from tasks.io.token_readers import conll_sentences, tag_vocabulary
-from tasks.steps.tokenize import BertTextEncoder
+from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
 from tasks.training.entity_metrics import IGNORED
 from tasks.steps.token_encoding import WordPieceAligner

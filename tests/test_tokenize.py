@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 import transformers
 
+from tasks.model import text_encoder
 from tasks.training import checkpoint
 from tasks.steps import data, tokenize
 from tasks.io import storage
@@ -23,7 +24,7 @@ def vocab_file():
 
 @pytest.fixture(scope="module")
 def encoder(vocab_file):
-    return tokenize.BertTextEncoder(vocab_file, lower_case=True, max_seq_length=128)
+    return text_encoder.BertTextEncoder(vocab_file, lower_case=True, max_seq_length=128)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def test_pair_truncation_matches_hugging_face_longest_first(vocab_file, hf_token
             texts.append(" ".join(words[:n_a]) or "x")
             pairs.append(" ".join(reversed(words[:n_b])) or "y")
     for max_len in (8, 11, 16):
-        enc = tokenize.BertTextEncoder(vocab_file, True, max_len)
+        enc = text_encoder.BertTextEncoder(vocab_file, True, max_len)
         ids, types = enc(tf.constant(texts), tf.constant(pairs))
         expected = hf_tokenizer(texts, pairs, truncation="longest_first", max_length=max_len)
         assert ids.to_list() == expected["input_ids"]
@@ -62,7 +63,7 @@ def test_pair_truncation_matches_hugging_face_longest_first(vocab_file, hf_token
 
 
 def test_single_text_truncation_keeps_cls_and_sep(vocab_file):
-    enc = tokenize.BertTextEncoder(vocab_file, True, 8)
+    enc = text_encoder.BertTextEncoder(vocab_file, True, 8)
     ids, _, untruncated = enc.encode_with_lengths(tf.constant(["one two three four five six "
                                                                "seven eight nine", "hi"]))
     rows = ids.to_list()
@@ -99,7 +100,7 @@ def test_numpy_assembly_matches_the_tensorflow_encoder(vocab_file):
              .splitlines()[1:]] if SST2.is_file() else texts)
     for max_len, batches in ((128, [(sst2, None)]), (8, [(texts, pairs), (texts, None)]),
                              (11, [(texts, pairs)]), (16, [(texts, pairs), (sst2, None)])):
-        enc = tokenize.BertTextEncoder(vocab_file, True, max_len)
+        enc = text_encoder.BertTextEncoder(vocab_file, True, max_len)
         for first, second in batches + [([], None), ([""], [""])]:
             ids, types, untruncated = enc.encode_with_lengths(
                 tf.constant(first, tf.string),
@@ -112,19 +113,19 @@ def test_numpy_assembly_matches_the_tensorflow_encoder(vocab_file):
 
 def test_tokenizer_models_are_cached_on_disk(vocab_file, tmp_path, monkeypatch):
     vocab = vocab_file.read_text(encoding="utf-8").splitlines()
-    monkeypatch.setenv(tokenize.MODEL_CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(tokenize, "_models", {})
-    built = tokenize.tokenizer_models(vocab, True)
+    monkeypatch.setenv(text_encoder.MODEL_CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(text_encoder, "_models", {})
+    built = text_encoder.tokenizer_models(vocab, True)
     (cached,) = tmp_path.glob("*.bin")
-    monkeypatch.setattr(tokenize, "_models", {})
-    assert tokenize.tokenizer_models(vocab, True) == built  # read back from disk
-    assert tokenize.tokenizer_models(vocab, False) != built  # options are part of the key
+    monkeypatch.setattr(text_encoder, "_models", {})
+    assert text_encoder.tokenizer_models(vocab, True) == built  # read back from disk
+    assert text_encoder.tokenizer_models(vocab, False) != built  # options are part of the key
     assert len(list(tmp_path.glob("*.bin"))) == 2
     cached.write_bytes(cached.read_bytes()[:-1] + b"?")  # corrupt: rebuilt, not trusted
-    monkeypatch.setattr(tokenize, "_models", {})
-    assert tokenize.tokenizer_models(vocab, True) == built
-    monkeypatch.setenv(tokenize.MODEL_CACHE_ENV, "")  # disabled
-    assert tokenize.model_cache_dir() is None
+    monkeypatch.setattr(text_encoder, "_models", {})
+    assert text_encoder.tokenizer_models(vocab, True) == built
+    monkeypatch.setenv(text_encoder.MODEL_CACHE_ENV, "")  # disabled
+    assert text_encoder.model_cache_dir() is None
 
 
 def test_encoder_falls_back_to_the_public_api_when_the_private_builders_move(
@@ -133,13 +134,13 @@ def test_encoder_falls_back_to_the_public_api_when_the_private_builders_move(
     encoder uses the public FastBertTokenizer(vocab=...) and gives the same ids."""
     texts = tf.constant(["Crème brûlée, please!", "ok", "", "a " * 40, "unaffable xyzzy"])
     pairs = tf.constant(["one", "two words", "x", "b " * 30, "!"])
-    private = tokenize.BertTextEncoder(vocab_file, True, 16)
+    private = text_encoder.BertTextEncoder(vocab_file, True, 16)
     want = [private(texts), private(texts, pairs)]
-    monkeypatch.setattr(tokenize, "model_builders", lambda: None)
-    monkeypatch.setattr(tokenize, "_models", {})
-    monkeypatch.setenv(tokenize.MODEL_CACHE_ENV, "")  # no disk cache to read them from
-    assert tokenize.tokenizer_models(["[PAD]", "[CLS]", "[SEP]"], True) is None
-    public = tokenize.BertTextEncoder(vocab_file, True, 16)
+    monkeypatch.setattr(text_encoder, "model_builders", lambda: None)
+    monkeypatch.setattr(text_encoder, "_models", {})
+    monkeypatch.setenv(text_encoder.MODEL_CACHE_ENV, "")  # no disk cache to read them from
+    assert text_encoder.tokenizer_models(["[PAD]", "[CLS]", "[SEP]"], True) is None
+    public = text_encoder.BertTextEncoder(vocab_file, True, 16)
     for got, expected in zip([public(texts), public(texts, pairs)], want):
         assert [g.to_list() for g in got] == [w.to_list() for w in expected]
 

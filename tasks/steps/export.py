@@ -29,7 +29,7 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
-from tasks.steps.tokenize import BertTextEncoder
+from tasks.model.text_encoder import BertTextEncoder
 from tasks.task_kinds import TaskKind, kind as task_kind
 
 SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]

@@ -10,7 +10,7 @@ position of its first piece in `input_ids` ([CLS] is position 0), or -1 when the
 piece left: truncated away, or made only of characters BERT's normalizer drops (a lone
 zero-width space). Predictions are given back per word by gathering at `word_starts`.
 
-The word pieces are the ones `tasks.steps.tokenize.BertTextEncoder` makes (same vocabulary,
+The word pieces are the ones `tasks.model.text_encoder.BertTextEncoder` makes (same vocabulary,
 same lower-casing, same compiled tokenizer): each word is tokenized on its own and the
 pieces regrouped by sentence, so a word is never merged with its neighbour.
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from tasks.steps.tokenize import BertTextEncoder
+from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.entity_metrics import IGNORED
 
 _WORDS = tf.RaggedTensorSpec([None, None], tf.string)

@@ -1,8 +1,8 @@
 """Tokenize step: prepared JSON Lines shards -> sharded TFRecords, cached by content.
 
-`BertTextEncoder` is the single tokenizer of the project: this step uses it to write the
-TFRecords and the export step embeds it in the SavedModel, so serving cannot drift from
-training. (The step takes the encoder's wordpieces and truncation rule as they are and only
+`BertTextEncoder` (tasks/model/text_encoder.py) is the single tokenizer of the project: this
+step uses it to write the TFRecords and the export step embeds it in the SavedModel, so
+serving cannot drift from training. (The step takes the encoder's wordpieces and truncation rule as they are and only
 adds [CLS]/[SEP] in numpy, `BertTextEncoder.encode_numpy`; tests check it equals the
 TensorFlow path.) No Python runs per row, and the output is byte-identical for identical
 input -- also to tf.io.encode_proto + tf.io.TFRecordWriter (`tasks/io/tfrecord_io.py`), so
@@ -20,11 +20,7 @@ counts as complete only when its manifest and every shard it lists exist, so an 
 upload is rebuilt rather than trusted.
 
 Speed. What keeps the step short:
-- the tokenizer's compiled models (fast-wordpiece flatbuffer of the vocab: ~0.3-0.4 s for
-  30k tokens; BERT normalizer: up to ~1 s the first time in a process) are built once per
-  (vocab, options, tensorflow-text version) and kept in memory and in a local disk cache
-  (`model_cache_dir()`), and handed to TensorFlow as a numpy buffer (tensorflow_text would
-  otherwise convert the 1.7 MB model through a Python list of ints);
+- the tokenizer's compiled models are built once and cached (tasks/model/text_encoder.py);
 - worker threads tokenize chunks eagerly (no tf.data, no tracing; the TensorFlow kernels
   release the GIL) while the main thread serializes them with numpy (`tasks/io/tfrecord_io.py`:
   vectorized varints and TFRecord framing into one buffer per chunk) and appends them to
@@ -43,8 +39,6 @@ from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_text as tf_text
 
 from tasks.training import checkpoint
 from tasks.runs import runlayout
@@ -58,6 +52,7 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
 from tasks.task_kinds import kind as task_kind
+from tasks.model.text_encoder import BertTextEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"
@@ -66,262 +61,6 @@ CACHE_MANIFEST = "manifest.json"
 _CHUNK_ROWS = 8192  # rows per chunk: bounds memory, gives the threads work to share
 _READ_BLOCK = 4 << 20  # bytes per read of the prepared shards
 
-_STRINGS = tf.TensorSpec([None], tf.string)
-
-# tensorflow_text's FastBertTokenizer defaults, which the compiled model bakes in.
-_WORDPIECE = {"suffix_indicator": "##", "max_bytes_per_word": 100, "unknown_token": "[UNK]",
-              "no_pretokenization": False, "support_detokenization": False}
-MODEL_CACHE_ENV = "BERTFLOW_TOKENIZER_CACHE"  # folder; empty string disables the disk cache
-_models: dict[str, tuple[bytes, bytes]] = {}
-
-
-class BertTextEncoder(tf.Module):
-    """Raw strings -> BERT input ids, in-graph and exportable in a SavedModel.
-
-    Matches `transformers.BertTokenizer(do_lower_case=True)` token for token, including
-    truncation: single texts keep their first max_seq_length - 2 tokens; pairs are cut like
-    Hugging Face's 'longest_first' (when both segments must shrink, the budget is split evenly
-    and an odd token goes to the longer, or to the second when they tie). tensorflow_text's
-    ShrinkLongestTrimmer breaks that tie the other way, so the rule is computed here.
-    """
-
-    def __init__(self, vocab_path, lower_case: bool = True, max_seq_length: int = 128):
-        super().__init__(name="bert_text_encoder")
-        text = storage.read_text(str(vocab_path))
-        vocab = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
-        self.vocab_size = len(vocab)
-        self.lower_case = lower_case
-        self.max_seq_length = max_seq_length
-        self._cls_id = vocab.index("[CLS]")
-        self._sep_id = vocab.index("[SEP]")
-        # The vocabulary is compiled into a constant the traced functions capture, so a
-        # SavedModel holding this module needs no vocab file at serving time.
-        models = tokenizer_models(vocab, lower_case)
-        if models is None:  # tensorflow_text's model builders moved: the public API
-            self._tokenizer = tf_text.FastBertTokenizer(
-                vocab=vocab, token_out_type=tf.int64, lower_case_nfd_strip_accents=lower_case,
-                **{k: v for k, v in _WORDPIECE.items()})
-        else:
-            wordpiece, normalizer = models
-            self._tokenizer = tf_text.FastBertTokenizer(
-                token_out_type=tf.int64,
-                fast_wordpiece_model_buffer=_uint8_tensor(wordpiece),
-                fast_bert_normalizer_model_buffer=_uint8_tensor(normalizer))
-
-    def __call__(self, texts, pairs=None):
-        """(input_ids, token_type_ids) as int64 RaggedTensors [batch, (tokens)]."""
-        if pairs is None:
-            return self.encode(texts)
-        return self.encode_pair(texts, pairs)
-
-    @tf.function(input_signature=[_STRINGS])
-    def encode(self, texts):
-        ids, types, _ = self.encode_with_lengths(texts)
-        return ids, types
-
-    @tf.function(input_signature=[_STRINGS, _STRINGS])
-    def encode_pair(self, texts, pairs):
-        ids, types, _ = self.encode_with_lengths(texts, pairs)
-        return ids, types
-
-    def encode_with_lengths(self, texts, pairs=None):
-        """Like __call__, plus each row's length before truncation (with [CLS]/[SEP])."""
-        first = self.wordpieces(texts)
-        if pairs is None:
-            untruncated = first.row_lengths() + 2
-            keep = _keep_lengths([first.row_lengths()], self.max_seq_length, tf)
-            segments = [_head(first, keep[0])]
-        else:
-            second = self.wordpieces(pairs)
-            untruncated = first.row_lengths() + second.row_lengths() + 3
-            keep = _keep_lengths([first.row_lengths(), second.row_lengths()],
-                                 self.max_seq_length, tf)
-            segments = [_head(first, keep[0]), _head(second, keep[1])]
-        ids, types = tf_text.combine_segments(
-            segments, start_of_sequence_id=self._cls_id, end_of_segment_id=self._sep_id)
-        return ids, tf.cast(types, tf.int64), untruncated
-
-    def wordpieces(self, texts) -> tf.RaggedTensor:
-        """Token ids of each text, before truncation and without [CLS]/[SEP]."""
-        return self._tokenizer.tokenize(texts)
-
-    def encode_numpy(self, texts, pairs=None):
-        """encode_with_lengths for the tokenize step, as numpy arrays: (flat input ids, row
-        lengths, flat token type ids, pre-truncation lengths).
-
-        Same wordpieces (same op) and the same truncation rule (`_keep_lengths`); only the
-        [CLS]/[SEP] assembly is done in numpy instead of TensorFlow ops, which in a fresh
-        process cost ~3 ms each to instantiate (~0.2 s for the ~50 of them) and are several
-        times slower than numpy on int64 vectors. tests/test_tokenize.py checks both paths
-        give identical output.
-        """
-        segments = []
-        for batch in (texts,) if pairs is None else (texts, pairs):
-            rt = self.wordpieces(tf.constant(batch, dtype=tf.string))
-            segments.append((rt.flat_values.numpy(), rt.row_lengths().numpy()))
-        keep = _keep_lengths([lengths for _, lengths in segments], self.max_seq_length, np)
-        untruncated = sum(lengths for _, lengths in segments) + len(segments) + 1
-        ids, lengths, types = _combine_numpy(
-            [(values, lengths, k) for (values, lengths), k in zip(segments, keep)],
-            self._cls_id, self._sep_id)
-        return ids, lengths, types, untruncated
-
-
-def _head(rt: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
-    """The first keep[i] items of each row i."""
-    starts = rt.row_starts()
-    positions = tf.ragged.range(starts, starts + keep).values
-    return tf.RaggedTensor.from_row_lengths(tf.gather(rt.values, positions), keep)
-
-
-def _keep_lengths(lengths: list, max_seq_length: int, xp) -> list:
-    """Tokens each segment keeps (xp: tf or np, the same rule for both).
-
-    One segment keeps its first max_seq_length - 2 tokens. Two segments are cut like
-    Hugging Face tokenizers' LongestFirst, vectorized over rows: if the shorter segment fits
-    in half the budget it stays whole and the longer one takes the rest; otherwise both get
-    half, the odd token going to the longer one (to the second when they tie).
-    """
-    if len(lengths) == 1:
-        return [xp.minimum(lengths[0], max_seq_length - 2)]
-    len_a, len_b = lengths
-    budget = max_seq_length - 3
-    short = xp.minimum(len_a, len_b)
-    short_whole = 2 * short <= budget
-    keep_short = xp.where(short_whole, short, budget // 2)
-    keep_long = xp.where(short_whole, budget - short, budget - budget // 2)
-    a_longer = len_a > len_b
-    keep_a = xp.minimum(len_a, xp.where(a_longer, keep_long, keep_short))
-    keep_b = xp.minimum(len_b, xp.where(a_longer, keep_short, keep_long))
-    return [keep_a, keep_b]
-
-
-def _combine_numpy(parts, cls_id: int, sep_id: int):
-    """Rows `[CLS] a[:keep_a] [SEP]` (or `... [SEP] b[:keep_b] [SEP]`), as
-    tensorflow_text.combine_segments builds them: (flat ids, row lengths, flat type ids).
-    parts: [(flat values, row lengths, keep)] per segment, numpy int64."""
-    out_len = 1 + sum(np.asarray(keep, np.int64) + 1 for _, _, keep in parts)
-    ends = np.cumsum(out_len)
-    ids = np.empty(int(ends[-1]) if len(ends) else 0, np.int64)
-    types = np.zeros(len(ids), np.int64)
-    begin = ends - out_len
-    ids[begin] = cls_id
-    begin += 1
-    for s, (values, lengths, keep) in enumerate(parts):
-        values = np.asarray(values, np.int64)
-        kept = values
-        if not np.array_equal(keep, lengths):  # truncated rows: drop their tails
-            row_start = np.repeat(np.cumsum(lengths) - lengths, lengths)
-            kept = values[np.arange(len(values)) - row_start < np.repeat(keep, lengths)]
-        dst = np.repeat(begin - (np.cumsum(keep) - keep), keep) + np.arange(len(kept))
-        ids[dst] = kept
-        ids[begin + keep] = sep_id
-        if s:
-            types[dst] = 1
-            types[begin + keep] = 1
-        begin = begin + keep + 1
-    return ids, out_len, types
-
-
-# --- compiled tokenizer models, cached ----------------------------------------------------
-def model_cache_dir() -> Path | None:
-    """Local folder of compiled tokenizer models: $BERTFLOW_TOKENIZER_CACHE if set (empty:
-    no disk cache), else $XDG_CACHE_HOME/bertflow/tokenizer or ~/.cache/bertflow/tokenizer."""
-    configured = os.environ.get(MODEL_CACHE_ENV)
-    if configured is not None:
-        return Path(configured) if configured else None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "bertflow" / "tokenizer"
-
-
-def model_builders():
-    """tensorflow_text's builders of FastBertTokenizer's compiled models, or None.
-
-    They live in the private `tensorflow_text.core.pybinds`. Why use them: building the
-    models once per vocabulary and caching them on disk, then handing them to TensorFlow as
-    a numpy buffer, saves the tokenize worker ~0.3-0.4 s (wordpiece model of a 30k vocab)
-    plus up to ~1 s (normalizer, first time in a process) at every start (see the module
-    docstring). The version is pinned (requirements.txt: tensorflow-text 2.21.x; the TPU
-    image's lock: 2.20.x). If a release moves them, this returns None and the encoder passes
-    the vocabulary to the public `FastBertTokenizer(vocab=...)` instead: same token ids
-    (tests/test_tokenize.py checks it), only a slower start.
-    """
-    try:
-        from tensorflow_text.core.pybinds import (
-            pywrap_fast_bert_normalizer_model_builder as normalizer,
-            pywrap_fast_wordpiece_tokenizer_model_builder as wordpiece)
-
-        return wordpiece.build_fast_wordpiece_model, normalizer.build_fast_bert_normalizer_model
-    except (ImportError, AttributeError):
-        return None
-
-
-def tokenizer_models(vocab: list[str], lower_case: bool) -> tuple[bytes, bytes] | None:
-    """(fast-wordpiece model, fast BERT normalizer model) flatbuffers for FastBertTokenizer,
-    or None when tensorflow_text's builders are not where this version expects them.
-
-    Keyed by a hash of the vocab, the options and the tensorflow-text version; looked up in
-    this process, then in `model_cache_dir()` (checksummed, written atomically; any problem
-    there just means building again), then built.
-    """
-    settings = {"format": 1, "tensorflow_text": tf_text.__version__,
-                "lower_case": bool(lower_case), **_WORDPIECE}
-    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + b"\0"
-                         + "\n".join(vocab).encode()).hexdigest()
-    if key in _models:
-        return _models[key]
-    folder = model_cache_dir()
-    models = _read_cached_models(folder / f"{key}.bin") if folder else None
-    if models is None:
-        builders = model_builders()
-        if builders is None:
-            return None
-        build_wordpiece, build_normalizer = builders
-        models = (
-            build_wordpiece(
-                vocab, _WORDPIECE["max_bytes_per_word"], _WORDPIECE["suffix_indicator"],
-                _WORDPIECE["unknown_token"], _WORDPIECE["no_pretokenization"],
-                _WORDPIECE["support_detokenization"]),
-            build_normalizer(bool(lower_case)))
-        if folder:
-            _write_cached_models(folder / f"{key}.bin", models)
-    _models[key] = models
-    return models
-
-
-def _read_cached_models(path: Path) -> tuple[bytes, bytes] | None:
-    """File layout: sha256(rest) | wordpiece size (8 bytes, little endian) | wordpiece |
-    normalizer."""
-    try:
-        blob = path.read_bytes()
-    except OSError:
-        return None
-    digest, body = blob[:32], blob[32:]
-    if len(blob) < 40 or hashlib.sha256(body).digest() != digest:
-        return None
-    size = int.from_bytes(body[:8], "little")
-    if size > len(body) - 8:
-        return None
-    return body[8:8 + size], body[8 + size:]
-
-
-def _write_cached_models(path: Path, models: tuple[bytes, bytes]) -> None:
-    wordpiece, normalizer = models
-    body = len(wordpiece).to_bytes(8, "little") + wordpiece + normalizer
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{id(models)}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(hashlib.sha256(body).digest() + body)
-        os.replace(tmp, path)
-    except OSError:  # read-only home, full disk...: the cache is only an optimization
-        tmp.unlink(missing_ok=True)
-
-
-def _uint8_tensor(buffer: bytes) -> tf.Tensor:
-    return tf.constant(np.frombuffer(buffer, dtype=np.uint8))
-
-
-# --- the step ----------------------------------------------------------------------------
 def run(cfg: RunConfig, ctx: RunContext) -> str:
     """Tokenize the prepared splits (or reuse the cache); return the manifest URI."""
     data = runlayout.read_manifest(ctx.manifest_uri("data"))
