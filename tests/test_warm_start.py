@@ -49,13 +49,16 @@ def warm(argv: list[str], env: dict | None = None, log=None) -> warm_start.WarmP
 
 @pytest.fixture
 def blocked_run(tmp_path) -> str:
-    """A run folder whose data step blocks opening its train file (a FIFO)."""
-    fifo = tmp_path / "train.tsv"
-    os.mkfifo(fifo)
+    """A run folder whose data step blocks opening its train file (a FIFO). init-run reads
+    the train file (validate's checks), so the FIFO replaces a readable file afterwards."""
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\na fine day\tpos\na bad day\tneg\n")
     run_dir = tmp_path / "run"
-    subprocess.run(step_argv("init-run", "--run-dir", str(run_dir), "--train-uri", str(fifo),
+    subprocess.run(step_argv("init-run", "--run-dir", str(run_dir), "--train-uri", str(train),
                              "--artifact-root", str(tmp_path / "artifacts")),
-                   cwd=ROOT, check=True, capture_output=True)
+                   cwd=ROOT, check=True, capture_output=True, timeout=120)
+    train.unlink()
+    os.mkfifo(train)
     return str(run_dir)
 
 
