@@ -39,8 +39,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     else:
         strategy, name = strategy_lib.build_strategy(cfg)
-    kind = strategy_lib.device_kind(cfg, name)
-    model_lib.set_precision(cfg, kind)  # as in training
+    device = strategy_lib.device_kind(cfg, name)
+    model_lib.set_precision(cfg, device)  # as in training
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     trained = read_manifest(ctx.manifest_uri("train"))
     labels = tok["labels"]
@@ -51,7 +51,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
             inputs.local_shards(tok, "eval") as files:
         with strategy.scope():
             model = checkpoint.load_classifier(
-                model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(kind, name))
+                model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(device, name))
         metrics = task_metrics(kind, strategy, model, files, labels,
                                cfg.eval_batch_size * strategy.num_replicas_in_sync,
                                cfg.multi_label_threshold, static_shapes=name == "tpu",

@@ -67,9 +67,9 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     check_training_loop(cfg, name)
     strategy, name = strategy_lib.build_strategy(cfg)
     watcher.install_signal()  # after the strategy, which may take SIGTERM for itself
-    kind = strategy_lib.device_kind(cfg, name)
-    policy = model_lib.set_precision(cfg, kind)
-    kernels = strategy_lib.use_cpu_kernels(kind, name)
+    device = strategy_lib.device_kind(cfg, name)
+    policy = model_lib.set_precision(cfg, device)
+    kernels = strategy_lib.use_cpu_kernels(device, name)
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     labels = tok["labels"]  # the outputs' names (regression: one, the label column)
     kind = task_kind(tok.get("task", "classification"))
@@ -78,7 +78,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     resolved = checkpoint.resolve_base_checkpoint(cfg)
     base = resolved.path
     # A run that would not fit this worker's memory stops here, not in the kernel's OOM killer.
-    memory.check_worker(cfg, base / "config.json", device_kind=kind, policy=policy,
+    memory.check_worker(cfg, base / "config.json", device_kind=device, policy=policy,
                         replicas=len(getattr(strategy.extended, "worker_devices", None) or [0]),
                         num_labels=len(labels))
     chief = strategy_lib.is_chief()
