@@ -64,6 +64,14 @@ class BertTextEncoder(tf.Module):
                 fast_wordpiece_model_buffer=_uint8_tensor(wordpiece),
                 fast_bert_normalizer_model_buffer=_uint8_tensor(normalizer))
 
+    @property
+    def cls_id(self) -> int:
+        return self._cls_id
+
+    @property
+    def sep_id(self) -> int:
+        return self._sep_id
+
     def __call__(self, texts, pairs=None):
         """(input_ids, token_type_ids) as int64 RaggedTensors [batch, (tokens)]."""
         if pairs is None:

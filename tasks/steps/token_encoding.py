@@ -45,7 +45,7 @@ class WordPieceAligner(tf.Module):
         self.max_seq_length = encoder.max_seq_length
         # BertTextEncoder's ids of [CLS] and [SEP] (private there: tokenize.py has no public
         # accessor yet; the wiring can add one).
-        self._cls_id, self._sep_id = encoder._cls_id, encoder._sep_id
+        self._cls_id, self._sep_id = encoder.cls_id, encoder.sep_id
 
     @tf.function(input_signature=[_WORDS, _TAG_IDS])
     def align(self, words, tag_ids):
