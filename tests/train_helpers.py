@@ -33,10 +33,15 @@ CLS, SEP = 2, 3
 WORDS = ((5, 52), (52, len(VOCAB)))
 
 
-def write_tiny_model(model_dir: Path, model_type: str = "bert", **config) -> Path:
+def write_tiny_model(model_dir: Path, model_type: str = "bert", seed: int = 0,
+                     **config) -> Path:
     """A random 2-layer, hidden-32 encoder of `model_type` with a 2-label head, saved as
     bertflow saves a trained model (a Hugging Face folder: config.json, model.safetensors,
-    vocab.txt). The head's labels are unnamed unless `id2label` is given."""
+    vocab.txt). The head's labels are unnamed unless `id2label` is given. The weights are
+    drawn from `seed`: tests that assert what training reaches must not depend on the draw
+    (an unseeded draw made them fail about one run in twenty)."""
+    import tf_keras
+
     from tasks.model.classifier import build_classifier
     from tasks.model.config import EncoderConfig
     from tasks.model.hf_weights import save_hf_checkpoint
@@ -49,6 +54,7 @@ def write_tiny_model(model_dir: Path, model_type: str = "bert", **config) -> Pat
                      intermediate_size=64)
     raw = {"model_type": model_type, "vocab_size": len(VOCAB), "max_position_embeddings": 64,
            **shape, **config}
+    tf_keras.utils.set_random_seed(seed)
     model = build_classifier(EncoderConfig.from_dict(raw), len(id2label))
     save_hf_checkpoint(model, [id2label[i] for i in range(len(id2label))], model_dir)
     (model_dir / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
