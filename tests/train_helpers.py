@@ -92,7 +92,9 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
 
     multi_label: rows of lower words, upper words or both, labelled by the halves their
     words come from; regression: the share of the words from
-    the upper half (a score in [0, 1])."""
+    the upper half (a score in [0, 1]); token_classification: each word tagged by its half
+    (TAGS: a run of upper words is one entity), one label per piece, IGNORED on [CLS] and
+    [SEP] (every tiny word is one piece)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -104,7 +106,12 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
             share = (i % 3) / 2 if task == "multi_label" else (i % 5) / 4
             words = [rng.randrange(*WORDS[int(rng.random() < share)]) for _ in range(count)]
         ids = [CLS] + words + [SEP]
-        if task == "multi_label":
+        if task == "token_classification":
+            upper = [w >= WORDS[1][0] for w in words]
+            tags = [0 if not up else 2 if j and upper[j - 1] else 1
+                    for j, up in enumerate(upper)]
+            label = [IGNORED] + tags + [IGNORED]
+        elif task == "multi_label":
             upper = sum(w >= WORDS[1][0] for w in words)
             label = [float(upper < count), float(upper > 0)]
         elif task == "regression":
@@ -114,6 +121,8 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
 
 
 MULTI_LABELS = ["lower", "upper"]
+TAGS = ["O", "B-UP", "I-UP"]
+IGNORED = -100
 
 
 def write_tfrecords(path: Path, rows: list[tuple]) -> None:
@@ -123,6 +132,8 @@ def write_tfrecords(path: Path, rows: list[tuple]) -> None:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
     def label_feature(label):
+        if isinstance(label, list) and isinstance(label[0], int):  # a tag id per piece
+            return ints(label)
         if isinstance(label, list):  # float labels: multi-hot or a score
             return tf.train.Feature(float_list=tf.train.FloatList(value=label))
         return ints([label])
@@ -144,7 +155,8 @@ def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: 
     shape, so a training function is traced once (faster multi-process tests)."""
     from tasks.task_kinds import kind as task_kind
 
-    labels = {"multi_label": MULTI_LABELS, "regression": ["score"]}.get(task, LABELS)
+    labels = {"multi_label": MULTI_LABELS, "regression": ["score"],
+              "token_classification": TAGS}.get(task, LABELS)
     cache = Path(ctx.artifact_root) / "cache" / "tfrecords" / "tiny"
     splits = {}
     for split, n, seed in (("train", num_train, 1), ("eval", num_eval, 2)):
