@@ -197,10 +197,13 @@ class _TokenCodec:
     def encode(self, rows: list) -> tuple:
         import tensorflow as tf
 
-        words = tf.ragged.constant([row.words for row in rows], dtype=tf.string,
-                                   row_splits_dtype=tf.int64)
-        tags = tf.ragged.constant([row.tags for row in rows], dtype=tf.int64,
-                                  row_splits_dtype=tf.int64)
+        # Flat values and row lengths: tf.ragged.constant walks nested lists in Python.
+        lengths = np.fromiter((len(row.words) for row in rows), np.int64, len(rows))
+        words = tf.RaggedTensor.from_row_lengths(
+            tf.constant([w for row in rows for w in row.words], tf.string), lengths)
+        tags = tf.RaggedTensor.from_row_lengths(
+            tf.constant(np.fromiter((t for row in rows for t in row.tags), np.int64,
+                                    int(lengths.sum()))), lengths)
         out = self.aligner.align(words, tags)
         ids, labels = out["input_ids"], out["labels"]
         return (ids.flat_values.numpy(), ids.row_lengths().numpy(),
