@@ -158,7 +158,7 @@ def _preflight_command(run_dir: str) -> int:
         print(f"bertflow: error: {err}", file=sys.stderr)
         return 2
     print(preflight.summary(result))
-    print(f"preflight: {len(result['checks'])} checks passed; result in "
+    print(f"preflight: {preflight.counts(result)}; result in "
           f"{preflight.result_uri(ctx)}")
     return 0
 

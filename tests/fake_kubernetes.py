@@ -19,6 +19,12 @@ container command as a local process (see its docstring).
 SelfSubjectAccessReviews (`POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`) are
 answered allowed, except for what `deny(verb, resource, group="", subresource="")` names;
 each review's resourceAttributes is kept in `access_reviews`.
+
+What preflight reads and never creates: `GET /api/v1/namespaces/{ns}` (every namespace exists
+unless `namespaces` is a set), `GET /api/v1/namespaces/{ns}/serviceaccounts/{name}` (every
+one exists, unannotated, unless `service_accounts` maps (ns, name) to its annotations), and
+`GET /api/v1/nodes?labelSelector=...` over `nodes` (label dicts). `forbid(resource)` makes
+those reads of "namespaces", "serviceaccounts" or "nodes" answer 403, as RBAC does.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ ROOT = Path(__file__).resolve().parent.parent
 INDEX = "batch.kubernetes.io/job-completion-index"
 KINDS = {"services": "Service", "pods": "Pod", "secrets": "Secret", "jobs": "Job"}
 _ACCESS_REVIEW = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+_READS = re.compile(r"^/api/v1/(?:namespaces/([^/]+)(?:/serviceaccounts/([^/]+))?|(nodes))$")
 _PATH = re.compile(r"^/(?:api/v1|apis/batch/v1)/namespaces/([^/]+)/(services|pods|secrets|jobs)"
                    r"(?:/([^/]+))?(?:/(log))?$")
 
@@ -257,6 +264,10 @@ class FakeKube:
         self.pods: dict[str, FakePod] = {}
         self.denied: set[tuple[str, str, str, str]] = set()  # (verb, group, resource, sub)
         self.access_reviews: list[dict] = []
+        self.namespaces: set[str] | None = None
+        self.service_accounts: dict[tuple[str, str], dict] | None = None
+        self.nodes: list[dict[str, str]] = []
+        self.forbidden: set[str] = set()
         self.cond = threading.Condition()
         self._rv = itertools.count(1)
         self._closing = False
@@ -329,6 +340,36 @@ class FakeKube:
         fake enforces nothing else: it only answers reviews)."""
         self.denied.add((verb, group, resource, subresource))
 
+    def forbid(self, resource: str) -> None:
+        """Reads of namespaces, serviceaccounts or nodes answer 403 Forbidden."""
+        self.forbidden.add(resource)
+
+    def _read(self, handler: _Handler, match: re.Match, selector: str) -> None:
+        """The objects preflight reads: a namespace, a ServiceAccount, a node list."""
+        namespace, account, nodes = match.groups()
+        resource = "nodes" if nodes else "serviceaccounts" if account else "namespaces"
+        if resource in self.forbidden:
+            return handler.send_json(403, _status(403, "Forbidden", (
+                f'{resource} is forbidden: User "fake" cannot get resource "{resource}"')))
+        if nodes:
+            items = [{"metadata": {"name": f"node-{i}", "labels": labels}}
+                     for i, labels in enumerate(self.nodes) if _matches(labels, selector)]
+            return handler.send_json(200, {"kind": "NodeList", "apiVersion": "v1",
+                                           "metadata": {}, "items": items})
+        if self.namespaces is not None and namespace not in self.namespaces:
+            return handler.send_json(404, _status(404, "NotFound",
+                                                  f'namespaces "{namespace}" not found'))
+        if not account:
+            return handler.send_json(200, {"kind": "Namespace", "apiVersion": "v1",
+                                           "metadata": {"name": namespace}})
+        accounts = self.service_accounts
+        if accounts is not None and (namespace, account) not in accounts:
+            return handler.send_json(404, _status(
+                404, "NotFound", f'serviceaccounts "{account}" not found'))
+        annotations = (accounts or {}).get((namespace, account)) or {}
+        handler.send_json(200, {"kind": "ServiceAccount", "apiVersion": "v1", "metadata": {
+            "name": account, "namespace": namespace, "annotations": annotations}})
+
     def _access_review(self, body: dict) -> dict:
         attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
         self.access_reviews.append(dict(attrs))
@@ -350,6 +391,9 @@ class FakeKube:
         body = json.loads(handler.rfile.read(length) or b"null") if length else None
         if url.path == _ACCESS_REVIEW and method == "POST":
             return handler.send_json(201, self._access_review(body or {}))
+        reads = _READS.match(url.path)
+        if reads and method == "GET":
+            return self._read(handler, reads, query.get("labelSelector", ""))
         match = _PATH.match(url.path)
         if not match:
             return handler.send_json(404, _status(404, "NotFound", f"no route {url.path}"))

@@ -76,9 +76,8 @@ def test_bucket_denials_name_the_step_and_the_grant(proxied):  # noqa: F811
     if proxied.scheme == "gs":
         assert message.startswith(f"Storage: cannot write {folder}")
         assert "access denied (403)" in message
-        assert message.endswith(f"(grant the ambient account roles/storage.objectAdmin on "
-                                f"bucket {BUCKET}, and the workers' service account too; "
-                                f"{DOCS})")
+        assert message.endswith(f"(grant the ambient account roles/storage.objectUser on "
+                                f"bucket {BUCKET}, and the workers' identity too; {DOCS})")
     else:
         assert message.startswith(f"Storage: cannot delete {folder}")
         assert "access denied (AccessDenied)" in message
@@ -135,8 +134,21 @@ def test_kubernetes_denials_are_collected_with_the_role_to_grant(kube, tmp_path)
         f'[get] on pods/log in apiGroup "" (core); {DOCS})']
 
 
+def grant_namespace(namespace: str) -> None:
+    """BUCKET's IAM policy gives the Workload Identity principals of `namespace`'s
+    ServiceAccounts roles/storage.objectUser (the pods' identity on GKE without annotation)."""
+    bucket = storage.open_storage(f"gs://{BUCKET}/").client.bucket(BUCKET)
+    policy = bucket.get_iam_policy(requested_policy_version=3)
+    policy.version = 3
+    policy.bindings = [{"role": "roles/storage.objectUser", "members": [
+        f"principalSet://iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/"
+        f"proj.svc.id.goog/namespace/{namespace}"]}]
+    bucket.set_iam_policy(policy)
+
+
 def test_cli_prints_the_checks_writes_the_result_and_exits_2(kube, gcs_emulator):  # noqa: F811
     kube.deny("create", "secrets")
+    grant_namespace("default")
     run_dir = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}/runs/bert_finetune/try1"
     done = cli("init-run", "--run-dir", run_dir, "--provisioner", "kubernetes")
     assert done.returncode == 0, done.stderr
@@ -152,13 +164,17 @@ def test_cli_prints_the_checks_writes_the_result_and_exits_2(kube, gcs_emulator)
     kube.denied.clear()
     done = cli("preflight", "--run-dir", run_dir)
     assert done.returncode == 0, done.stderr
+    # 1 bucket probe, 5 access reviews, namespace, ServiceAccount, the pods' bucket access;
+    # not checked: the default images (no registry), their pull access, quota.
+    assert "n/a  image: pull access to the worker image(s): not checked: " in done.stdout
     assert done.stdout.rstrip().endswith(
-        f"6 checks passed; result in {run_dir}/provision/preflight.json")
+        f"9 checks passed, 3 not checked; result in {run_dir}/provision/preflight.json")
 
 
 def test_provision_stops_before_creating_anything_when_preflight_fails(kube,
                                                                        gcs_emulator):  # noqa: F811
     kube.deny("list", "pods")
+    grant_namespace("ml")
     root = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
     cfg, ctx = k8s_config(root), context(root)
     init_run(cfg, ctx)

@@ -107,6 +107,19 @@ def google_connection(conn_id: str) -> tuple:
             get("endpoint_url") or get("api_endpoint") or None)
 
 
+def aws_connection(conn_id: str) -> dict:
+    """boto3 client arguments of an AWS Airflow connection (keys, session token, region,
+    endpoint_url), the ones set. Shared by S3 and preflight's IAM and ECR calls."""
+    conn = _airflow_connection(conn_id)
+    extra = conn.extra_dejson
+    found = {"aws_access_key_id": conn.login or extra.get("aws_access_key_id"),
+             "aws_secret_access_key": conn.password or extra.get("aws_secret_access_key"),
+             "aws_session_token": extra.get("aws_session_token"),
+             "region_name": extra.get("region_name"),
+             "endpoint_url": extra.get("endpoint_url")}
+    return {k: v for k, v in found.items() if v}
+
+
 class ObjectStore(ABC):
     """Storage over a flat object namespace. A "folder" `uri` is the objects under `uri/`."""
 
@@ -474,17 +487,7 @@ class S3Store(ObjectStore):
         from boto3.s3.transfer import TransferConfig
         from botocore.config import Config
 
-        kwargs: dict = {}
-        if conn_id:
-            conn = _airflow_connection(conn_id)
-            extra = conn.extra_dejson
-            kwargs = {
-                "aws_access_key_id": conn.login or extra.get("aws_access_key_id"),
-                "aws_secret_access_key": conn.password or extra.get("aws_secret_access_key"),
-                "aws_session_token": extra.get("aws_session_token"),
-                "region_name": extra.get("region_name"),
-                "endpoint_url": extra.get("endpoint_url"),
-            }
+        kwargs = aws_connection(conn_id) if conn_id else {}
         session = boto3.session.Session()
         kwargs["region_name"] = kwargs.get("region_name") or session.region_name or "us-east-1"
         self.client = session.client(

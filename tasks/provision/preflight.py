@@ -24,7 +24,6 @@ never set it in production.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 import uuid
 from dataclasses import asdict, dataclass
@@ -34,12 +33,17 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, StorageError
 from tasks.io import storage
+from tasks.provision import google_rest
 from tasks.runs.runlayout import RunContext
 
 DOCS = "docs/deployment-iam.md"
 IAM_ENDPOINT_ENV = "BERTFLOW_IAM_ENDPOINT"
 IAM_ENDPOINT = "https://iam.googleapis.com"
 ACT_AS = "iam.serviceAccounts.actAs"
+# The one Cloud Storage role of the docs and the messages: object create, get, list and
+# delete, and no bucket or IAM administration (Cloud Storage, "IAM roles for Cloud Storage":
+# Storage Object User). objectAdmin would add object ACL and IAM changes nobody here needs.
+OBJECT_ROLE = "roles/storage.objectUser"
 
 
 class PreflightError(BertflowError):
@@ -54,10 +58,17 @@ class PreflightError(BertflowError):
 
 @dataclass
 class Check:
-    area: str  # storage, kubernetes, vertex_ai, tpu_vm
+    area: str  # storage, workers, kubernetes, vertex_ai, tpu_vm, image, quota
     what: str
     ok: bool
     message: str = ""
+    # False: the caller cannot see this from its side (message: why). It does not fail the
+    # run; the summary prints it as "not checked", so nothing passes silently.
+    checked: bool = True
+
+
+def not_checked(area: str, what: str, why: str) -> Check:
+    return Check(area, what, True, f"not checked: {why}", checked=False)
 
 
 def result_uri(ctx: RunContext) -> str:
@@ -83,9 +94,21 @@ def run(cfg: RunConfig, ctx: RunContext, backend) -> dict:
 
 
 def summary(result: dict) -> str:
-    """One line per check, as the CLI prints them."""
-    return "\n".join(f"{'ok  ' if c['ok'] else 'FAIL'} {c['area']}: {c['what']}"
-                     for c in result["checks"])
+    """One line per check, as the CLI prints them; a check the caller cannot make says why."""
+    lines = []
+    for c in result["checks"]:
+        if not c.get("checked", True):
+            lines.append(f"n/a  {c['area']}: {c['what']}: {c['message']}")
+        else:
+            lines.append(f"{'ok  ' if c['ok'] else 'FAIL'} {c['area']}: {c['what']}")
+    return "\n".join(lines)
+
+
+def counts(result: dict) -> str:
+    """"N checks passed" and, when some could not be made, "M not checked"."""
+    skipped = sum(not c.get("checked", True) for c in result["checks"])
+    passed = len(result["checks"]) - skipped
+    return f"{passed} checks passed" + (f", {skipped} not checked" if skipped else "")
 
 
 # --- buckets --------------------------------------------------------------------------------
@@ -121,10 +144,10 @@ def _probe(label: str, folder: str, cfg: RunConfig) -> Check:
 def _storage_grant(uri: str, cfg: RunConfig) -> str:
     scheme = storage.scheme_of(uri)
     bucket = uri.split("://", 1)[1].split("/", 1)[0] if "://" in uri else ""
-    if scheme == "gs":  # roles/storage.objectAdmin: objects create/get/list/delete (GCS IAM)
+    if scheme == "gs":
         who = f"connection {cfg.gcp_conn_id}" if cfg.gcp_conn_id else "the ambient account"
-        return (f"grant {who} roles/storage.objectAdmin on bucket {bucket}, and the workers' "
-                f"service account too; {DOCS}")
+        return (f"grant {who} {OBJECT_ROLE} on bucket {bucket}, and the workers' identity "
+                f"too; {DOCS}")
     if scheme == "s3":
         who = f"connection {cfg.aws_conn_id}" if cfg.aws_conn_id else "the ambient identity"
         return (f"allow {who} s3:ListBucket on arn:aws:s3:::{bucket} and s3:PutObject, "
@@ -143,7 +166,7 @@ def act_as(cfg: RunConfig, account: str) -> Check:
     grant = (f"grant the caller roles/iam.serviceAccountUser on the service account "
              f"{account} (it holds {ACT_AS}); {DOCS}")
     try:
-        session, base = _iam_session(cfg)
+        session, base = google_rest.session(cfg, IAM_ENDPOINT_ENV, IAM_ENDPOINT)
         resp = session.post(f"{base}/v1/{resource}:testIamPermissions",
                             json={"permissions": [ACT_AS]}, timeout=30)
     except Exception as err:  # noqa: BLE001 (no credentials, unreachable)
@@ -156,7 +179,7 @@ def act_as(cfg: RunConfig, account: str) -> Check:
     if resp.status_code != 200:
         return Check("vertex_ai", what, False, (
             f"Vertex AI: IAM refused to test {ACT_AS} on {account}: {resp.status_code} "
-            f"{google_message(resp)} ({grant})"))
+            f"{google_rest.message(resp)} ({grant})"))
     if ACT_AS not in (resp.json().get("permissions") or []):
         return Check("vertex_ai", what, False,
                      f"Vertex AI: the caller may not act as {account}, which runs the "
@@ -164,34 +187,6 @@ def act_as(cfg: RunConfig, account: str) -> Check:
     return Check("vertex_ai", what, True)
 
 
-def _iam_session(cfg: RunConfig):
-    import requests
-
-    endpoint = os.environ.get(IAM_ENDPOINT_ENV)
-    if endpoint:  # a test fake: anonymous
-        return requests.Session(), endpoint.rstrip("/")
-    from google.auth.transport.requests import AuthorizedSession
-
-    credentials = None
-    if cfg.gcp_conn_id:
-        from tasks.io.cloud_storage import google_connection
-
-        credentials = google_connection(cfg.gcp_conn_id)[0]
-    if credentials is None:
-        import google.auth
-
-        credentials = google.auth.default(
-            scopes=["https://www.googleapis.com/auth/cloud-platform"])[0]
-    return AuthorizedSession(credentials), IAM_ENDPOINT
-
-
 def api_message(err) -> str:
     """A Google API error's own message, without the REST transport's "GET <url>: "."""
     return re.sub(r"^(GET|POST|PUT|PATCH|DELETE) \S+: ", "", err.message or str(err))
-
-
-def google_message(resp) -> str:
-    try:
-        return resp.json()["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return resp.text[:200]

@@ -1,9 +1,11 @@
 """The Kubernetes part of preflight (tasks/provision/preflight.py): may the run's identity do
 what the backend will do? One SelfSubjectAccessReview (authorization.k8s.io/v1) per verb and
-resource in ACCESS."""
+resource in ACCESS. Then the workers' side: namespace, ServiceAccount and its cloud identity,
+nodes, images (tasks/provision/kubernetes/cluster_preflight.py)."""
 from __future__ import annotations
 
 from tasks.config import RunConfig
+from tasks.provision.kubernetes import cluster_preflight
 from tasks.provision.preflight import DOCS, Check
 from tasks.runs.runlayout import RunContext
 
@@ -66,4 +68,4 @@ def checks(cfg: RunConfig, ctx: RunContext, backend) -> list[Check]:
                 f"{group_text}; {DOCS})")))
         else:
             found.append(Check("kubernetes", what, True))
-    return found
+    return found + cluster_preflight.checks(cfg, ctx, backend)

@@ -1,13 +1,24 @@
 """The Cloud TPU part of preflight (tasks/provision/preflight.py): the zone offers the
-accelerator type and the runtime version."""
+accelerator type and the runtime version; on the workers' side, the VM's service account may
+use the buckets (its bindings in their IAM policies) and the image exists
+(tasks/provision/image_registry.py). TPU quota is not checked (see QUOTA)."""
 from __future__ import annotations
 
 from tasks.config import RunConfig
 from tasks.errors import BertflowError
-from tasks.provision.preflight import DOCS, Check, api_message
+from tasks.provision import image_registry, worker_identity
+from tasks.provision.preflight import DOCS, Check, api_message, not_checked
 from tasks.runs.runlayout import RunContext
 from tasks.provision.tpu_vm.client import resolve_project, tpu_client
-from tasks.provision.tpu_vm.render import runtime_version
+from tasks.provision.tpu_vm.render import runtime_version, worker_image
+
+# Cloud TPU, "Cloud TPU quotas": quota is per TPU generation and per kind (on-demand,
+# preemptible/spot, reserved), in chips or TensorCores by generation, and the Cloud TPU API
+# names no metric a request maps to; the queued resource names the quota it exceeds.
+QUOTA = ("Cloud TPU quota is per generation and kind (on-demand, spot, reserved) in chips or "
+         "TensorCores, with no metric the API maps accelerator_type to; a queued resource "
+         "that exceeds it fails with the quota's name (check IAM & Admin > Quotas, service "
+         "tpu.googleapis.com)")
 
 
 def checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
@@ -55,4 +66,9 @@ def checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
                 f"Cloud TPU: zone {cfg.tpu_zone} does not offer {what} {wanted} (set {knob} "
                 f"to one it offers, e.g. {', '.join(near[:8]) or 'none listed'}; or pick "
                 f"another tpu_zone)")))
+    account = cfg.service_account or "the Compute Engine default service account"
+    puller = f"the VM's service account ({account})"
+    found += worker_identity.service_account_checks(cfg)
+    found += image_registry.checks(cfg, {worker_image(cfg): "train, evaluate"}, puller)
+    found.append(not_checked("quota", f"{cfg.accelerator_type} in {cfg.tpu_zone}", QUOTA))
     return found

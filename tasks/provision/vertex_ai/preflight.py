@@ -1,12 +1,23 @@
 """The Vertex AI part of preflight (tasks/provision/preflight.py): the project and region
-answer, and the caller may act as the job's service account."""
+answer, and the caller may act as the job's service account; on the workers' side, the job's
+service account may use the buckets (its bindings in their IAM policies), the image exists
+(tasks/provision/image_registry.py) and the region's GPU quota holds one step's GPUs."""
 from __future__ import annotations
 
 from tasks.config import RunConfig
 from tasks.errors import BertflowError
-from tasks.provision.preflight import DOCS, Check, act_as, api_message
+from tasks.provision import image_registry, quota, worker_identity
+from tasks.provision.capacity import applies
+from tasks.provision.preflight import DOCS, Check, act_as, api_message, not_checked
+from tasks.provision.spec import distributed_spec
 from tasks.runs.runlayout import RunContext
+from tasks.provision.vertex_ai.backend import custom_job_dict, worker_image
 from tasks.provision.vertex_ai.client import job_client, parent, resolve_project
+
+# Vertex AI, "Use a custom service account": Vertex AI pulls the image with its own service
+# agent, never with the job's service account.
+PULLER = ("the Vertex AI Service Agent (service-PROJECT_NUMBER@gcp-sa-aiplatform.iam."
+          "gserviceaccount.com)")
 
 
 def checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
@@ -48,4 +59,28 @@ def checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
         found.append(Check("vertex_ai", "service account", True,
                             "no service_account: jobs run as Vertex AI's custom code service "
                             "agent, which needs no actAs"))
+    found += worker_identity.service_account_checks(cfg)
+    found += image_registry.checks(cfg, {worker_image(cfg): "every step"}, PULLER)
+    found.append(gpu_quota(cfg, ctx, project))
     return found
+
+
+def gpu_quota(cfg: RunConfig, ctx: RunContext, project: str) -> Check:
+    """The train step's GPUs (every accelerated replica) against the region's quota."""
+    spec = distributed_spec(cfg, "train", ctx.run_uri)
+    pools = [p for p in custom_job_dict(cfg, ctx, spec, project)["job_spec"]
+             ["worker_pool_specs"] if p]
+    kinds = {p["machine_spec"].get("accelerator_type") for p in pools} - {None, ""}
+    if not kinds:
+        return Check("quota", "no accelerators asked for", True)
+    kind = kinds.pop()
+    needed = sum(p["machine_spec"].get("accelerator_count", 0) * p["replica_count"]
+                 for p in pools)
+    what = f"{needed} x {kind} in {cfg.gcp_region}"
+    metric = quota.vertex_metric(kind, cfg.capacity == "spot" and applies(cfg, spec))
+    if metric is None:
+        return not_checked("quota", what, f"no Vertex AI custom training quota metric is "
+                                          f"named here for {kind}; see the console's Quotas "
+                                          f"page for {quota.VERTEX}")
+    return quota.region_check(cfg, project, quota.VERTEX, metric, cfg.gcp_region, needed,
+                              what, "num_workers or devices_per_worker")

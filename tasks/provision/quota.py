@@ -1,0 +1,102 @@
+"""Is the project's accelerator quota in the region at least what one step asks for? Read
+with the Cloud Quotas API (cloudquotas.googleapis.com v1, REST:
+`GET projects/{project}/locations/global/services/{service}/quotaInfos`, Cloud Quotas API
+reference, "QuotaInfo"), which gives each quota's value per region or zone
+(`dimensionsInfos[].dimensions.region` and `.details.value`; -1 is unlimited) but not its
+usage: other jobs of the project in the region share the quota, so a limit at least as big as
+the request passes with that said. The caller needs `cloudquotas.quotas.get` (roles/
+cloudquotas.viewer) and the API enabled; without them the check is "not checked".
+
+Vertex AI GPUs: the metrics of Vertex AI, "Vertex AI quotas and limits", custom training
+("Custom model training Nvidia T4 GPUs per region": aiplatform.googleapis.com/
+custom_model_training_nvidia_t4_gpus; Spot VMs count against the `preemptible_` metrics).
+"""
+from __future__ import annotations
+
+from tasks.config import RunConfig
+from tasks.provision import google_rest
+from tasks.provision.preflight import Check, not_checked
+
+AREA = "quota"
+ENDPOINT_ENV = "BERTFLOW_QUOTAS_ENDPOINT"
+ENDPOINT = "https://cloudquotas.googleapis.com"
+VERTEX = "aiplatform.googleapis.com"
+# Vertex AI's AcceleratorType -> the GPU's word in its custom training quota metrics.
+VERTEX_GPU_METRIC = {
+    "NVIDIA_TESLA_T4": "nvidia_t4", "NVIDIA_TESLA_V100": "nvidia_v100",
+    "NVIDIA_TESLA_P100": "nvidia_p100", "NVIDIA_TESLA_P4": "nvidia_p4",
+    "NVIDIA_TESLA_A100": "nvidia_a100", "NVIDIA_A100_80GB": "nvidia_a100_80gb",
+    "NVIDIA_L4": "nvidia_l4", "NVIDIA_H100_80GB": "nvidia_h100",
+    "NVIDIA_H100_MEGA_80GB": "nvidia_h100_mega",
+}
+
+
+def vertex_metric(accelerator: str, spot: bool) -> str | None:
+    word = VERTEX_GPU_METRIC.get(accelerator)
+    if word is None:
+        return None
+    return f"{VERTEX}/custom_model_training_{'preemptible_' if spot else ''}{word}_gpus"
+
+
+def region_check(cfg: RunConfig, project: str, service: str, metric: str, region: str,
+                 needed: int, what: str, field: str) -> Check:
+    """`needed` units of `metric` in `region` against the quota's value there."""
+    try:
+        value = _value(cfg, project, service, metric, region)
+    except _Unseen as why:
+        return not_checked(AREA, what, str(why))
+    if value is None:
+        return not_checked(AREA, what, f"Cloud Quotas lists no {metric} for {region} in "
+                                       f"project {project}")
+    if value < 0 or value >= needed:
+        return Check(AREA, what, True, f"quota {value if value >= 0 else 'unlimited'}; "
+                                       f"its usage by other jobs is not visible")
+    return Check(AREA, what, False, (
+        f"Quota: project {project} may use {value} of {metric} in {region}, and one step "
+        f"asks for {needed} (request more: IAM & Admin > Quotas, or set {field} smaller or "
+        f"gcp_region to a region with quota)"))
+
+
+class _Unseen(Exception):
+    pass
+
+
+def _value(cfg: RunConfig, project: str, service: str, metric: str,
+           region: str) -> int | None:
+    try:
+        session, base = google_rest.session(cfg, ENDPOINT_ENV, ENDPOINT)
+        url = f"{base}/v1/projects/{project}/locations/global/services/{service}/quotaInfos"
+        token = ""
+        while True:
+            resp = session.get(url, params={"pageToken": token} if token else {}, timeout=30)
+            if resp.status_code != 200:
+                raise _Unseen(f"Cloud Quotas answered {resp.status_code} "
+                              f"{google_rest.message(resp)} (the caller needs "
+                              f"cloudquotas.quotas.get, e.g. roles/cloudquotas.viewer, and "
+                              f"cloudquotas.googleapis.com enabled)")
+            body = resp.json()
+            for info in body.get("quotaInfos", []):
+                if info.get("metric") == metric:
+                    return _for_region(info, region)
+            token = body.get("nextPageToken", "")
+            if not token:
+                return None
+    except _Unseen:
+        raise
+    except Exception as err:  # noqa: BLE001 (no credentials, no network)
+        raise _Unseen(f"Cloud Quotas did not answer: {type(err).__name__}: "
+                      f"{str(err).splitlines()[0][:200] if str(err) else ''}") from None
+
+
+def _for_region(info: dict, region: str) -> int | None:
+    """The value of the dimensions info for `region`, else the one without dimensions (the
+    default for every region not named)."""
+    default = None
+    for entry in info.get("dimensionsInfos", []):
+        value = int((entry.get("details") or {}).get("value", 0))
+        dimensions = entry.get("dimensions") or {}
+        if dimensions.get("region") == region:
+            return value
+        if not dimensions:
+            default = value
+    return default

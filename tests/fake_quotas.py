@@ -1,0 +1,69 @@
+"""A fake Cloud Quotas API (v1, REST) on loopback: `GET /v1/projects/{p}/locations/global/
+services/{service}/quotaInfos` lists `infos[service]` (QuotaInfo dicts) two per page with
+`nextPageToken`, as the API pages (Cloud Quotas API reference, quotaInfos.list). `error =
+(code, status, message)` makes it fail. Point preflight at it with BERTFLOW_QUOTAS_ENDPOINT.
+Requests are kept in `requests` as paths."""
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+_LIST = re.compile(r"^/v1/projects/[^/]+/locations/global/services/([^/]+)/quotaInfos$")
+
+
+def quota_info(metric: str, values: dict[str, int], default: int | None = None) -> dict:
+    """A QuotaInfo of `metric` with a value per region (and one for every other region)."""
+    infos = [{"dimensions": {"region": r}, "details": {"value": str(v)},
+              "applicableLocations": [r]} for r, v in values.items()]
+    if default is not None:
+        infos.append({"details": {"value": str(default)}})
+    return {"metric": metric, "quotaId": metric.rsplit("/", 1)[-1], "dimensionsInfos": infos,
+            "containerType": "PROJECT"}
+
+
+class FakeQuotas:
+    def __init__(self):
+        self.infos: dict[str, list[dict]] = {}
+        self.error: tuple[int, str, str] | None = None
+        self.requests: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):  # noqa: N802
+                url = urlparse(self.path)
+                fake.requests.append(url.path)
+                match = _LIST.match(url.path)
+                if fake.error or not match:
+                    code, status, message = fake.error or (404, "NOT_FOUND", "no route")
+                    body = {"error": {"code": code, "status": status, "message": message}}
+                else:
+                    start = int(parse_qs(url.query).get("pageToken", ["0"])[0])
+                    infos = fake.infos.get(match[1], [])
+                    code, body = 200, {"quotaInfos": infos[start:start + 2]}
+                    if start + 2 < len(infos):
+                        body["nextPageToken"] = str(start + 2)
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                       daemon=True)
+
+    def start(self) -> "FakeQuotas":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
