@@ -3,7 +3,12 @@
 the caller holds on that account (`grants[email]`), 404 for an account not in `grants`, as
 https://cloud.google.com/iam/docs/reference/rest/v1/projects.serviceAccounts/testIamPermissions
 describes. Point the preflight at it with `BERTFLOW_IAM_ENDPOINT`. Requests are kept in
-`requests` as (path, body)."""
+`requests` as (path, body).
+
+It also plays the IAM Service Account Credentials API (`BERTFLOW_IAM_CREDENTIALS_ENDPOINT`):
+`POST /v1/projects/-/serviceAccounts/{email}:generateAccessToken` answers the token
+`token-for-{email}` when `grants[email]` holds iam.serviceAccounts.getAccessToken, else 403
+PERMISSION_DENIED (404 for an unknown account)."""
 from __future__ import annotations
 
 import json
@@ -12,6 +17,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 _TEST = re.compile(r"^/v1/projects/[^/]+/serviceAccounts/([^/:]+):testIamPermissions$")
+_TOKEN = re.compile(r"^/v1/projects/[^/]+/serviceAccounts/([^/:]+):generateAccessToken$")
+GET_TOKEN = "iam.serviceAccounts.getAccessToken"
 
 
 class FakeIam:
@@ -28,8 +35,16 @@ class FakeIam:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
                 fake.requests.append((self.path, body))
-                match = _TEST.match(self.path)
-                if not match:
+                match = _TEST.match(self.path) or _TOKEN.match(self.path)
+                if match and match.re is _TOKEN and match[1] in fake.grants:
+                    if GET_TOKEN in fake.grants[match[1]]:
+                        code, payload = 200, {"accessToken": f"token-for-{match[1]}",
+                                              "expireTime": "2099-01-01T00:00:00Z"}
+                    else:
+                        code, payload = 403, {"error": {
+                            "code": 403, "status": "PERMISSION_DENIED",
+                            "message": f"Permission '{GET_TOKEN}' denied on {match[1]}"}}
+                elif not match:
                     code, payload = 404, {"error": {"code": 404, "message": "no route",
                                                     "status": "NOT_FOUND"}}
                 elif match[1] not in fake.grants:

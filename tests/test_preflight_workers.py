@@ -9,6 +9,7 @@ tests/fake_quotas.py. Nothing is created on any of them.
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
@@ -23,7 +24,8 @@ from fault_proxy import FaultProxy
 from storage_servers import BUCKET, connections, gcs_emulator, s3_server  # noqa: F401
 from tasks.config import parse_config
 from tasks.io import cloud_storage, storage
-from tasks.provision import bucket_access, image_registry, preflight, quota
+from tasks.provision import (bucket_access, gcs_impersonation, image_registry, preflight,
+                             quota)
 from tasks.provision.backends import backend_for
 from tasks.provision.tpu_vm import client as tpu_client
 from tasks.provision.vertex_ai import client as vertex_client
@@ -65,6 +67,34 @@ def gs_root() -> str:
     return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
 
 
+@contextmanager
+def bucket_permissions(held: dict[str, set[str]]):
+    """The emulator's testIamPermissions (a stub granting everything) answers, per bearer
+    token `token-for-EMAIL` (tests/fake_iam.py's impersonation tokens), what held[EMAIL]
+    holds of the asked permissions."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import buckets
+
+    def answer(request, response, storage_, *args, **kwargs):
+        token = request._request_handler.headers.get("Authorization", "")
+        email = token.removeprefix("Bearer token-for-")
+        asked = request.query.get("permissions") or []
+        response.json({"kind": "storage#testIamPermissionsResponse",
+                       "permissions": [p for p in asked if p in held.get(email, ())]})
+
+    def swap(old, new):
+        for _, handlers in server.HANDLERS:
+            for method, handler in handlers.items():
+                if handler is old:
+                    handlers[method] = new
+
+    swap(buckets.test_iam_permissions, answer)
+    try:
+        yield
+    finally:
+        swap(answer, buckets.test_iam_permissions)
+
+
 # --- fixtures -----------------------------------------------------------------------------
 @pytest.fixture
 def registry():
@@ -86,6 +116,7 @@ def vertex(monkeypatch, registry, quotas):
     fake, iam = FakeVertex().start(), FakeIam().start()
     monkeypatch.setenv(vertex_client.ENDPOINT_ENV, fake.endpoint)
     monkeypatch.setenv(preflight.IAM_ENDPOINT_ENV, iam.endpoint)
+    monkeypatch.setenv(gcs_impersonation.ENDPOINT_ENV, iam.endpoint)
     iam.grants[SA] = {preflight.ACT_AS}
     yield fake
     fake.close()
@@ -93,7 +124,16 @@ def vertex(monkeypatch, registry, quotas):
 
 
 @pytest.fixture
-def kube(tmp_path, monkeypatch):
+def iam(monkeypatch):
+    """Google IAM, for impersonation: no account may be impersonated unless granted."""
+    fake = FakeIam().start()
+    monkeypatch.setenv(gcs_impersonation.ENDPOINT_ENV, fake.endpoint)
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture
+def kube(tmp_path, monkeypatch, iam):
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with FakeKube() as fake:
         monkeypatch.setenv("KUBECONFIG", str(fake.write_kubeconfig(tmp_path / "kubeconfig")))
@@ -166,6 +206,36 @@ def test_the_bucket_policy_decides_a_service_accounts_access(gcs_emulator):  # n
     assert check().ok and check().checked
 
 
+def test_impersonation_asks_the_account_itself(gcs_emulator, iam):  # noqa: F811
+    """Where the caller may impersonate the account, its own testIamPermissions decides,
+    grants on the project included; else the bucket's policy does."""
+    from fake_iam import GET_TOKEN
+
+    cfg = parse_config({"artifact_root": gs_root()})
+    who = f"service_account {SA}"
+    set_policy()  # nothing on the bucket: a project-level grant
+    iam.grants[SA] = {GET_TOKEN}
+    read_only = {SA: {"storage.objects.get", "storage.objects.list"}}
+    with bucket_permissions(read_only):
+        [found] = bucket_access.gcs_checks(cfg, [f"serviceAccount:{SA}"], who, account=SA)
+    assert not found.ok and found.message == (
+        f"Workers: {who} cannot read and write gs://{BUCKET} (artifact_root, export_uri): "
+        f"asked as the account itself (impersonated), Cloud Storage grants it no "
+        f"storage.objects.create, storage.objects.delete (grant it roles/storage.objectUser "
+        f"on bucket {BUCKET}; {DOCS})")
+    assert (f"/v1/projects/-/serviceAccounts/{SA}:generateAccessToken",
+            {"scope": ["https://www.googleapis.com/auth/cloud-platform"],
+             "lifetime": "300s"}) in iam.requests
+    with bucket_permissions({SA: set(bucket_access.WRITE)}):
+        [found] = bucket_access.gcs_checks(cfg, [f"serviceAccount:{SA}"], who, account=SA)
+    assert found.ok and found.message == "asked as the account itself (impersonated)"
+
+    iam.grants[SA] = set()  # no impersonation: the bucket's (empty) policy decides
+    with bucket_permissions({SA: set(bucket_access.WRITE)}):
+        [found] = bucket_access.gcs_checks(cfg, [f"serviceAccount:{SA}"], who, account=SA)
+    assert not found.ok and "the bucket's IAM policy grants serviceAccount:" in found.message
+
+
 def test_a_bucket_policy_the_caller_may_not_read_is_not_checked(gcs_emulator,  # noqa: F811
                                                                 monkeypatch):
     proxy = FaultProxy(gcs_emulator)
@@ -179,7 +249,8 @@ def test_a_bucket_policy_the_caller_may_not_read_is_not_checked(gcs_emulator,  #
     assert found.ok and not found.checked
     assert found.message.startswith(
         f"not checked: the caller may not read bucket {BUCKET}'s IAM policy (it needs "
-        f"storage.buckets.getIamPolicy, e.g. roles/storage.admin on the bucket)")
+        f"storage.buckets.getIamPolicy, e.g. roles/storage.admin on the bucket); make sure "
+        f"the workers hold roles/storage.objectUser on it")
     proxy.close()
 
 

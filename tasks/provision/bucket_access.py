@@ -1,14 +1,14 @@
 """May the workers' identity read the data and write the artifact root? Asked of each bucket
 from the caller's side, without the workers' credentials and without writing anything:
 
-- Cloud Storage, a Google principal (a service account, or a GKE Workload Identity principal):
-  the bucket's IAM policy (JSON API `buckets.getIamPolicy`, google-cloud-storage's
-  `Bucket.get_iam_policy`, policy version 3), its bindings for that member matched against
-  what each predefined role grants. The caller needs `storage.buckets.getIamPolicy` on the
-  bucket (roles/storage.admin, or roles/storage.legacyBucketOwner).
-  It cannot see grants on the project, folder or organization (inherited), deny policies or
-  VPC Service Controls; a binding with an IAM condition or a custom role is evaluated by IAM
-  at request time: those are reported "not checked", never passed.
+- Cloud Storage, a Google service account the caller may impersonate: the account's own
+  answer (tasks/provision/gcs_impersonation.py: a short-lived token, then Cloud Storage
+  testIamPermissions), which counts every grant the account holds;
+- Cloud Storage otherwise (a service account, or a GKE Workload Identity principal): the
+  bucket's IAM policy (tasks/provision/gcs_policy.py). It cannot see grants on the project,
+  folder or organization (inherited), deny policies or VPC Service Controls; a binding with
+  an IAM condition or a custom role is evaluated by IAM at request time: those are reported
+  "not checked", never passed.
 - Amazon S3, an IAM role (EKS IRSA): IAM `SimulatePrincipalPolicy` for the role and the S3
   actions the storage layer calls (boto3's IAM client; it evaluates the role's policies, its
   permissions boundary and the organization's SCPs). The caller needs
@@ -22,35 +22,13 @@ from tasks.config import RunConfig
 from tasks.errors import StorageError
 from tasks.io import storage
 from tasks.io.cloud_storage import split
+from tasks.provision import gcs_impersonation, gcs_policy
 from tasks.provision.preflight import DOCS, OBJECT_ROLE, Check, not_checked
 
 AREA = "workers"
-# Cloud Storage permissions of the object calls the steps make (Cloud Storage, "IAM permissions
-# for Cloud Storage"): reading lists and gets; writing also creates and deletes (retries
-# overwrite a step's folder, release deletes temporary files).
-READ = ("storage.objects.get", "storage.objects.list")
-WRITE = READ + ("storage.objects.create", "storage.objects.delete")
-_ALL = frozenset(WRITE)
-# The object permissions of each predefined role, among READ and WRITE (Cloud Storage, "IAM
-# roles for Cloud Storage"; google-cloud-storage's StorageRoles lists the same).
-ROLE_PERMISSIONS = {
-    "roles/storage.objectViewer": frozenset(READ),
-    "roles/storage.objectCreator": frozenset({"storage.objects.create"}),
-    "roles/storage.objectUser": _ALL,
-    "roles/storage.objectAdmin": _ALL,
-    "roles/storage.admin": _ALL,
-    "roles/storage.legacyBucketReader": frozenset({"storage.objects.list"}),
-    "roles/storage.legacyBucketWriter": frozenset({"storage.objects.list",
-                                                   "storage.objects.create",
-                                                   "storage.objects.delete"}),
-    "roles/storage.legacyBucketOwner": frozenset({"storage.objects.list",
-                                                  "storage.objects.create",
-                                                  "storage.objects.delete"}),
-    "roles/storage.legacyObjectReader": frozenset({"storage.objects.get"}),
-    "roles/storage.legacyObjectOwner": frozenset({"storage.objects.get"}),
-}
-# Members that include everyone (Cloud IAM, "Principal identifiers").
-PUBLIC = ("allUsers", "allAuthenticatedUsers")
+# Cloud Storage permissions of the object calls the steps make: see gcs_policy.
+READ = gcs_policy.READ
+WRITE = gcs_policy.WRITE
 # The S3 actions of tasks/io/cloud_storage.py's S3Store (Amazon S3 User Guide, "Policy
 # actions for Amazon S3"): objects read and written, the bucket listed.
 S3_READ = ("s3:GetObject",)
@@ -79,74 +57,63 @@ def places(cfg: RunConfig, scheme: str, only: tuple[str, ...] = ()) -> list[Plac
 
 
 # --- Cloud Storage -----------------------------------------------------------------------
-def gcs_checks(cfg: RunConfig, members: list[str], who: str,
-               only: tuple[str, ...] = ()) -> list[Check]:
+def gcs_checks(cfg: RunConfig, members: list[str], who: str, only: tuple[str, ...] = (),
+               account: str = "") -> list[Check]:
     """`members`: the workers' identity as IAM policies name it (`serviceAccount:EMAIL`,
     `principal://...`; `*` matches a part preflight cannot know, such as a project number),
     the first one the one to grant; `who` names it for the user, with the field it comes
-    from."""
+    from; `account`: the Google service account's email, asked itself where the caller may
+    impersonate it."""
     needs: dict[str, tuple[set[str], list[Place]]] = {}
     for place in places(cfg, "gs", only):
         bucket = split(place.uri)[0]
         perms, where = needs.setdefault(bucket, (set(), []))
         perms.update(WRITE if place.write else READ)
         where.append(place)
-    return [_bucket_check(bucket, members, who, perms, where)
+    return [_bucket_check(cfg, bucket, members, who, perms, where, account)
             for bucket, (perms, where) in needs.items()]
 
 
-def _bucket_check(bucket: str, members: list[str], who: str, need: set[str],
-                  where: list[Place]) -> Check:
-    from fnmatch import fnmatchcase
-
-    from google.api_core import exceptions
-
+def _bucket_check(cfg: RunConfig, bucket: str, members: list[str], who: str, need: set[str],
+                  where: list[Place], account: str) -> Check:
     verb = "read and write" if any(p.write for p in where) else "read"
     labels = ", ".join(p.label for p in where)
     what = f"{who} may {verb} gs://{bucket} ({labels})"
     role = OBJECT_ROLE if verb != "read" else "roles/storage.objectViewer"
-    try:
-        client = storage.open_storage(f"gs://{bucket}/").client
-        policy = client.bucket(bucket).get_iam_policy(requested_policy_version=3)
-    except (exceptions.Forbidden, exceptions.Unauthorized):
+    if account:  # the account's own answer, where the caller may impersonate it
+        lacks = gcs_impersonation.lacking(cfg, account, bucket, need)
+        if lacks == []:
+            return Check(AREA, what, True, "asked as the account itself (impersonated)")
+        if lacks:
+            return Check(AREA, what, False, (
+                f"Workers: {who} cannot {verb} gs://{bucket} ({labels}): asked as the "
+                f"account itself (impersonated), Cloud Storage grants it no "
+                f"{', '.join(lacks)} (grant it {role} on bucket {bucket}; {DOCS})"))
+    verdict = gcs_policy.verdict(bucket, members, need)
+    if verdict.error == "forbidden":
         return not_checked(AREA, what, (
             f"the caller may not read bucket {bucket}'s IAM policy (it needs "
-            f"storage.buckets.getIamPolicy, e.g. roles/storage.admin on the bucket); make sure "
-            f"{who} holds {role} on it; {DOCS}"))
-    except exceptions.NotFound:
+            f"storage.buckets.getIamPolicy, e.g. roles/storage.admin on the bucket)"
+            f"{' nor impersonate the account' if account else ''}; make sure {who} holds "
+            f"{role} on it; {DOCS}"))
+    if verdict.error == "missing":
         return Check(AREA, what, False, f"Workers: bucket {bucket} ({labels}) does not exist")
-    except (exceptions.GoogleAPICallError, StorageError) as err:
+    if verdict.error:
         return not_checked(AREA, what, f"bucket {bucket}'s IAM policy did not load: "
-                                       f"{str(err).splitlines()[0][:200]}")
-    held: set[str] = set()
-    undecided = []
-    for binding in policy.bindings:
-        bound = set(binding.get("members") or ())
-        if not bound.intersection(PUBLIC) and not any(
-                fnmatchcase(m, pattern) for m in bound for pattern in members):
-            continue
-        granted = ROLE_PERMISSIONS.get(binding["role"])
-        if binding.get("condition"):
-            undecided.append(f"{binding['role']} with the IAM condition "
-                             f"{binding['condition'].get('title') or 'untitled'}")
-        elif granted is None:
-            if binding["role"].startswith(("projects/", "organizations/", "roles/")):
-                undecided.append(binding["role"])
-        else:
-            held |= granted
-    missing = sorted(need - held)
-    if not missing:
+                                       f"{verdict.error}")
+    if not verdict.missing:
         return Check(AREA, what, True)
-    if undecided:
+    missing = ", ".join(verdict.missing)
+    if verdict.undecided:
         return not_checked(AREA, what, (
-            f"on bucket {bucket}, {who} lacks {', '.join(missing)} unless "
-            f"{'; '.join(undecided)} grants it, which IAM decides at request time"))
+            f"on bucket {bucket}, {who} lacks {missing} unless "
+            f"{'; '.join(verdict.undecided)} grants it, which IAM decides at request time"))
     member = shown(members[0])
     return Check(AREA, what, False, (
         f"Workers: {who} cannot {verb} gs://{bucket} ({labels}): the bucket's IAM policy "
-        f"grants {member} no {', '.join(missing)} (grant it {role} on bucket {bucket}: "
-        f"gcloud storage buckets add-iam-policy-binding gs://{bucket} --member={member} "
-        f"--role={role}. A grant on the project is not visible to preflight; {DOCS})"))
+        f"grants {member} no {missing} (grant it {role} on bucket {bucket}: gcloud storage "
+        f"buckets add-iam-policy-binding gs://{bucket} --member={member} --role={role}. A "
+        f"grant on the project is not visible to preflight; {DOCS})"))
 
 
 def shown(member: str) -> str:

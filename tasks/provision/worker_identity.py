@@ -46,4 +46,4 @@ def service_account_checks(cfg: RunConfig) -> list[Check]:
             f"the buckets, or set service_account to have it checked"))]
     who = f"service_account {cfg.service_account}"
     return found + bucket_access.gcs_checks(cfg, [f"serviceAccount:{cfg.service_account}"], who,
-                                            only)
+                                            only, account=cfg.service_account)

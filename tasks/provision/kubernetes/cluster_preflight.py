@@ -144,7 +144,8 @@ def _google(cfg: RunConfig, annotations: dict, name: str, ns: str, what: str) ->
     account = annotations.get(GKE_SA_ANNOTATION)
     if account:
         who = f"{account} (annotation {GKE_SA_ANNOTATION} of ServiceAccount {name})"
-        return bucket_access.gcs_checks(cfg, [f"serviceAccount:{account}"], who) + [
+        return bucket_access.gcs_checks(cfg, [f"serviceAccount:{account}"], who,
+                                        account=account) + [
             not_checked(bucket_access.AREA, f"{name} may act as {account}", (
                 f"the Google service account's IAM policy must give "
                 f"serviceAccount:PROJECT.svc.id.goog[{ns}/{name}] roles/iam.workloadIdentityUser, "
