@@ -245,12 +245,12 @@ def test_a_bucket_policy_the_caller_may_not_read_is_not_checked(gcs_emulator,  #
                status=403, content_type="application/json",
                body=b'{"error": {"code": 403, "message": "no storage.buckets.getIamPolicy"}}')
     cfg = parse_config({"artifact_root": gs_root()})
-    [found] = bucket_access.gcs_checks(cfg, [f"serviceAccount:{SA}"], "the workers")
+    [found] = bucket_access.gcs_checks(cfg, [f"serviceAccount:{SA}"], f"service_account {SA}")
     assert found.ok and not found.checked
     assert found.message.startswith(
         f"not checked: the caller may not read bucket {BUCKET}'s IAM policy (it needs "
         f"storage.buckets.getIamPolicy, e.g. roles/storage.admin on the bucket); make sure "
-        f"the workers hold roles/storage.objectUser on it")
+        f"service_account {SA} holds roles/storage.objectUser on it; {DOCS}")
     proxy.close()
 
 
