@@ -13,9 +13,14 @@ without spending money, that the run may do what its backend will ask of the pla
   - tpu_vm/preflight.py: the zone offers the accelerator type and the runtime version (Cloud
     TPU lists both).
   This module imports none of them: the shared probes and the result live here.
+- the workers' side, read from the caller's side, in each backend's part: the workers'
+  identity on the buckets (bucket_access.py, worker_identity.py,
+  kubernetes/cluster_preflight.py), the images (image_registry.py), the namespace,
+  ServiceAccount and nodes (kubernetes/cluster_preflight.py), GPU quota (quota.py).
 
 Every failure names what is missing and the role or permission that grants it; all are
-collected into one PreflightError (the CLI exits 2). The result is written to
+collected into one PreflightError (the CLI exits 2). What the caller cannot see is a check
+with `checked=False` ("not checked: why"), which fails nothing. The result is written to
 `{run}/provision/preflight.json`. `provision` runs it first on every non-local run.
 
 `BERTFLOW_IAM_ENDPOINT=http://HOST:PORT` points the IAM calls at a test fake (anonymous);

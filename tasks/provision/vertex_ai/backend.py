@@ -467,7 +467,7 @@ class VertexAIBackend(Backend):
     def preflight_checks(self, cfg: RunConfig, ctx: RunContext) -> list:
         from tasks.provision.vertex_ai import preflight
 
-        return preflight.checks(cfg, ctx)
+        return preflight.checks(cfg, ctx, self)
 
     def render(self, cfg: RunConfig, ctx: RunContext, spec: WorkerSpec) -> list[dict]:
         # The project is filled in at submission (the workers' keyless connection names it).

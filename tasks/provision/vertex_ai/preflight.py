@@ -11,7 +11,6 @@ from tasks.provision.capacity import applies
 from tasks.provision.preflight import DOCS, Check, act_as, api_message, not_checked
 from tasks.provision.spec import distributed_spec
 from tasks.runs.runlayout import RunContext
-from tasks.provision.vertex_ai.backend import custom_job_dict, worker_image
 from tasks.provision.vertex_ai.client import job_client, parent, resolve_project
 
 # Vertex AI, "Use a custom service account": Vertex AI pulls the image with its own service
@@ -20,7 +19,9 @@ PULLER = ("the Vertex AI Service Agent (service-PROJECT_NUMBER@gcp-sa-aiplatform
           "gserviceaccount.com)")
 
 
-def checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
+def checks(cfg: RunConfig, ctx: RunContext, backend) -> list[Check]:
+    """`backend`: the VertexAIBackend, whose rendering of the train step's CustomJob (as
+    the dry run prints it) names the image and the GPUs."""
     from google.api_core import exceptions
 
     try:
@@ -59,22 +60,24 @@ def checks(cfg: RunConfig, ctx: RunContext) -> list[Check]:
         found.append(Check("vertex_ai", "service account", True,
                             "no service_account: jobs run as Vertex AI's custom code service "
                             "agent, which needs no actAs"))
+    spec = distributed_spec(cfg, "train", ctx.run_uri)
+    [job] = backend.render(cfg, ctx, spec)
+    pools = [p for p in job["jobSpec"]["workerPoolSpecs"] if p]
+    images = {p["containerSpec"]["imageUri"] for p in pools}
     found += worker_identity.service_account_checks(cfg)
-    found += image_registry.checks(cfg, {worker_image(cfg): "every step"}, PULLER)
-    found.append(gpu_quota(cfg, ctx, project))
+    found += image_registry.checks(cfg, {i: "every step" for i in images}, PULLER)
+    found.append(gpu_quota(cfg, spec, project, pools))
     return found
 
 
-def gpu_quota(cfg: RunConfig, ctx: RunContext, project: str) -> Check:
-    """The train step's GPUs (every accelerated replica) against the region's quota."""
-    spec = distributed_spec(cfg, "train", ctx.run_uri)
-    pools = [p for p in custom_job_dict(cfg, ctx, spec, project)["job_spec"]
-             ["worker_pool_specs"] if p]
-    kinds = {p["machine_spec"].get("accelerator_type") for p in pools} - {None, ""}
+def gpu_quota(cfg: RunConfig, spec, project: str, pools: list[dict]) -> Check:
+    """The train step's GPUs (every accelerated replica; `pools`: its CustomJob's worker
+    pools, as the REST API writes them) against the region's quota."""
+    kinds = {p["machineSpec"].get("acceleratorType") for p in pools} - {None, ""}
     if not kinds:
         return Check("quota", "no accelerators asked for", True)
     kind = kinds.pop()
-    needed = sum(p["machine_spec"].get("accelerator_count", 0) * p["replica_count"]
+    needed = sum(int(p["machineSpec"].get("acceleratorCount", 0)) * int(p["replicaCount"])
                  for p in pools)
     what = f"{needed} x {kind} in {cfg.gcp_region}"
     metric = quota.vertex_metric(kind, cfg.capacity == "spot" and applies(cfg, spec))
