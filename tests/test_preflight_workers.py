@@ -518,3 +518,29 @@ def test_ecr_images_are_described_with_boto3(s3_server, monkeypatch):  # noqa: F
     assert image_registry.exists(cfg, f"{host}/{repo}:1.0", "train").ok
     missing = image_registry.exists(cfg, f"{host}/{repo}:2.0", "train")
     assert not missing.ok and "(no manifest 2.0 in repository" in missing.message
+
+
+def test_the_documented_cluster_role_is_exactly_preflights_reads():
+    """docs/preflight-and-logs.md's bertflow-preflight ClusterRole validates against the
+    Kubernetes schema, and its rules are the reads cluster_preflight.py makes."""
+    import re
+
+    import kubernetes_validate
+    import yaml
+
+    from tasks.config import PROJECT_ROOT
+    from test_kubernetes import K8S_VERSION
+
+    page = (PROJECT_ROOT / "docs" / "preflight-and-logs.md").read_text()
+    [role] = [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", page, re.S)
+              if "bertflow-preflight" in block]
+    kubernetes_validate.validate(role, K8S_VERSION, strict=True)
+    source = (PROJECT_ROOT / "tasks" / "provision" / "kubernetes" /
+              "cluster_preflight.py").read_text()
+    calls = set(re.findall(r"core\.(read|list)_(?:namespaced_)?(\w+?)\(", source))
+    verbs = {"read": "get", "list": "list"}
+    made = {(verbs[verb], kind.replace("_", "") + "s") for verb, kind in calls}
+    granted = {(verb, resource) for rule in role["rules"] for resource in rule["resources"]
+               for verb in rule["verbs"]}
+    assert made == granted == {("get", "namespaces"), ("list", "nodes"),
+                               ("get", "serviceaccounts")}

@@ -53,7 +53,7 @@ def places(cfg: RunConfig, scheme: str, only: tuple[str, ...] = ()) -> list[Plac
     if cfg.eval_uri:
         found.append(Place("eval_uri", cfg.eval_uri, False))
     return [p for p in found if storage.scheme_of(p.uri) == scheme
-            and (not only or p.label in only) and "{" not in p.uri.split("://", 1)[1].split("/", 1)[0]]
+            and (not only or p.label in only) and "{" not in split(p.uri)[0]]
 
 
 # --- Cloud Storage -----------------------------------------------------------------------
