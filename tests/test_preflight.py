@@ -37,6 +37,9 @@ from test_storage import KINDS, proxied  # noqa: F401
 
 DOCS = "docs/deployment-iam.md"
 SA = "trainer@proj.iam.gserviceaccount.com"
+# A registry nobody serves (port 9, discard): the image checks answer "not checked" at once,
+# without the network (tests/test_preflight_workers.py checks images against a fake).
+REGISTRY = "127.0.0.1:9/proj/repo"
 
 
 def context(root: str) -> RunContext:
@@ -199,7 +202,7 @@ def vertex(monkeypatch):
 def vertex_config(root: str, **overrides):
     return parse_config({"provisioner": "vertex_ai", "artifact_root": root,
                          "gcp_project": "proj", "gcp_region": "us-central1",
-                         "image_registry": "us-docker.pkg.dev/proj/repo",
+                         "image_registry": REGISTRY,
                          "service_account": SA, **overrides})
 
 
@@ -252,7 +255,7 @@ def tpu_config(root: str, **overrides):
     return parse_config({"provisioner": "tpu_vm", "accelerator": "tpu", "tpu_address": "local",
                          "tpu_zone": "us-west4-a", "tpu_project": "proj",
                          "accelerator_type": "v5litepod-8", "artifact_root": root,
-                         "image_registry": "us-docker.pkg.dev/proj/repo", **overrides})
+                         "image_registry": REGISTRY, **overrides})
 
 
 def test_tpu_zone_offers_the_type_and_the_runtime(fake_tpu, tmp_path):
