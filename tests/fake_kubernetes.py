@@ -23,7 +23,8 @@ each review's resourceAttributes is kept in `access_reviews`.
 What preflight reads and never creates: `GET /api/v1/namespaces/{ns}` (every namespace exists
 unless `namespaces` is a set), `GET /api/v1/namespaces/{ns}/serviceaccounts/{name}` (every
 one exists, unannotated, unless `service_accounts` maps (ns, name) to its annotations), and
-`GET /api/v1/nodes?labelSelector=...` over `nodes` (label dicts). `forbid(resource)` makes
+`GET /api/v1/nodes?labelSelector=...` over `nodes` (label dicts; every node's
+spec.providerID is `provider_id`, e.g. `gce://proj/us-central1-a/gke-pool-1`). `forbid(resource)` makes
 those reads of "namespaces", "serviceaccounts" or "nodes" answer 403, as RBAC does.
 """
 from __future__ import annotations
@@ -267,6 +268,7 @@ class FakeKube:
         self.namespaces: set[str] | None = None
         self.service_accounts: dict[tuple[str, str], dict] | None = None
         self.nodes: list[dict[str, str]] = []
+        self.provider_id = ""
         self.forbidden: set[str] = set()
         self.cond = threading.Condition()
         self._rv = itertools.count(1)
@@ -352,7 +354,8 @@ class FakeKube:
             return handler.send_json(403, _status(403, "Forbidden", (
                 f'{resource} is forbidden: User "fake" cannot get resource "{resource}"')))
         if nodes:
-            items = [{"metadata": {"name": f"node-{i}", "labels": labels}}
+            items = [{"metadata": {"name": f"node-{i}", "labels": labels},
+                      "spec": {"providerID": self.provider_id} if self.provider_id else {}}
                      for i, labels in enumerate(self.nodes) if _matches(labels, selector)]
             return handler.send_json(200, {"kind": "NodeList", "apiVersion": "v1",
                                            "metadata": {}, "items": items})

@@ -2,7 +2,10 @@
 services/{service}/quotaInfos` lists `infos[service]` (QuotaInfo dicts) two per page with
 `nextPageToken`, as the API pages (Cloud Quotas API reference, quotaInfos.list). `error =
 (code, status, message)` makes it fail. Point preflight at it with BERTFLOW_QUOTAS_ENDPOINT.
-Requests are kept in `requests` as paths."""
+
+It also serves Compute Engine's `GET /compute/v1/projects/{p}/regions/{r}` (BERTFLOW_COMPUTE_
+ENDPOINT): the region with `quotas` = `regions[(p, r)]` ({metric, limit, usage} dicts), 404
+for a region not there. Requests are kept in `requests` as paths."""
 from __future__ import annotations
 
 import json
@@ -12,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 _LIST = re.compile(r"^/v1/projects/[^/]+/locations/global/services/([^/]+)/quotaInfos$")
+_REGION = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)$")
 
 
 def quota_info(metric: str, values: dict[str, int], default: int | None = None) -> dict:
@@ -27,6 +31,7 @@ def quota_info(metric: str, values: dict[str, int], default: int | None = None) 
 class FakeQuotas:
     def __init__(self):
         self.infos: dict[str, list[dict]] = {}
+        self.regions: dict[tuple[str, str], list[dict]] = {}
         self.error: tuple[int, str, str] | None = None
         self.requests: list[str] = []
         fake = self
@@ -39,7 +44,11 @@ class FakeQuotas:
                 url = urlparse(self.path)
                 fake.requests.append(url.path)
                 match = _LIST.match(url.path)
-                if fake.error or not match:
+                region = _REGION.match(url.path)
+                if region and region.groups() in fake.regions:
+                    code, body = 200, {"kind": "compute#region", "name": region[2],
+                                       "quotas": fake.regions[region.groups()]}
+                elif fake.error or not match:
                     code, status, message = fake.error or (404, "NOT_FOUND", "no route")
                     body = {"error": {"code": code, "status": status, "message": message}}
                 else:

@@ -167,11 +167,11 @@ def test_cli_prints_the_checks_writes_the_result_and_exits_2(kube, gcs_emulator)
     kube.denied.clear()
     done = cli("preflight", "--run-dir", run_dir)
     assert done.returncode == 0, done.stderr
-    # 1 bucket probe, 5 access reviews, namespace, ServiceAccount, the pods' bucket access;
-    # not checked: the default images (no registry), their pull access, quota.
+    # 1 bucket probe, 5 access reviews, namespace, ServiceAccount, the pods' bucket access,
+    # quota (no GPUs); not checked: the default image (no registry), its pull access.
     assert "n/a  image: pull access to the worker image(s): not checked: " in done.stdout
     assert done.stdout.rstrip().endswith(
-        f"9 checks passed, 3 not checked; result in {run_dir}/provision/preflight.json")
+        f"10 checks passed, 2 not checked; result in {run_dir}/provision/preflight.json")
 
 
 def test_provision_stops_before_creating_anything_when_preflight_fails(kube,

@@ -290,7 +290,7 @@ def test_vertex_checks_the_job_account_the_image_and_the_gpu_quota(
     assert failures[2] == (
         f"Quota: project proj may use 1 of {metric} in us-central1, and one step asks for 2 "
         f"(request more: IAM & Admin > Quotas, or set num_workers or devices_per_worker "
-        f"smaller or gcp_region to a region with quota)")
+        f"smaller, or use a region with quota)")
 
     quotas.error = (403, "PERMISSION_DENIED", "cloudquotas.quotas.get denied")
     [check] = area(run(cfg), "quota")
@@ -362,7 +362,12 @@ def k8s_config(root: str, **overrides):
 
 
 def test_kubernetes_gke_annotation_names_the_google_account_and_nodes_are_found(
-        kube, gcs_emulator):  # noqa: F811
+        kube, gcs_emulator, quotas, monkeypatch):  # noqa: F811
+    monkeypatch.setenv(quota.COMPUTE_ENDPOINT_ENV, quotas.endpoint)
+    quotas.regions[("proj", "us-central1")] = [
+        {"metric": "CPUS", "limit": 96, "usage": 8},
+        {"metric": "NVIDIA_L4_GPUS", "limit": 2, "usage": 1}]
+    kube.provider_id = "gce://proj/us-central1-a/gke-gpu-pool-1"
     kube.service_accounts = {("train-ns", "trainer"): {GKE: SA}}
     kube.nodes = [{"cloud.google.com/gke-accelerator": "nvidia-l4"}]
     set_policy({"role": "roles/storage.objectUser", "members": [f"serviceAccount:{SA}"]})
@@ -376,17 +381,29 @@ def test_kubernetes_gke_annotation_names_the_google_account_and_nodes_are_found(
                  f"ok   workers: {SA} (annotation {GKE} of ServiceAccount trainer) may read "
                  f"and write gs://{BUCKET} (artifact_root, export_uri)",
                  "ok   kubernetes: nodes with cloud.google.com/gke-accelerator=nvidia-l4 "
-                 "(train, evaluate)"):
+                 "(train, evaluate)",
+                 "ok   quota: 1 x nvidia-l4 in us-central1"):
         assert line in lines
+    assert area(result, "quota")[0]["message"] == "quota 2; 1 in use now"
     text = "\n".join(lines)
     assert (f"n/a  workers: trainer may act as {SA}: not checked: the Google service "
             f"account's IAM policy must give serviceAccount:PROJECT.svc.id.goog[train-ns/"
             f"trainer] roles/iam.workloadIdentityUser") in text
     assert "n/a  image: bertflow-trainer-cpu:" in text  # no registry: the nodes' own
 
+    two = k8s_config(cfg.artifact_root, service_account="trainer", accelerator="gpu",
+                     accelerator_type="nvidia-l4", num_workers=3)
+    assert run(two)["failures"] == [
+        "Quota: project proj may use 2 of NVIDIA_L4_GPUS in us-central1, and one step asks "
+        "for 3 (request more: IAM & Admin > Quotas, or set num_workers or devices_per_worker "
+        "smaller, or use a region with quota)"]
+
     kube.nodes = []
-    [nodes] = [c for c in area(run(cfg), "kubernetes") if c["what"].startswith("nodes")]
+    result = run(cfg)
+    [nodes] = [c for c in area(result, "kubernetes") if c["what"].startswith("nodes")]
     assert not nodes["checked"] and "no node has these labels now" in nodes["message"]
+    [gpus] = area(result, "quota")
+    assert not gpus["checked"] and "(a gce:// providerID)" in gpus["message"]
 
 
 def test_kubernetes_without_annotation_checks_the_workload_identity_principal(

@@ -1,5 +1,6 @@
-"""Is the project's accelerator quota in the region at least what one step asks for? Read
-with the Cloud Quotas API (cloudquotas.googleapis.com v1, REST:
+"""Is the project's accelerator quota in the region at least what one step asks for?
+
+Vertex AI: read with the Cloud Quotas API (cloudquotas.googleapis.com v1, REST:
 `GET projects/{project}/locations/global/services/{service}/quotaInfos`, Cloud Quotas API
 reference, "QuotaInfo"), which gives each quota's value per region or zone
 (`dimensionsInfos[].dimensions.region` and `.details.value`; -1 is unlimited) but not its
@@ -10,6 +11,10 @@ cloudquotas.viewer) and the API enabled; without them the check is "not checked"
 Vertex AI GPUs: the metrics of Vertex AI, "Vertex AI quotas and limits", custom training
 ("Custom model training Nvidia T4 GPUs per region": aiplatform.googleapis.com/
 custom_model_training_nvidia_t4_gpus; Spot VMs count against the `preemptible_` metrics).
+
+GKE node pools: Compute Engine's regional GPU quotas (`regions.get`, `quotas[].metric` such
+as NVIDIA_T4_GPUS, PREEMPTIBLE_NVIDIA_T4_GPUS; Compute Engine API reference, Quota.Metric),
+which give the usage too (tasks/provision/kubernetes/gpu_quota.py).
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from tasks.provision.preflight import Check, not_checked
 AREA = "quota"
 ENDPOINT_ENV = "BERTFLOW_QUOTAS_ENDPOINT"
 ENDPOINT = "https://cloudquotas.googleapis.com"
+COMPUTE_ENDPOINT_ENV = "BERTFLOW_COMPUTE_ENDPOINT"
+COMPUTE_ENDPOINT = "https://compute.googleapis.com"
 VERTEX = "aiplatform.googleapis.com"
 # Vertex AI's AcceleratorType -> the GPU's word in its custom training quota metrics.
 VERTEX_GPU_METRIC = {
@@ -40,7 +47,8 @@ def vertex_metric(accelerator: str, spot: bool) -> str | None:
 
 def region_check(cfg: RunConfig, project: str, service: str, metric: str, region: str,
                  needed: int, what: str, field: str) -> Check:
-    """`needed` units of `metric` in `region` against the quota's value there."""
+    """`needed` units of `metric` in `region` against the quota's value there (Cloud
+    Quotas)."""
     try:
         value = _value(cfg, project, service, metric, region)
     except _Unseen as why:
@@ -48,13 +56,45 @@ def region_check(cfg: RunConfig, project: str, service: str, metric: str, region
     if value is None:
         return not_checked(AREA, what, f"Cloud Quotas lists no {metric} for {region} in "
                                        f"project {project}")
+    return verdict(what, project, metric, region, needed, field, value)
+
+
+def compute_check(cfg: RunConfig, project: str, metric: str, region: str, needed: int,
+                  what: str, field: str) -> Check:
+    """`needed` units of a Compute Engine regional quota `metric` (e.g. NVIDIA_L4_GPUS):
+    Compute Engine API `regions.get`, whose `quotas[]` give each metric's limit and usage
+    (the caller needs compute.regions.get, in roles/compute.viewer)."""
+    try:
+        session, base = google_rest.session(cfg, COMPUTE_ENDPOINT_ENV, COMPUTE_ENDPOINT)
+        resp = session.get(f"{base}/compute/v1/projects/{project}/regions/{region}",
+                           timeout=30)
+    except Exception as err:  # noqa: BLE001 (no credentials, no network)
+        return not_checked(AREA, what, f"Compute Engine did not answer: "
+                                       f"{type(err).__name__}: {str(err)[:200]}")
+    if resp.status_code != 200:
+        return not_checked(AREA, what, (
+            f"Compute Engine answered {resp.status_code} {google_rest.message(resp)} for "
+            f"region {region} of project {project} (the caller needs compute.regions.get, "
+            f"e.g. roles/compute.viewer)"))
+    for entry in resp.json().get("quotas", []):
+        if entry.get("metric") == metric:
+            return verdict(what, project, metric, region, needed, field,
+                           int(entry.get("limit", 0)), int(entry.get("usage", 0)))
+    return not_checked(AREA, what, f"region {region} lists no quota {metric}")
+
+
+def verdict(what: str, project: str, metric: str, region: str, needed: int, field: str,
+            value: int, usage: int | None = None) -> Check:
+    """A limit below what one step asks fails; else it passes, saying what is in use."""
+    used = ("its usage by other jobs is not visible" if usage is None
+            else f"{usage} in use now")
     if value < 0 or value >= needed:
         return Check(AREA, what, True, f"quota {value if value >= 0 else 'unlimited'}; "
-                                       f"its usage by other jobs is not visible")
+                                       f"{used}")
     return Check(AREA, what, False, (
         f"Quota: project {project} may use {value} of {metric} in {region}, and one step "
-        f"asks for {needed} (request more: IAM & Admin > Quotas, or set {field} smaller or "
-        f"gcp_region to a region with quota)"))
+        f"asks for {needed} (request more: IAM & Admin > Quotas, or set {field} smaller, or "
+        f"use a region with quota)"))
 
 
 class _Unseen(Exception):

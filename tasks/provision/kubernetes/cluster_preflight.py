@@ -20,15 +20,14 @@ read (never created) with the caller's cluster identity through the `kubernetes`
 - nodes with each step's nodeSelector (`GET /api/v1/nodes?labelSelector=...`; `list` on
   nodes from a ClusterRole). A pool scaled to zero, GKE node auto-provisioning and Karpenter
   have no Node objects until pods wait, so no match is "not checked", not a failure;
-- every Job's image in its registry (tasks/provision/image_registry.py).
-
-GPU/TPU quota is not checked: the cluster's project and region are not in the run's config.
+- every Job's image in its registry (tasks/provision/image_registry.py);
+- GKE GPU quota in the cluster's region (tasks/provision/kubernetes/gpu_quota.py).
 """
 from __future__ import annotations
 
 from tasks.config import RunConfig
 from tasks.provision import bucket_access, image_registry
-from tasks.provision.kubernetes import render
+from tasks.provision.kubernetes import gpu_quota, render
 from tasks.provision.preflight import DOCS, Check, not_checked
 from tasks.provision.spec import WORKER_STEPS, step_spec
 from tasks.runs.runlayout import RunContext
@@ -53,27 +52,26 @@ def checks(cfg: RunConfig, ctx: RunContext, backend) -> list[Check]:
     found.append(sa_check)
     found += _identity(cfg, account)
     jobs = _jobs(cfg, ctx, backend)
-    found += _nodes(core, jobs)
+    pods = [(step, job["template"]["spec"]) for step, job in jobs]
+    found += _nodes(core, pods)
     images: dict[str, list[str]] = {}
-    for step, pod in jobs:
+    for step, pod in pods:
         images.setdefault(pod["containers"][0]["image"], []).append(step)
     puller = ("the nodes' kubelet (GKE: the node pool's service account; EKS: the node role)"
               + (f" with image_pull_secrets {', '.join(cfg.image_pull_secrets)}"
                  if cfg.image_pull_secrets else ""))
     found += image_registry.checks(cfg, {i: ", ".join(s) for i, s in images.items()}, puller)
-    found.append(not_checked("quota", "GPU/TPU quota of the cluster's node pools", (
-        "the cluster's project and region are not in the run's config; the cluster "
-        "autoscaler reports a quota it hits on the pending pods")))
+    found.append(gpu_quota.check(cfg, core, jobs))
     return found
 
 
 def _jobs(cfg: RunConfig, ctx: RunContext, backend) -> list[tuple[str, dict]]:
-    """(step, pod spec) of every Job the run's steps would create, as the dry run renders."""
+    """(step, Job spec) of every Job the run's steps would create, as the dry run renders."""
     found = []
     for step in WORKER_STEPS:
         for obj in backend.render(cfg, ctx, step_spec(cfg, step, ctx.run_uri)):
             if obj["kind"] == "Job":
-                found.append((step, obj["spec"]["template"]["spec"]))
+                found.append((step, obj["spec"]))
     return found
 
 
