@@ -24,8 +24,9 @@ What preflight reads and never creates: `GET /api/v1/namespaces/{ns}` (every nam
 unless `namespaces` is a set), `GET /api/v1/namespaces/{ns}/serviceaccounts/{name}` (every
 one exists, unannotated, unless `service_accounts` maps (ns, name) to its annotations), and
 `GET /api/v1/nodes?labelSelector=...` over `nodes` (label dicts; every node's
-spec.providerID is `provider_id`, e.g. `gce://proj/us-central1-a/gke-pool-1`). `forbid(resource)` makes
-those reads of "namespaces", "serviceaccounts" or "nodes" answer 403, as RBAC does.
+spec.providerID is `provider_id`, e.g. `gce://proj/us-central1-a/gke-pool-1`).
+`forbid(resource)` makes those reads of "namespaces", "serviceaccounts" or "nodes" answer
+403, as RBAC does.
 """
 from __future__ import annotations
 
