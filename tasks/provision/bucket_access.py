@@ -108,12 +108,15 @@ def _bucket_check(cfg: RunConfig, bucket: str, members: list[str], who: str, nee
         return not_checked(AREA, what, (
             f"on bucket {bucket}, {who} lacks {missing} unless "
             f"{'; '.join(verdict.undecided)} grants it, which IAM decides at request time"))
+    # Not a failure: a grant on the project, folder or organisation (common) gives the access
+    # too, and only impersonation (above) can see it.
     member = shown(members[0])
-    return Check(AREA, what, False, (
-        f"Workers: {who} cannot {verb} gs://{bucket} ({labels}): the bucket's IAM policy "
-        f"grants {member} no {missing} (grant it {role} on bucket {bucket}: gcloud storage "
-        f"buckets add-iam-policy-binding gs://{bucket} --member={member} --role={role}. A "
-        f"grant on the project is not visible to preflight; {DOCS})"))
+    return not_checked(AREA, what, (
+        f"bucket {bucket}'s IAM policy grants {member} no {missing}; unless a grant on the "
+        f"project, folder or organisation gives it (preflight cannot see those without "
+        f"impersonating the account), grant it {role} on the bucket: gcloud storage "
+        f"buckets add-iam-policy-binding gs://{bucket} --member={member} --role={role}; "
+        f"{DOCS}"))
 
 
 def shown(member: str) -> str:
