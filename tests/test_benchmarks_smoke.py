@@ -174,7 +174,7 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
-            True, False, True]
+            True, False, True, False]
         assert all(run["steps"] == 6 for run in data["runs"].values())
 
 
