@@ -28,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -137,8 +138,11 @@ def main() -> None:
     print(f"determinism: {model_name} on {data_set}, {args.steps} steps, batch "
           f"{base_cfg['per_replica_batch_size']}, seed {args.seed}", flush=True)
 
-    runs = {name: run_one(name, det, base_cfg, work) for name, det in RUNS}
-    w = {name: weights(Path(r["run_dir"])) for name, r in runs.items()}
+    try:
+        runs = {name: run_one(name, det, base_cfg, work) for name, det in RUNS}
+        w = {name: weights(Path(r["run_dir"])) for name, r in runs.items()}
+    finally:  # four run folders of checkpoints (about 1 GB with MiniLM)
+        shutil.rmtree(work, ignore_errors=True)
     for name, r in runs.items():
         r["weights_sha256"] = digest(w[name])
         r.pop("run_dir")
