@@ -300,6 +300,12 @@ class RunConfig(BaseModel):
         default="auto", title="Mixed precision",
         description="auto: mixed_float16 on GPU, mixed_bfloat16 on TPU and on CPUs with "
                     "native bfloat16 (avx512_bf16 or amx_bf16 in /proc/cpuinfo), else none.")
+    deterministic: bool = Field(
+        default=False, title="Deterministic (bitwise reproducible)",
+        description="Two runs with one seed end with bitwise-equal weights (same machine "
+                    "kind, strategy and worker count): TensorFlow's op determinism in the "
+                    "train and evaluate workers and a fixed-order input pipeline. What it "
+                    "costs and what it does not cover: docs/preemption.md.")
     # Each checkpoint holds the weights and both Adam slots (272 MB for MiniLM-L6) and is
     # uploaded when the run folder is remote: every 100 steps was 19 per SST-2 epoch.
     checkpoint_every_steps: int = Field(
@@ -458,13 +464,19 @@ def check_capacity(cfg: "RunConfig") -> None:
 
 
 def check_training_loop(cfg: RunConfig, strategy: str) -> None:
-    """Rules between the training loop and the resolved strategy (train re-checks them)."""
+    """Rules between the training loop (and `deterministic`) and the resolved strategy
+    (train re-checks them)."""
     if cfg.training_loop == "fit" and cfg.grad_accum_steps > 1:
         raise ConfigError("grad_accum_steps", "gradient accumulation needs training_loop "
                                               "custom; set it, or grad_accum_steps to 1")
     if cfg.training_loop == "custom" and strategy == "parameter_server":
         raise ConfigError("training_loop", "parameter_server trains with fit (its "
                                            "coordinator schedules the steps); set fit")
+    if cfg.deterministic and strategy == "parameter_server" and cfg.num_workers > 1:
+        raise ConfigError("deterministic", f"parameter_server with {cfg.num_workers} workers "
+                                           "applies their updates in no fixed order, so no run "
+                                           "repeats another; use 1 worker or "
+                                           "multi_worker_mirrored, or turn deterministic off")
 
 
 def load_config(text: str) -> RunConfig:

@@ -25,7 +25,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Workers": ("strategy", "devices_per_worker", "num_ps", "tpu_address", "tpu_zone",
                 "tpu_project"),
     "Training": ("training_loop", "per_replica_batch_size", "max_steps", "learning_rate",
-                 "warmup_ratio", "weight_decay", "mixed_precision"),
+                 "warmup_ratio", "weight_decay", "mixed_precision", "deterministic"),
     "Export and quality gate": ("export_uri", "model_name", "gate_metric", "gate_min_value",
                                 "gate_max_regression", "require_approval",
                                 "approval_timeout_minutes"),

@@ -40,7 +40,7 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
 
 
 @pytest.mark.parametrize("script", ["tokenize_throughput", "train_throughput", "mfu",
-                                    "train_step_ablation", "scale", "quality"])
+                                    "train_step_ablation", "scale", "quality", "determinism"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
@@ -122,6 +122,7 @@ SMOKE = {
     "step_start": ([], None),
     "train_step_ablation": ([], None),  # bertflow's variants only
     "scale": ([], None),
+    "determinism": ([], None),  # bertflow's deterministic and not, no peer
 }
 
 
@@ -170,6 +171,11 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert data["recipes"]["peer"]["optimizer"].startswith("adamw_torch_fused")
     if script == "tokenize_throughput":
         assert data["rows"] == 64 and data["median_rows_per_s"]["bertflow_step"] > 0
+    if script == "determinism":
+        assert data["summary"]["deterministic_weights_bitwise_equal"] is True
+        assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
+            True, False, True, False]
+        assert all(run["steps"] == 6 for run in data["runs"].values())
 
 
 @pytest.mark.parametrize("script", [s for s in SMOKE if SMOKE[s][1] is not None])

@@ -29,6 +29,8 @@ def test_defaults_are_valid_and_round_trip_through_json():
     ({"grad_accum_steps": 4}, "grad_accum_steps", "needs training_loop custom"),
     ({"training_loop": "custom", "num_ps": 1, "num_workers": 2}, "training_loop",
      "parameter_server trains with fit"),
+    ({"deterministic": True, "num_ps": 1, "num_workers": 2}, "deterministic",
+     "in no fixed order"),
 ])
 def test_invalid_values_name_the_field_and_reason(values, field, words):
     with pytest.raises(ConfigError) as err:
@@ -36,6 +38,12 @@ def test_invalid_values_name_the_field_and_reason(values, field, words):
     assert err.value.field == field
     assert words in str(err.value)
     assert f"'{field}'" in str(err.value)
+
+
+def test_deterministic_is_off_by_default_and_allowed_where_runs_can_repeat():
+    assert parse_config({}).deterministic is False
+    for values in ({}, {"num_workers": 2}, {"num_ps": 1, "num_workers": 1}):
+        assert parse_config({**values, "deterministic": True}).deterministic is True
 
 
 def test_cross_field_rules():

@@ -120,6 +120,51 @@ def test_layer_norm_matches_keras_values_and_gradients(dtype):
         np.testing.assert_allclose(ours, theirs, rtol=tol, atol=tol, err_msg=name)
 
 
+# Run in a fresh process with N intra-op threads (set before TensorFlow runs an op): prints
+# the sha256 of LayerNormGrad's dgamma and dbeta on LN_GRAD_INPUT's rows.
+LN_GRAD_SCRIPT = """
+import hashlib, sys
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+sys.path.insert(0, "tests")
+from test_cpu_kernels import layer_norm_grad_sums
+print(hashlib.sha256(layer_norm_grad_sums()).hexdigest())
+"""
+
+
+def layer_norm_grad_sums(rows: int = 4095, width: int = 384) -> bytes:
+    """dgamma and dbeta of BertflowLayerNormGrad on seeded rows, as bytes."""
+    x = tf.random.stateless_normal([rows, width], [1, 2])
+    dy = tf.random.stateless_normal([rows, width], [3, 4])
+    gamma = tf.random.stateless_normal([width], [5, 6])
+    _, mean, rstd = cpu_kernels.ops().bertflow_layer_norm(x, gamma, tf.zeros([width]),
+                                                         epsilon=1e-12)
+    _, dgamma, dbeta = cpu_kernels.ops().bertflow_layer_norm_grad(dy, x, gamma, mean, rstd)
+    return dgamma.numpy().tobytes() + dbeta.numpy().tobytes()
+
+
+def test_layer_norm_gradient_is_the_same_bits_every_call_and_for_any_thread_count():
+    """dgamma and dbeta sum over every row. The kernel once added each thread's share as the
+    threads finished: 200 calls on these rows gave 9 different results, and two training
+    runs with one seed ended with different weights (issue 34). Per-block sums added in block
+    order give one result, whatever the number of intra-op threads."""
+    import hashlib
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    results = {layer_norm_grad_sums() for _ in range(100)}
+    assert len(results) == 1
+    here = hashlib.sha256(results.pop()).hexdigest()
+    root = Path(__file__).resolve().parent.parent
+    for threads in (1, 3):
+        done = subprocess.run([sys.executable, "-c", LN_GRAD_SCRIPT, str(threads)], cwd=root,
+                              capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split()[-1] == here, threads
+
+
 def test_dropout_keeps_the_right_share_scaled_and_routes_the_gradient_through_it():
     x = tf.random.stateless_uniform([1000, 1000], [1, 1], minval=1.0, maxval=2.0)
     y, (dx,) = grad_of(lambda t: cpu_kernels.dropout(t, 0.1), x, tf.ones_like(x))

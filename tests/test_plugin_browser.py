@@ -86,6 +86,27 @@ def test_run_page_renders_svg_charts_and_matrix(served, browser, artifact_root, 
     browser.screenshot(tmp_path / "index_page.png")
 
 
+def test_an_earlier_attempts_worker_log_opens_from_the_run_page(served, browser,
+                                                               artifact_root):
+    """The run page's Worker logs list each provisioning attempt; clicking an earlier
+    attempt's worker opens that attempt's own log, served as text."""
+    from tasks.io import storage
+
+    base, token = served
+    build_artifacts(artifact_root)
+    run = f"{artifact_root}/runs/{DAG_ID}/{RUN_KEY}"
+    for n in (1, 2):
+        storage.write_text(f"{run}/train/logs/chief-0.attempt-{n}.log", f"attempt {n} log\n")
+    storage.write_text(f"{run}/train/logs/chief-0.log", "attempt 2 log\n")
+    browser.set_cookie("_token", token, base)
+    browser.navigate(f"{base}/bertflow/runs/{DAG_ID}/{RUN_KEY}")
+    browser.wait_js("document.querySelectorAll('li.log-attempt').length === 2")
+    browser.click("document.querySelector(\"li.log-attempt[data-attempt='1'] a.log\")")
+    browser.wait_js("document.body !== null && document.body.innerText.trim() === "
+                    "'attempt 1 log'")
+    assert browser.evaluate("location.pathname").endswith("/train/chief-0.attempt-1.log")
+
+
 def test_compare_two_runs_ticked_on_the_index(served, browser, artifact_root, tmp_path):
     """Tick two runs' checkboxes, press Compare: the differing fields, one curve per run and a
     confusion matrix per run."""

@@ -206,6 +206,49 @@ def test_run_page_links_the_worker_logs_and_serves_them(logged_in, api_server, t
     assert client.get(f"/bertflow/runs/{DAG_ID}/{hrefs[1]}").status_code == 401
 
 
+def test_run_page_links_every_attempts_worker_logs(logged_in, api_server, tree):
+    """Each provisioning attempt keeps its own log files ({role}-{index}.attempt-{n}.log);
+    the run page lists them grouped by attempt, with the attempt's outcome, and serves each
+    (the plain newest-attempt copy is not listed twice)."""
+    from tasks.io import storage
+
+    run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    for n, text in ((1, "attempt one, preempted at step 40"), (2, "attempt two, done")):
+        for worker in ("worker-0", "worker-1"):
+            storage.write_text(f"{run}/train/logs/{worker}.attempt-{n}.log",
+                               f"{worker}: {text}\n")
+    for worker in ("worker-0", "worker-1"):
+        storage.write_text(f"{run}/train/logs/{worker}.log", f"{worker}: attempt two, done\n")
+    storage.write_json(f"{run}/train/attempts.json", [
+        {"attempt": 1, "outcome": "preempted"}, {"attempt": 2, "outcome": "success"}])
+    storage.write_text(f"{run}/evaluate/logs/chief-0.log", "evaluated\n")  # no attempt file
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text
+    logs = page.split("<h3>Worker logs</h3>", 1)[1]
+    attempts = re.findall(r"<li class='log-attempt' data-attempt='(\d*)'>([^:<]*):(.*?)</li>",
+                          logs, flags=re.S)
+    assert [(n, label.strip()) for n, label, _ in attempts] == [
+        ("1", "attempt 1 (preempted)"), ("2", "attempt 2 (success)"), ("", "latest")]
+    links = [re.findall(r"<a class='log' href='([^']+)'>([^<]+)</a>", body)
+             for _, _, body in attempts]
+    assert links == [
+        [(f"{RUN_KEY}/logs/train/worker-0.attempt-1.log", "worker-0"),
+         (f"{RUN_KEY}/logs/train/worker-1.attempt-1.log", "worker-1")],
+        [(f"{RUN_KEY}/logs/train/worker-0.attempt-2.log", "worker-0"),
+         (f"{RUN_KEY}/logs/train/worker-1.attempt-2.log", "worker-1")],
+        [(f"{RUN_KEY}/logs/evaluate/chief-0.log", "chief-0")]]
+    served = logged_in.get(f"/bertflow/runs/{DAG_ID}/{links[0][1][0]}")
+    assert served.status_code == 200 and served.text == \
+        "worker-1: attempt one, preempted at step 40\n"
+    for path, codes in ((f"{RUN_KEY}/logs/train/worker-0.attempt-3.log", {404}),
+                        (f"{RUN_KEY}/logs/train/worker-0.attempt-1.log.bak", {400}),
+                        (f"{RUN_KEY}/logs/train/worker-0.attempt-..%2F1.log", {400, 404}),
+                        (f"{RUN_KEY}/logs/train/..%2F..%2Fconfig.json", {400, 404})):
+        assert logged_in.get(f"/bertflow/runs/{DAG_ID}/{path}").status_code in codes, path
+    client, _ = api_server
+    client.cookies.clear()
+    assert client.get(f"/bertflow/runs/{DAG_ID}/{links[0][0][0]}").status_code == 401
+
+
 # --- models exported outside {artifact_root}/models ---------------------------------------------
 
 @pytest.fixture

@@ -257,6 +257,25 @@ def test_worker_side_writer_returns_the_exit_code_and_names_the_replica(tmp_path
     assert read(log_uri(ctx.run_uri, "evaluate", "ps", 1)) == "attempt 2\n"
 
 
+def test_a_replica_restarted_in_place_keeps_the_earlier_runs_log(tmp_path):
+    """Vertex AI restarts a replica that exits non-zero in place, with the same environment
+    (so the same attempt): the restart's writer continues the attempt's file."""
+    cfg, ctx = _vertex_run(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT), attempts.ATTEMPT_ENV: "1",
+           "CLUSTER_SPEC": json.dumps({"task": {"type": "workerpool0", "index": 0}})}
+    for code in ("import sys; print('first run, step 7'); sys.exit(1)",
+                 "print('restarted, done')"):
+        subprocess.run(
+            [sys.executable, "-m", "tasks.provision.worker_logs", "--run-dir", ctx.run_uri,
+             "--step", "train", "--", "python", "-c", code],
+            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    from tasks.provision.worker_logs import RESTARTED
+
+    kept = f"first run, step 7\n{RESTARTED}\nrestarted, done\n"
+    assert read(log_uri(ctx.run_uri, "train", "chief", 0, 1)) == kept
+    assert read(log_uri(ctx.run_uri, "train", "chief", 0)) == kept
+
+
 def test_uploads_never_land_out_of_order(tmp_path, monkeypatch):
     """A slow periodic upload of an older copy must not overwrite the final one: uploads run
     one at a time, each of the newest text."""

@@ -287,6 +287,7 @@ def run_page(dag_id: str, run_key: str) -> str:
         compare_with={"links": [], "all": None} if is_sweep else
         _compare_links(root, dag_id, run_key, run["experiment"]),
         trials=trials, compare_all=compare_all,
+        logs=run_summary.log_groups(root, dag_id, run_key, run["logs"]),
         outcome=_outcome(root, shown) if shown is not None else None)
 
 
@@ -309,7 +310,8 @@ def _compare_links(root: str, dag_id: str, run_key: str, experiment: str) -> dic
 
 @app.get("/runs/{dag_id}/{run_key}/logs/{step}/{name}", response_class=PlainTextResponse)
 def worker_log(dag_id: str, run_key: str, step: str, name: str) -> str:
-    """A worker's log; only one the run folder lists (run_summary.worker_logs)."""
+    """A worker's log, an attempt's own or the newest; only one the run folder lists
+    (run_summary.worker_logs), so no name reaches outside {run}/{step}/logs/."""
     _checked(dag_id, run_key)
     if step not in run_summary.LOG_STEPS or not run_summary.LOG_NAME.fullmatch(name):
         raise HTTPException(400, "bad log name")

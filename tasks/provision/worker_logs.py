@@ -25,7 +25,9 @@ the worker's output:
 A writer keeps the log in a local spool file and uploads it whole (objects are never
 appended to) every FLUSH_SECONDS, when the worker ends, and when it is stopped (SIGTERM,
 Airflow's on_kill). A retried Airflow task continues the step's attempt numbering, so it
-writes new attempt files; only the newest-attempt copy is rewritten.
+writes new attempt files; only the newest-attempt copy is rewritten. A Vertex AI replica
+restarted in place keeps its attempt number: its writer continues the attempt's file
+(earlier_run) rather than overwriting it.
 """
 from __future__ import annotations
 
@@ -243,16 +245,40 @@ def worker_identity(environ=os.environ) -> tuple[str, int]:
     return "worker", 0
 
 
+RESTARTED = ("[bertflow] --- the replica restarted in place (same attempt); the log of its "
+             "earlier run is above ---")
+
+
+def earlier_run(uri: str) -> str:
+    """What an earlier run of this replica in the same attempt kept in `uri` ('' if none).
+
+    Vertex AI restarts a replica that exits non-zero in place, with the same command and
+    environment, so the same BERTFLOW_ATTEMPT (and restarts the whole job, every replica,
+    under `restart_job_on_worker_restart`). Its writer would start an empty spool and
+    overwrite the attempt's file with the restart's output alone; it continues the file
+    instead, after a RESTARTED line."""
+    from tasks.io import storage
+
+    try:
+        text = storage.read_text(uri) if storage.exists(uri) else ""
+    except (BertflowError, OSError):
+        return ""  # unreadable: the restart's own log is still kept
+    if not text:
+        return ""
+    return (text if text.endswith("\n") else text + "\n") + RESTARTED + "\n"
+
+
 def tee(command: list[str], uri: str, *, flush_seconds: float = FLUSH_SECONDS,
-        out=None, copies: list[str] = ()) -> int:
-    """Run `command`, print its output (stdout and stderr, merged) and keep it in `uri`;
-    SIGTERM and SIGINT go to the command, whose exit the log waits for. Returns its exit
-    code (128 + signal when killed by one)."""
+        out=None, copies: list[str] = (), earlier: str = "") -> int:
+    """Run `command`, print its output (stdout and stderr, merged) and keep it in `uri`,
+    after `earlier` (an earlier run's log of the same attempt); SIGTERM and SIGINT go to
+    the command, whose exit the log waits for. Returns its exit code (128 + signal when
+    killed by one)."""
     out = out or sys.stdout
     argv = list(command)
     if argv and argv[0] == "python":
         argv[0] = sys.executable
-    spool = Spool(uri, copies=copies)
+    spool = Spool(uri, text=earlier, copies=copies)
     state: dict = {"popen": None, "signal": None}
 
     def forward(signum, _frame):  # takes no lock: it may interrupt a write to the spool
@@ -319,8 +345,13 @@ def main(argv: list[str] | None = None) -> int:
     except BertflowError as err:  # the step itself will say so; its output is still shown
         print(f"[bertflow] cannot read the run folder for its log: {err}", file=sys.stderr)
     role, index = worker_identity()
-    uri, copies = log_uris(args.run_dir, args.step, role, index, attempt_of(os.environ))
-    return tee(command, uri, flush_seconds=args.flush_seconds, copies=copies)
+    attempt = attempt_of(os.environ)
+    uri, copies = log_uris(args.run_dir, args.step, role, index, attempt)
+    # Within an attempt, a file already there is this replica's own, from before Vertex AI
+    # restarted it in place: keep it. (Outside an attempt a new run cannot be told from a
+    # restart; the one file is rewritten.)
+    return tee(command, uri, flush_seconds=args.flush_seconds, copies=copies,
+               earlier=earlier_run(uri) if attempt else "")
 
 
 if __name__ == "__main__":

@@ -44,9 +44,11 @@ FROM_BEST = ("learning_rate", "epochs", "per_replica_batch_size", "global_batch_
              "max_seq_length", "strategy", "provisioner", "accuracy", "macro_f1",
              "train_seconds", "examples_per_second", "steps", "goodput", "model_name",
              "version", "export_location", "export_location_id", "promoted", "promote_reason")
-# Worker log files, {run}/{step}/logs/{role}-{index}.log (tasks/provision/worker_logs.py).
+# Worker log files (tasks/provision/worker_logs.py): {run}/{step}/logs/{role}-{index}.log,
+# the newest attempt's, and {role}-{index}.attempt-{n}.log, each provisioning attempt's own.
 LOG_STEPS = ("data", "tokenize", "train", "evaluate", "export")
-LOG_NAME = re.compile(r"(chief|worker|ps|evaluator)-\d{1,5}\.log")
+LOG_NAME = re.compile(r"(?P<worker>(chief|worker|ps|evaluator)-\d{1,5})"
+                      r"(\.attempt-(?P<attempt>\d{1,5}))?\.log")
 
 
 def valid_name(name: str) -> bool:
@@ -278,6 +280,40 @@ def worker_logs(root: str, dag_id: str, run_key: str) -> list[tuple[str, str]]:
         names = [uri[len(base):] for uri in storage.list_uris(base) if uri.startswith(base)]
         found += [(step, n) for n in sorted(names) if LOG_NAME.fullmatch(n)]
     return found
+
+
+def log_groups(root: str, dag_id: str, run_key: str,
+               logs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """The run page's worker logs: per step, per provisioning attempt (in order, with its
+    outcome from {step}/attempts.json when recorded), (worker, file name) pairs. A worker's
+    plain `{role}-{index}.log` repeats its newest attempt's file, so it is listed only for
+    workers that kept no attempt file (attempt None: logs written outside an attempt)."""
+    run = join_uri(runs_uri(root), dag_id, run_key)
+    out = []
+    for step in LOG_STEPS:
+        names = [name for s, name in logs if s == step]
+        if not names:
+            continue
+        matches = [LOG_NAME.fullmatch(name) for name in names]
+        with_attempts = {m["worker"] for m in matches if m["attempt"]}
+        by_attempt: dict[int | None, list[tuple[str, str]]] = {}
+        for m in matches:
+            if m["attempt"] or m["worker"] not in with_attempts:
+                attempt = int(m["attempt"]) if m["attempt"] else None
+                by_attempt.setdefault(attempt, []).append((m["worker"], m.group(0)))
+        records = read_json_or_none(join_uri(run, step, "attempts.json"))
+        outcomes = {r.get("attempt"): r.get("outcome") for r in records
+                    if isinstance(r, dict)} if isinstance(records, list) else {}
+        attempts = [{"attempt": n, "outcome": outcomes.get(n) if n else None,
+                     "files": sorted(files, key=_worker_order)}
+                    for n, files in sorted(by_attempt.items(), key=lambda kv: kv[0] or 0)]
+        out.append({"step": step, "attempts": attempts})
+    return out
+
+
+def _worker_order(pair: tuple[str, str]) -> tuple[str, int]:
+    role, index = pair[0].rsplit("-", 1)
+    return role, int(index)
 
 
 def worker_log_uri(root: str, dag_id: str, run_key: str, step: str, name: str) -> str | None:

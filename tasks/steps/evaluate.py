@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tasks.training import checkpoint, entity_metrics, inputs, model as model_lib
+from tasks.training import checkpoint, determinism, entity_metrics, inputs, model as model_lib
 from tasks.training import strategy as strategy_lib
 from tasks.io import storage
 from tasks.config import RunConfig
@@ -29,6 +29,7 @@ from tasks.task_kinds import (IGNORED, TaskKind, kind as task_kind, multi_label_
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
+    determinism.configure(cfg)  # before any op (the `deterministic` Param)
     name = strategy_lib.strategy_name(cfg)
     if strategy_lib.is_server_task(name):
         strategy_lib.serve_forever()

@@ -23,7 +23,8 @@ import tf_keras
 from tensorflow.core.framework import summary_pb2
 
 from tasks.model.hf_weights import save_hf_checkpoint
-from tasks.training import checkpoint, inputs, memory, preemption, seeded_dropout, token_loss
+from tasks.training import (checkpoint, determinism, inputs, memory, preemption,
+                            seeded_dropout, token_loss)
 from tasks.training import model as model_lib
 from tasks.training import strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
@@ -39,6 +40,7 @@ KEEP_CHECKPOINTS = 3
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
     started_at = process_started_at()
+    determinism.configure(cfg)  # before any op (the `deterministic` Param)
     watcher = preemption.Watcher().install()
     role, index = strategy_lib.task_role()
     step_uri = ctx.step_uri("train")
@@ -158,6 +160,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "training_loop": cfg.training_loop,
         "mixed_precision": policy,
         "cpu_kernels": kernels,
+        "deterministic": cfg.deterministic,
         "model_family": model.config.family,
         "base_model": str(base),
         # Source as configured, what it resolved to (Hub commit, champion version, bucket

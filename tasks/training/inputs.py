@@ -178,7 +178,7 @@ def _length_grouped(rows: tf.data.Dataset, batch: int, window_batches: int,
         return ({name: x[:, :width] for name, x in features.items()},
                 labels[:, :width] if cut_labels else labels)
 
-    return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE)
+    return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
@@ -201,7 +201,7 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
 
     windows = rows.padded_batch(batch * window_batches,
                                 padding_values=padding_values(label_spec))
-    return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE)
+    return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def eval_dataset(files: list[str], global_batch_size: int,
@@ -248,8 +248,12 @@ def _records(files: list[str], ctx: tf.distribute.InputContext | None,
     if shuffle_seed is None:
         ds = names.flat_map(tf.data.TFRecordDataset)
     else:
+        # deterministic=True (tf.data's default, pinned): parallel reads and parses keep
+        # the input order, which exact resume and the `deterministic` Param rely on.
         ds = names.shuffle(len(files), seed=shuffle_seed).interleave(
-            tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=AUTOTUNE)
+            tf.data.TFRecordDataset, cycle_length=min(len(files), 4), num_parallel_calls=AUTOTUNE,
+            deterministic=True)
     if not by_file:
         ds = ds.shard(pipelines, index)
-    return ds.map(lambda record: parse_example(record, label_spec), num_parallel_calls=AUTOTUNE)
+    return ds.map(lambda record: parse_example(record, label_spec), num_parallel_calls=AUTOTUNE,
+                  deterministic=True)

@@ -10,6 +10,12 @@ AVX-512, AVX2 and baseline x86-64 and picked at load time, so one build serves a
 or with BERTFLOW_CPU_KERNELS=0, training uses TensorFlow's own ops: same results to float
 rounding, slower. The kernels run only on CPUs and only during training and evaluation:
 `tasks.steps.export` writes SavedModels from stock ops, which need no library to serve.
+
+Each kernel gives the same bits for the same input on every call and for any number of
+threads: GELU, dropout and AdamW never combine threads' results (AdamW adds repeated
+embedding rows in index order), and the LayerNorm gradient sums dgamma and dbeta over fixed
+row blocks, added in block order. So the `deterministic` Param (tasks/training/determinism.py)
+keeps the kernels on rather than falling back to TensorFlow's ops.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 // tf_keras' LayerNormalization under mixed precision is about a dozen ops forward (casts,
 // moments, batch_normalization) and more backward; here each direction is one pass per row.
 // gamma and beta stay float32 (the variables' dtype); x, y, dy and dx have the layer's dtype.
+#include <algorithm>
 #include <cmath>
-#include <mutex>
 #include <vector>
 
 #include "kernel_util.h"
@@ -161,20 +161,35 @@ class LayerNormGradOp : public OpKernel {
     const float* pr = ctx->input(4).flat<float>().data();
     float* out_g = dgamma->flat<float>().data();
     float* out_b = dbeta->flat<float>().data();
-    std::fill(out_g, out_g + w, 0.f);
-    std::fill(out_b, out_b + w, 0.f);
-    std::mutex mu;
-    bertflow::parallel_for(ctx, rows, 10 * w, [&](int64_t r0, int64_t r1) {
-      std::vector<float> g(w, 0.f), b(w, 0.f);  // this shard's share of dgamma, dbeta
-      for (int64_t r = r0; r < r1; ++r)
-        backward_row<S>(pdx + r * w, pdy + r * w, px + r * w, gamma, w, pm[r], pr[r], g.data(),
-                        b.data());
-      std::lock_guard<std::mutex> lock(mu);
-      for (int64_t i = 0; i < w; ++i) {
-        out_g[i] += g[i];
-        out_b[i] += b[i];
+    // dgamma and dbeta sum over every row. Each block of kRowsPerBlock rows sums its rows in
+    // order into its own slot; the slots are then added in block order. Blocks, not the
+    // threads' shards: the shards depend on the thread count, and shards added as they
+    // finish (as this kernel once did, under a mutex) summed in a different order from one
+    // call to the next, so two runs with one seed ended with different weights (issue 34).
+    // The result is now the same bits on every call and for any number of threads, always:
+    // it costs one extra pass over rows / kRowsPerBlock partial sums, so the `deterministic`
+    // Param needs no other kernel for it.
+    constexpr int64_t kRowsPerBlock = 32;
+    const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+    std::vector<float> partial(blocks * 2 * w, 0.f);  // block k: [g(w), b(w)]
+    bertflow::parallel_for(ctx, blocks, 10 * w * kRowsPerBlock, [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        float* g = partial.data() + k * 2 * w;
+        const int64_t r1 = std::min(rows, (k + 1) * kRowsPerBlock);
+        for (int64_t r = k * kRowsPerBlock; r < r1; ++r)
+          backward_row<S>(pdx + r * w, pdy + r * w, px + r * w, gamma, w, pm[r], pr[r], g,
+                          g + w);
       }
     });
+    std::fill(out_g, out_g + w, 0.f);
+    std::fill(out_b, out_b + w, 0.f);
+    for (int64_t k = 0; k < blocks; ++k) {
+      const float* g = partial.data() + k * 2 * w;
+      for (int64_t i = 0; i < w; ++i) {
+        out_g[i] += g[i];
+        out_b[i] += g[w + i];
+      }
+    }
   }
 };
 
