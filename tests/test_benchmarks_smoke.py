@@ -204,13 +204,17 @@ def test_smoke_quality_on_the_new_tasks(tmp_path):
     data = smoke("quality", tmp_path, "--datasets", "goemotions,wnut17", "--sides", sides,
                  "--peer-env", "OMP_WAIT_POLICY=PASSIVE")
     assert data["epochs"] == {"goemotions": 1, "wnut17": 3}
-    assert data["shared_warmup_ratio"] == {"goemotions": 0.06, "wnut17": 0.06}
-    assert data["recipes"]["bertflow"]["warmup_ratio"] == 0.06
+    shared = {"learning_rate": 2e-4, "warmup_ratio": 0.06}
+    assert data["shared_by_dataset"] == {"goemotions": shared, "wnut17": shared}
+    for side in ("bertflow", "peer"):
+        assert data["recipes"][side]["warmup_ratio"] == 0.06
+        assert data["recipes"][side]["learning_rate"] == 2e-4
     assert data["summary"]["goemotions"]["task"] == "multi_label"
     assert data["summary"]["wnut17"]["task"] == "token_classification"
     run = data["results"]["goemotions"]["bertflow"]["0"]
     assert run["task"] == "multi_label" and 0 <= run["micro_f1"] <= 1
     assert run["config"]["warmup_ratio"] == 0.06 and run["config"]["label_column"] == "labels"
+    assert run["config"]["learning_rate"] == 2e-4
     assert run["num_train_examples"] == 64 and run["num_eval_examples"] == 16
     run = data["results"]["wnut17"]["bertflow"]["0"]
     if KINDS["token_classification"].wired:
