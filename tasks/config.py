@@ -53,8 +53,8 @@ class RunConfig(BaseModel):
         default="classification", title="Task",
         description="classification: one label per text. multi_label: any number of labels "
                     "per text (names joined by label_delimiter, or a JSON list in JSON "
-                    "Lines). regression: a number per text (a score). token_classification: "
-                    "not wired yet.")
+                    "Lines). regression: a number per text (a score). token_classification: a tag per word (named "
+                    "entities, BIO tags; CoNLL files or JSON Lines of tokens and tags).")
     train_uri: str = Field(
         default=str(DEMO_DIR / "train.tsv"), title="Training data",
         description="CSV, TSV or JSON Lines file with a text and a label column: local path, "
@@ -66,14 +66,19 @@ class RunConfig(BaseModel):
         default=None, title="Evaluation data",
         description="Same format as the training data. Empty: a seeded, stratified "
                     "eval_fraction of the training data is held out for evaluation.")
-    file_format: Literal["auto", "csv", "tsv", "jsonl"] = Field(
+    file_format: Literal["auto", "csv", "tsv", "jsonl", "conll"] = Field(
         default="auto", title="File format",
-        description="auto picks from the file extension (.csv, .tsv/.tab, .jsonl/.json).")
+        description="auto picks from the file extension (.csv, .tsv/.tab, .jsonl/.json, "
+                    ".conll for token_classification).")
     text_column: str = Field(default="text", title="Text column", min_length=1)
     text_pair_column: Optional[str] = Field(
         default=None, title="Second text column",
         description="For sentence-pair tasks (e.g. NLI); leave empty for single sentences.")
     label_column: str = Field(default="label", title="Label column", min_length=1)
+    tag_column: int = Field(
+        default=-1, ge=-16, le=15, title="Tag column (CoNLL)",
+        description="token_classification, CoNLL files: the field of each line holding the "
+                    "tag, counted from 0 (-1: the last); the token is field 0.")
     labels: Optional[list[str]] = Field(
         default=None, title="Allowed labels",
         description="Optional fixed label list, in output order. Rows with other labels are "
@@ -330,7 +335,8 @@ class RunConfig(BaseModel):
         default="auto", title="Quality-gate metric",
         description="Higher is better. auto: the task's first. classification: accuracy, "
                     "macro_f1; multi_label: micro_f1, macro_f1, subset_accuracy; "
-                    "regression: pearson, spearman.")
+                    "regression: pearson, spearman; token_classification: f1 (entity "
+                    "micro-F1), macro_f1.")
     gate_min_value: float = Field(default=0.0, ge=0, le=1, title="Minimum metric value",
                                   description="A model below this is not promoted.")
     gate_max_regression: float = Field(
@@ -365,6 +371,12 @@ class RunConfig(BaseModel):
         if self.gate_metric != "auto" and self.gate_metric not in gate_metrics:
             raise ValueError(f"gate_metric {self.gate_metric} is not a {self.task} metric; "
                              f"use one of {', '.join(gate_metrics)} (or auto)")
+        if self.task == "token_classification" and self.text_pair_column is not None:
+            raise ValueError("token_classification tags the words of one text; leave "
+                             "text_pair_column empty")
+        if self.file_format == "conll" and self.task != "token_classification":
+            raise ValueError("file_format conll holds tagged tokens: set task to "
+                             "token_classification")
         if self.labels is not None and self.task == "regression":
             raise ValueError("labels is for classification tasks; a regression run has none")
         if self.labels is not None:

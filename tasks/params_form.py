@@ -19,7 +19,7 @@ FIRST_SECTION = "Run Parameters"
 SECTIONS: dict[str, tuple[str, ...]] = {
     FIRST_SECTION: ("experiment", "task", "train_uri", "eval_uri", "labels", "epochs",
                    "accelerator", "num_workers", "provisioner"),
-    "Data": ("file_format", "text_column", "text_pair_column", "label_column",
+    "Data": ("file_format", "text_column", "text_pair_column", "label_column", "tag_column",
              "label_delimiter", "multi_label_threshold", "eval_fraction", "seed"),
     "Model": ("base_model", "max_seq_length", "lower_case", "num_shards"),
     "Workers": ("strategy", "devices_per_worker", "num_ps", "tpu_address", "tpu_zone",

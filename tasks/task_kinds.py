@@ -20,6 +20,9 @@ from typing import Callable, Optional
 import numpy as np
 
 TASKS = ("classification", "multi_label", "regression", "token_classification")
+# The label of word pieces that score nothing (all but a word's first, [CLS], [SEP], padding),
+# as transformers and torch's CrossEntropyLoss ignore_index.
+IGNORED = -100
 
 
 class LabelError(ValueError):
@@ -136,6 +139,9 @@ class TaskKind:
     # (label counts, rows, delimiter) -> Mismatch or None: labels that say the file was
     # written for another task.
     check_labels: Callable = lambda counts, rows, delimiter: None
+    # Labels per word piece ([batch, seq], IGNORED where a piece scores nothing) rather than
+    # per row: the loss is a mean over labelled pieces, not over rows.
+    per_token: bool = False
 
     # --- TFRecord label feature -------------------------------------------------------------
     def label_spec(self, num_labels: int) -> dict:
@@ -144,6 +150,8 @@ class TaskKind:
         [batch, 1] output shape)."""
         if self.name == "classification":
             return {"dtype": "int64", "shape": []}
+        if self.per_token:  # one tag id per word piece: a variable-length list
+            return {"dtype": "int64", "shape": [None], "per_token": True}
         return {"dtype": "float32", "shape": [num_labels if self.name == "multi_label" else 1]}
 
     def record_labels(self, values: list, num_labels: int) -> np.ndarray:
@@ -165,6 +173,8 @@ class TaskKind:
         import tf_keras
 
         kwargs = {} if reduction is None else {"reduction": reduction}
+        if self.per_token:
+            return _token_keras_loss(**kwargs)
         if self.name == "classification":
             return tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
         if self.name == "multi_label":
@@ -174,6 +184,8 @@ class TaskKind:
     def keras_metric(self):
         import tf_keras
 
+        if self.per_token:
+            return _token_keras_accuracy(self.train_metric)
         if self.name == "classification":
             return tf_keras.metrics.SparseCategoricalAccuracy(self.train_metric)
         if self.name == "multi_label":  # logits > 0 is probability > 0.5
@@ -183,9 +195,13 @@ class TaskKind:
     def metric_sum(self, labels, logits):
         """Sum over the batch's rows of the per-row training metric (the custom loop divides
         by the global batch): correct rows; the fraction of a row's labels right; squared
-        error."""
+        error. Per token: the correct labelled pieces (divided by the labelled pieces)."""
         import tensorflow as tf
 
+        if self.per_token:
+            labelled = tf.not_equal(labels, IGNORED)
+            right = tf.equal(tf.argmax(logits, -1, output_type=labels.dtype), labels)
+            return tf.reduce_sum(tf.cast(right & labelled, tf.float32))
         if self.name == "classification":
             predicted = tf.argmax(logits, -1, output_type=tf.int32)
             return tf.reduce_sum(tf.cast(tf.equal(predicted, labels), tf.float32))
@@ -254,20 +270,95 @@ KINDS: dict[str, TaskKind] = {
         names_labels=False, one_name_per_row=False,
         split_rule="plain seeded: exactly round(n*eval_fraction) rows, chosen by selection "
                    "sampling on a seeded hash of each row"),
-    # Accepted by the schema; the data, tokenize, train and evaluate pieces are another
-    # engineer's (validate refuses it until they are wired).
+    # Sentences of tagged words: read by tasks/steps/token_data.py (so parse, names, stratum
+    # and prepare are not used), one tag id per word piece (tasks/steps/token_encoding.py).
     "token_classification": TaskKind(
         name="token_classification", problem_type="token_classification",
         head="token_classification", parse=_class_label, names=lambda v: [v],
-        stratum=lambda v: v, prepare=lambda v, index: index[v],
-        gate_metrics=("f1",), train_metric="accuracy", serving_outputs={},
-        eval_kind="none", wired=False),
+        stratum=lambda v: "", prepare=lambda v, index: index[v],
+        gate_metrics=("f1", "macro_f1"), reported_metrics=("precision", "recall"),
+        train_metric="accuracy",
+        serving_outputs={
+            "num_entities": "int64 [batch]: how many entities each text has",
+            "entity_group": "tf.string [batch, max entities]: each entity's type (\"\" "
+                            "padding)",
+            "start": "int64 [batch, max entities]: character offset of its first "
+                     "character (-1 padding)",
+            "end": "int64 [batch, max entities]: character offset after its last (-1 "
+                   "padding)",
+            "word": "tf.string [batch, max entities]: the text from start to end",
+            "score": "float32 [batch, max entities]: the mean of its words' probabilities"},
+        eval_kind="entities", one_name_per_row=False, per_token=True,
+        split_rule="by sentence: exactly min(n-1, max(1, round(n*eval_fraction))) "
+                   "sentences, chosen by selection sampling on a seeded hash of each "
+                   "sentence"),
 }
 GATE_METRICS = tuple(dict.fromkeys(m for kind in KINDS.values() for m in kind.gate_metrics))
 
 
 def kind(task: str) -> TaskKind:
     return KINDS[task]
+
+
+# --- token classification's training loss and metric, for Keras' fit -------------------------
+def masked_token_losses(labels, logits):
+    """(softmax cross-entropy summed over each row's labelled pieces, float32 [batch]; the
+    row's labelled pieces, float32 [batch]). labels: int [batch, seq], IGNORED where a piece
+    scores nothing (padding included); logits: [batch, seq, num_labels], any float dtype."""
+    import tensorflow as tf
+
+    labelled = tf.not_equal(labels, IGNORED)
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.where(labelled, labels, tf.zeros_like(labels)),
+        logits=tf.cast(logits, tf.float32))
+    weights = tf.cast(labelled, tf.float32)
+    return tf.reduce_sum(losses * weights, axis=1), tf.reduce_sum(weights, axis=1)
+
+
+def _token_keras_loss(**kwargs):
+    """A Keras loss whose batch mean (Keras' default reduction) is the mean over the batch's
+    labelled pieces, as transformers' CrossEntropyLoss(ignore_index=-100) takes it: each row
+    reports its pieces' loss sum scaled by rows / labelled pieces of the batch. Under a
+    distribution strategy that is each replica's mean, averaged over replicas (the custom
+    loop takes the exact mean over the global batch: tasks/training/token_loss.py)."""
+    import tensorflow as tf
+    import tf_keras
+
+    class TokenCrossEntropy(tf_keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            sums, counts = masked_token_losses(y_true, y_pred)
+            rows = tf.cast(tf.shape(sums)[0], tf.float32)
+            return sums * rows / tf.maximum(tf.reduce_sum(counts), 1.0)
+
+    return TokenCrossEntropy(name="token_cross_entropy", **kwargs)
+
+
+def _token_keras_accuracy(name: str):
+    """The share of labelled pieces whose most probable tag is right."""
+    import tensorflow as tf
+    import tf_keras
+
+    class TokenAccuracy(tf_keras.metrics.Metric):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.right = self.add_weight("right", initializer="zeros")
+            self.labelled = self.add_weight("labelled", initializer="zeros")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            y_true = tf.cast(y_true, tf.int64)
+            labelled = tf.not_equal(y_true, IGNORED)
+            right = tf.equal(tf.argmax(y_pred, -1), y_true) & labelled
+            self.right.assign_add(tf.reduce_sum(tf.cast(right, tf.float32)))
+            self.labelled.assign_add(tf.reduce_sum(tf.cast(labelled, tf.float32)))
+
+        def result(self):
+            return tf.math.divide_no_nan(self.right, self.labelled)
+
+        def reset_state(self):
+            self.right.assign(0.0)
+            self.labelled.assign(0.0)
+
+    return TokenAccuracy(name=name)
 
 
 # --- evaluation ------------------------------------------------------------------------------

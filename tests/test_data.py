@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
-from tasks.steps import data
+from tasks.steps import data, prepared
 from tasks.io import storage
 from tasks.config import DEMO_DIR, parse_config
 from tasks.errors import DataError
@@ -391,7 +391,7 @@ def test_split_is_exact_per_class_and_independent_of_blocks_and_shards(tmp_path,
     results = []
     for block_size, shard_rows in ((1 << 20, 1_000_000), (777, 1000)):
         monkeypatch.setattr(data, "BLOCK_SIZE", block_size)
-        monkeypatch.setattr(data, "SHARD_ROWS", shard_rows)
+        monkeypatch.setattr(prepared, "SHARD_ROWS", shard_rows)
         manifest = _run_on(tmp_path, train, eval_fraction=0.15, seed=7)
         evals = manifest["splits"]["eval"]
         # Stated tolerance: each class holds out round(n * f) rows exactly (within half a
@@ -411,8 +411,8 @@ def test_data_step_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
     import tracemalloc
 
     monkeypatch.setattr(data, "BLOCK_SIZE", 16 << 10)
-    monkeypatch.setattr(data, "_WRITE_BATCH", 512)
-    monkeypatch.setattr(data, "SHARD_ROWS", 5000)
+    monkeypatch.setattr(prepared, "_WRITE_BATCH", 512)
+    monkeypatch.setattr(prepared, "SHARD_ROWS", 5000)
     peaks = []
     for n in (5_000, 40_000):
         train = _classes_tsv(tmp_path, {"x": n // 2, "y": n // 2}, name=f"{n}.tsv")

@@ -141,3 +141,31 @@ def test_float_labels_batch_and_pad_for_tpu(tmp_path, task, spec):
     assert len(real) == 16 and real.sum() == 13 and not real[13:].any()
     train = next(iter(inputs.train_dataset([str(path)], 4, 32, seed=1, label_spec=spec)))
     assert train[1].shape == (4, spec["shape"][0])
+
+
+TOKEN_SPEC = {"dtype": "int64", "shape": [None], "per_token": True}
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_token_labels_follow_their_pieces_padded_with_ignored(tmp_path, static_shapes):
+    """Per-piece tag ids are cut and padded with the batch's input ids (IGNORED, -100, on
+    padding); TPU batches pad both to the bucket or max_seq_length, and filler rows carry
+    PAD_LABEL where a sentence has IGNORED for [CLS], which is_real tells apart."""
+    rows = tiny_rows(13, seed=4, task="token_classification")
+    path = tmp_path / "tokens.tfrecord"
+    write_tfrecords(path, rows)
+    batches = list(inputs.train_dataset([str(path)], 4, 32, seed=1, label_spec=TOKEN_SPEC,
+                                        static_shapes=static_shapes).take(6))
+    for features, labels in batches:
+        assert labels.shape == features["input_ids"].shape
+        mask = features["attention_mask"].numpy() == 1
+        assert (labels.numpy()[~mask] == -100).all() and (labels.numpy()[:, 0] == -100).all()
+    if static_shapes:
+        assert {f["input_ids"].shape[1] for f, _ in batches} <= {16, 32}
+    evals = list(inputs.eval_dataset([str(path)], 4, static_shapes=static_shapes,
+                                     max_seq_length=32, label_spec=TOKEN_SPEC))
+    real = np.concatenate([inputs.is_real(labels).numpy() for _, labels in evals])
+    assert real.sum() == 13 and len(real) == (16 if static_shapes else 13)
+    got = sorted(tuple(x for x in row if x != -100) for _, labels in evals
+                 for row, keep in zip(labels.numpy(), inputs.is_real(labels).numpy()) if keep)
+    assert got == sorted(tuple(x for x in r[2] if x != -100) for r in rows)

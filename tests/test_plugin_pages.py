@@ -448,3 +448,24 @@ def test_multi_label_and_regression_runs_show_their_metrics(logged_in, tree):
         "metrics": {"pearson": 0.9, "spearman": 0.85, "mse": 0.125}})
     index = logged_in.get("/bertflow/").text
     assert "<td class='accuracy'><small>pearson</small> 0.9" in index
+
+
+def test_entity_runs_show_a_row_per_entity_type(logged_in, tree):
+    """A token classification run's page lists entity F1, precision and recall, how many
+    sentences max_seq_length cut, and a row per entity type under that heading."""
+    from tasks.io import storage
+
+    run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    storage.write_json(f"{run}/evaluate/metrics.json", {
+        "task": "token_classification", "f1": 0.625, "macro_f1": 0.5, "precision": 0.7,
+        "recall": 0.5625, "num_examples": 9, "truncated_sentences": 1,
+        "labels": ["O", "B-LOC", "I-LOC"],
+        "per_type": {"LOC": {"precision": 0.7, "recall": 0.5625, "f1": 0.625, "support": 16,
+                             "predicted": 13, "correct": 9}}})
+    page = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}")
+    assert page.status_code == 200, page.text
+    assert "<p class='metrics'>f1 <b>0.625</b>" in page.text
+    assert "recall <b>0.5625</b>" in page.text
+    assert "truncated_sentences <b>1" in page.text
+    assert "<th class='l'>entity type</th>" in page.text
+    assert "<td class='l'>LOC</td>" in page.text

@@ -188,3 +188,33 @@ def test_an_approval_promotes_and_is_recorded(tmp_path):
     assert result["promoted"] and result["reason"] == \
         "accuracy 0.8000; no champion yet; approved by ana"
     assert champion(cfg)["version"] == "v1"
+
+
+def test_the_approval_tables_the_tasks_own_metrics(tmp_path):
+    """An entity model's approval shows entity F1, macro-F1, precision and recall beside the
+    champion's, gated on f1 (the task's first gate metric), not accuracy it does not have."""
+    root = str(tmp_path / "store")
+    runs = []
+    for version, f1 in (("v1", 0.40), ("v2", 0.45)):
+        folder = tmp_path / f"build-{version}"
+        folder.mkdir()
+        (folder / "metrics.json").write_text(json.dumps(
+            {"task": "token_classification", "f1": f1, "macro_f1": f1 - 0.1,
+             "precision": f1 + 0.1, "recall": f1 - 0.05}))
+        storage.publish_dir(folder, f"{root}/models/ner/{version}")
+        ctx = RunContext(str(tmp_path / "artifacts"), "bert_finetune", f"run-{version}",
+                         f"run-{version}")
+        runlayout.write_manifest(ctx.step_uri("export"), {
+            "version_uri": f"{root}/models/ner/{version}", "version": version,
+            "model_name": "ner", "inputs": ["text"]})
+        cfg = parse_config({"artifact_root": ctx.artifact_root, "export_uri": f"{root}/models",
+                            "model_name": "ner", "task": "token_classification",
+                            "require_approval": version == "v2"})
+        runs.append((cfg, ctx))
+    promote_run(*runs[0])
+    result = promote.check(*runs[1])
+    assert result["metric"] == "f1" and result["passed"]
+    assert list(result["metrics"]) == ["f1", "macro_f1", "precision", "recall"]
+    _, body = promote.approval_request(result, "/bertflow/runs/bert_finetune/run-v2")
+    assert "| f1 | 0.4500 | 0.4000 |" in body and "| recall | 0.4000 | 0.3500 |" in body
+    assert "accuracy" not in body

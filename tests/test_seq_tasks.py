@@ -42,8 +42,11 @@ def test_task_params_and_their_checks():
     assert parse_config({}).task == "classification"
     assert parse_config({"task": "multi_label"}).gate_metric_name == "micro_f1"
     assert parse_config({"task": "regression"}).gate_metric_name == "pearson"
-    with pytest.raises(ConfigError, match="token_classification: not wired yet"):
-        parse_config({"task": "token_classification"})
+    assert parse_config({"task": "token_classification"}).gate_metric_name == "f1"
+    with pytest.raises(ConfigError, match="leave text_pair_column empty"):
+        parse_config({"task": "token_classification", "text_pair_column": "b"})
+    with pytest.raises(ConfigError, match="set task to token_classification"):
+        parse_config({"file_format": "conll"})
     with pytest.raises(ConfigError, match="accuracy is not a regression metric"):
         parse_config({"task": "regression", "gate_metric": "accuracy"})
     with pytest.raises(ConfigError, match="multi_label_threshold"):

@@ -9,7 +9,7 @@ import transformers
 
 from tasks.model import text_encoder
 from tasks.training import checkpoint
-from tasks.steps import data, tokenize
+from tasks.steps import data, prepared, tokenize
 from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, parse_config
 from tasks.runs.runlayout import RunContext
@@ -316,7 +316,7 @@ def test_streamed_shards_equal_whatever_the_chunking(tmp_path, monkeypatch):
     outputs = []
     for root, shard_rows, block, chunk in ((tmp_path / "a", 1_000_000, 4 << 20, 8192),
                                            (tmp_path / "b", 37, 101, 16)):
-        monkeypatch.setattr(data, "SHARD_ROWS", shard_rows)
+        monkeypatch.setattr(prepared, "SHARD_ROWS", shard_rows)
         monkeypatch.setattr(tokenize, "_READ_BLOCK", block)
         monkeypatch.setattr(tokenize, "_CHUNK_ROWS", chunk)
         cfg, ctx = _prepare(root, max_seq_length=16)

@@ -220,11 +220,14 @@ def test_fit_in_mixed_bfloat16_logs_the_plan(tmp_path, tiny_model_dir, capsys):
 
 
 
-@pytest.mark.parametrize("task,loop", [("multi_label", "fit"), ("regression", "custom")])
-def test_multi_label_and_regression_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
-    """The other sequence tasks on the same tiny data: multi-hot labels with per-label
-    sigmoid cross-entropy, a score with squared error; both loops (the custom one with
-    accumulation and bfloat16); exact metrics over the 41 eval rows."""
+@pytest.mark.parametrize("task,loop", [("multi_label", "fit"), ("regression", "custom"),
+                                       ("token_classification", "fit"),
+                                       ("token_classification", "custom")])
+def test_other_tasks_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
+    """The other tasks on the same tiny data: multi-hot labels with per-label sigmoid
+    cross-entropy, a score with squared error, a tag per word with token cross-entropy; both
+    loops (the custom one with accumulation and bfloat16); exact metrics over the 41 eval
+    rows."""
     extra = {"grad_accum_steps": 2, "per_replica_batch_size": 8,
              "mixed_precision": "mixed_bfloat16"} if loop == "custom" else {}
     cfg, ctx = make_run(tmp_path, tiny_model_dir, task=task, training_loop=loop,
@@ -234,7 +237,8 @@ def test_multi_label_and_regression_train_and_evaluate(tmp_path, tiny_model_dir,
     manifest = read_manifest(ctx.manifest_uri("train"))
     assert manifest["task"] == task and manifest["steps"] == 48
     history = json.loads(Path(ctx.step_uri("train"), "history.json").read_text())
-    metric = {"multi_label": "label_accuracy", "regression": "mse"}[task]
+    metric = {"multi_label": "label_accuracy", "regression": "mse",
+              "token_classification": "accuracy"}[task]
     assert all(metric in record for record in history["records"])
     config = json.loads(Path(manifest["model_dir"], "config.json").read_text())
     result = read_manifest(ctx.manifest_uri("evaluate"))
@@ -242,7 +246,14 @@ def test_multi_label_and_regression_train_and_evaluate(tmp_path, tiny_model_dir,
     assert result["num_examples"] == metrics["num_examples"] == 41 and metrics["task"] == task
     print(task, {k: v for k, v in result["metrics"].items()}, "final loss",
           manifest["final_loss"])
-    if task == "multi_label":
+    if task == "token_classification":
+        assert config["architectures"] == ["BertForTokenClassification"]
+        assert list(config["id2label"].values()) == ["O", "B-UP", "I-UP"]
+        assert set(result["metrics"]) == {"f1", "macro_f1", "precision", "recall"}
+        assert history["records"][-1]["accuracy"] > 0.9  # of the labelled pieces
+        assert metrics["f1"] > 0.6, metrics  # exact spans: B- vs I- needs the context
+        assert metrics["per_type"]["UP"]["support"] > 41  # several entities per sentence
+    elif task == "multi_label":
         assert config["problem_type"] == "multi_label_classification"
         assert list(config["id2label"].values()) == ["lower", "upper"]
         assert manifest["final_loss"] < math.log(2)  # below chance for each label

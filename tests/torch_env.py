@@ -88,18 +88,40 @@ print(json.dumps({"probabilities": outputs.tolist(), "id2label": model.config.id
 """
 
 
-def predict(folder: str, texts: list[str]) -> dict:
-    """`{"probabilities", "id2label", "problem_type", "tokenizer"}` from
-    AutoModelForSequenceClassification and AutoTokenizer loading `folder` in the torch
-    environment; "probabilities" holds the task's output (softmax, sigmoid, or the score for
-    regression)."""
+# transformers' own entity grouping, for the exported token classification models.
+_NER = """
+import json, sys
+from transformers import pipeline
+folder, texts = sys.argv[1], json.loads(sys.argv[2])
+ner = pipeline("ner", model=folder, tokenizer=folder, aggregation_strategy="first",
+               device="cpu")
+print(json.dumps([[{k: (float(v) if k == "score" else v) for k, v in entity.items()}
+                   for entity in ner(text)] for text in texts]))
+"""
+
+
+def ner(folder: str, texts: list[str]) -> list[list[dict]]:
+    """pipeline("ner", aggregation_strategy="first") over `texts` with the Hugging Face
+    checkpoint in `folder`: per text its entities (entity_group, score, word, start, end)."""
+    return _run(_NER, folder, texts)
+
+
+def _run(script: str, folder: str, texts: list[str]):
     with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
-        done = subprocess.run([str(python()), "-c", _PREDICT, str(folder), json.dumps(texts)],
+        done = subprocess.run([str(python()), "-c", script, str(folder), json.dumps(texts)],
                               capture_output=True, text=True, timeout=600, cwd=cwd,
                               env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     if done.returncode:
         raise AssertionError(f"PyTorch could not load {folder}:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def predict(folder: str, texts: list[str]) -> dict:
+    """`{"probabilities", "id2label", "problem_type", "tokenizer"}` from
+    AutoModelForSequenceClassification and AutoTokenizer loading `folder` in the torch
+    environment; "probabilities" holds the task's output (softmax, sigmoid, or the score for
+    regression)."""
+    return _run(_PREDICT, folder, texts)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,15 @@ CLS, SEP = 2, 3
 WORDS = ((5, 52), (52, len(VOCAB)))
 
 
-def write_tiny_model(model_dir: Path, model_type: str = "bert", **config) -> Path:
+def write_tiny_model(model_dir: Path, model_type: str = "bert", seed: int = 0,
+                     **config) -> Path:
     """A random 2-layer, hidden-32 encoder of `model_type` with a 2-label head, saved as
     bertflow saves a trained model (a Hugging Face folder: config.json, model.safetensors,
-    vocab.txt). The head's labels are unnamed unless `id2label` is given."""
+    vocab.txt). The head's labels are unnamed unless `id2label` is given. The weights are
+    drawn from `seed`: tests that assert what training reaches must not depend on the draw
+    (an unseeded draw made them fail about one run in twenty)."""
+    import tf_keras
+
     from tasks.model.classifier import build_classifier
     from tasks.model.config import EncoderConfig
     from tasks.model.hf_weights import save_hf_checkpoint
@@ -49,6 +54,7 @@ def write_tiny_model(model_dir: Path, model_type: str = "bert", **config) -> Pat
                      intermediate_size=64)
     raw = {"model_type": model_type, "vocab_size": len(VOCAB), "max_position_embeddings": 64,
            **shape, **config}
+    tf_keras.utils.set_random_seed(seed)
     model = build_classifier(EncoderConfig.from_dict(raw), len(id2label))
     save_hf_checkpoint(model, [id2label[i] for i in range(len(id2label))], model_dir)
     (model_dir / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
@@ -86,7 +92,9 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
 
     multi_label: rows of lower words, upper words or both, labelled by the halves their
     words come from; regression: the share of the words from
-    the upper half (a score in [0, 1])."""
+    the upper half (a score in [0, 1]); token_classification: each word tagged by its half
+    (TAGS: a run of upper words is one entity), one label per piece, IGNORED on [CLS] and
+    [SEP] (every tiny word is one piece)."""
     rng = random.Random(seed)
     rows = []
     for i in range(n):
@@ -98,7 +106,12 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
             share = (i % 3) / 2 if task == "multi_label" else (i % 5) / 4
             words = [rng.randrange(*WORDS[int(rng.random() < share)]) for _ in range(count)]
         ids = [CLS] + words + [SEP]
-        if task == "multi_label":
+        if task == "token_classification":
+            upper = [w >= WORDS[1][0] for w in words]
+            tags = [0 if not up else 2 if j and upper[j - 1] else 1
+                    for j, up in enumerate(upper)]
+            label = [IGNORED] + tags + [IGNORED]
+        elif task == "multi_label":
             upper = sum(w >= WORDS[1][0] for w in words)
             label = [float(upper < count), float(upper > 0)]
         elif task == "regression":
@@ -108,6 +121,8 @@ def tiny_rows(n: int, seed: int, min_len: int = 3, max_len: int = 20,
 
 
 MULTI_LABELS = ["lower", "upper"]
+TAGS = ["O", "B-UP", "I-UP"]
+IGNORED = -100
 
 
 def write_tfrecords(path: Path, rows: list[tuple]) -> None:
@@ -117,6 +132,8 @@ def write_tfrecords(path: Path, rows: list[tuple]) -> None:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
 
     def label_feature(label):
+        if isinstance(label, list) and isinstance(label[0], int):  # a tag id per piece
+            return ints(label)
         if isinstance(label, list):  # float labels: multi-hot or a score
             return tf.train.Feature(float_list=tf.train.FloatList(value=label))
         return ints([label])
@@ -138,7 +155,8 @@ def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: 
     shape, so a training function is traced once (faster multi-process tests)."""
     from tasks.task_kinds import kind as task_kind
 
-    labels = {"multi_label": MULTI_LABELS, "regression": ["score"]}.get(task, LABELS)
+    labels = {"multi_label": MULTI_LABELS, "regression": ["score"],
+              "token_classification": TAGS}.get(task, LABELS)
     cache = Path(ctx.artifact_root) / "cache" / "tfrecords" / "tiny"
     splits = {}
     for split, n, seed in (("train", num_train, 1), ("eval", num_eval, 2)):

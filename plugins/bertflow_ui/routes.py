@@ -230,7 +230,8 @@ def _config_rows(run: dict) -> list[tuple[str, str]]:
 
 
 # The metrics of tasks other than classification, in the order the run page lists them.
-OTHER_METRICS = ("micro_f1", "macro_f1", "subset_accuracy", "pearson", "spearman", "mse")
+OTHER_METRICS = ("micro_f1", "f1", "macro_f1", "subset_accuracy", "precision", "recall",
+                 "pearson", "spearman", "mse", "truncated_sentences")
 
 
 def _outcome(root: str, run: dict) -> dict[str, Any]:
@@ -240,8 +241,10 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
     metrics = run["metrics"]
     labels = (metrics or {}).get("labels")
     labels = [str(x) for x in labels] if isinstance(labels, list) else []
-    # classification's per class, multi-label's per label: the same table
-    per_class = (metrics or {}).get("per_class") or (metrics or {}).get("per_label")
+    # classification's per class, multi-label's per label, entities' per type: one table
+    per_type = (metrics or {}).get("per_type")
+    per_class = ((metrics or {}).get("per_class") or (metrics or {}).get("per_label")
+                 or per_type)
     default = run_summary.default_location(root)
     tb_dir = run["train"].get("tensorboard_dir") or join_uri(run["uri"], "train",
                                                              "tensorboard")
@@ -256,6 +259,7 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
         "scatter": charts.predicted_vs_true((metrics or {}).get("binned")),
         "per_class": [(label, m) for label, m in (per_class or {}).items()
                       if isinstance(m, dict)] if isinstance(per_class, dict) else [],
+        "per_class_title": "entity type" if per_type else "label",
         "tensorboard_dir": str(tb_dir),
         "card_href": _run_card_href("../../", run, default),
         "elsewhere": None if run["export_location"] == default else run["export_location"],

@@ -18,6 +18,8 @@ from tasks.errors import DataError
 from tasks.io import storage
 from tasks.io.chunked_reader import BLOCK_SIZE, TextStream
 
+# Token-tagged text (tasks/io/token_readers.py), read by task token_classification only.
+CONLL_EXTENSIONS = (".conll", ".bio", ".iob", ".iob2")
 FORMATS_BY_EXTENSION = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl",
                         ".json": "jsonl", ".ndjson": "jsonl"}
 
@@ -57,7 +59,8 @@ def is_data_file(uri: str, file_format: str = "auto") -> bool:
     name = uri.rsplit("/", 1)[-1]
     if name.startswith(("_", ".")):  # job markers and hidden files, not data
         return False
-    return file_format != "auto" or name.lower().endswith(tuple(FORMATS_BY_EXTENSION))
+    return file_format != "auto" or name.lower().endswith(
+        tuple(FORMATS_BY_EXTENSION) + CONLL_EXTENSIONS)
 
 
 def format_of(uri: str, file_format: str = "auto") -> str:
@@ -68,6 +71,10 @@ def format_of(uri: str, file_format: str = "auto") -> str:
     for ext, fmt in FORMATS_BY_EXTENSION.items():
         if name.endswith(ext):
             return fmt
+    if name.endswith(CONLL_EXTENSIONS):
+        raise DataError(uri, "a CoNLL file (a token and its tag per line) holds named "
+                             "entities, not labelled texts",
+                        hint="set task to token_classification")
     raise DataError(uri, "cannot tell the file format from the extension",
                     hint="use .csv, .tsv or .jsonl, or set file_format")
 

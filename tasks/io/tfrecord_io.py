@@ -140,9 +140,10 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     Example's masked CRC32C), so a run of records is a valid TFRecord file as it stands.
     Built as per-record header strings and the packed id/type varints, interleaved.
 
-    labels: int64 [n] (an Int64List of one value per record), or float32 [n, k] (a FloatList
+    labels: int64 [n] (an Int64List of one value per record), float32 [n, k] (a FloatList
     of k values: multi-hot vectors, scores; packed fixed 4-byte little-endian floats, as
-    protobuf writes them).
+    protobuf writes them), or a pair (flat int64 values, row lengths): an Int64List of each
+    record's own length (token classification: one tag id per word piece).
     """
     n = len(lengths)
     lengths = np.asarray(lengths, np.int64)
@@ -150,8 +151,17 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     np.cumsum(lengths, out=splits[1:])
     id_bytes, id_sizes = _packed_varints(np.asarray(ids, np.int64))
     type_bytes, type_sizes = _packed_varints(np.asarray(types, np.int64))
-    floats = np.asarray(labels).dtype.kind == "f"
-    if floats:
+    per_row_lists = isinstance(labels, tuple)
+    floats = not per_row_lists and np.asarray(labels).dtype.kind == "f"
+    if per_row_lists:
+        flat, label_lengths = labels
+        label_splits = np.zeros(n + 1, np.int64)
+        np.cumsum(np.asarray(label_lengths, np.int64), out=label_splits[1:])
+        list_bytes, list_sizes = _packed_varints(np.asarray(flat, np.int64))
+        ends = np.zeros(len(list_sizes) + 1, np.int64)
+        np.cumsum(list_sizes, out=ends[1:])
+        label_sizes = ends[label_splits[1:]] - ends[label_splits[:-1]]
+    elif floats:
         label_bytes = np.ascontiguousarray(labels, "<f4").reshape(n, -1).view(np.uint8)
         label_sizes = np.full(n, label_bytes.shape[1], np.int64)
     else:
@@ -193,7 +203,9 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
               _packed_rows(n, header(1)),
               (type_bytes, sizes[1][0]),
               _packed_rows(n, header(2, b"\x12") + [label_bytes] if floats
-                           else header(2) + [labels])]
+                           else header(2) if per_row_lists else header(2) + [labels])]
+    if per_row_lists:
+        pieces.append((list_bytes, label_sizes))
     record = example + (16 if framed else 0)
     starts = np.zeros(n + 1, np.int64)
     np.cumsum(record, out=starts[1:])

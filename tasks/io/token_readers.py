@@ -37,12 +37,19 @@ def check_tag(uri: str, line: int, tag: str) -> None:
                         line=line, hint="convert IOB1/BIOES tags to BIO (IOB2) first")
 
 
-def conll_sentences(uri: str, tag_column: int = -1, token_column: int = 0,
-                    block_size: int = BLOCK_SIZE) -> Iterator[Sentence]:
-    """Sentences of the CoNLL-style file `uri` (see the module docstring)."""
+def open_stream(uri: str, block_size: int = BLOCK_SIZE) -> TextStream:
+    """`uri`'s text, read lazily; its `sha256` is known once the sentences are read."""
     if not storage.exists(uri):
         raise DataError(uri, "file not found", hint="check train_uri / eval_uri")
-    stream = TextStream(uri, storage.iter_bytes(uri, block_size))
+    return TextStream(uri, storage.iter_bytes(uri, block_size))
+
+
+def conll_sentences(uri: str, tag_column: int = -1, token_column: int = 0,
+                    block_size: int = BLOCK_SIZE,
+                    stream: TextStream | None = None) -> Iterator[Sentence]:
+    """Sentences of the CoNLL-style file `uri` (see the module docstring); `stream`: the
+    file opened by `open_stream`, to read its sha256 afterwards."""
+    stream = stream or open_stream(uri, block_size)
     tokens: list[str] = []
     tags: list[str] = []
     first = 0
@@ -80,10 +87,13 @@ def conll_sentences(uri: str, tag_column: int = -1, token_column: int = 0,
 
 
 def jsonl_sentences(uri: str, tokens_column: str = "tokens", tags_column: str = "tags",
-                    block_size: int = BLOCK_SIZE) -> Iterator[Sentence]:
+                    block_size: int = BLOCK_SIZE,
+                    table: text_readers.Table | None = None) -> Iterator[Sentence]:
     """Sentences of the JSON Lines file `uri`: each object's `tokens_column` and
-    `tags_column`, lists of strings of the same length."""
-    table = text_readers.open_table(uri, "jsonl", [tokens_column, tags_column], block_size)
+    `tags_column`, lists of strings of the same length; `table`: the file opened by
+    `text_readers.open_table`, to read its sha256 afterwards."""
+    table = table or text_readers.open_table(uri, "jsonl", [tokens_column, tags_column],
+                                             block_size)
     for line, record in table.records:
         tokens, tags = record.get(tokens_column), record.get(tags_column)
         for name, value in ((tokens_column, tokens), (tags_column, tags)):

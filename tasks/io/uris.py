@@ -47,3 +47,11 @@ def completion_manifest(local_dir: Path) -> dict:
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != COMPLETE)
     return {"files": [{"path": p.relative_to(root).as_posix(), "size": p.stat().st_size,
                        "sha256": sha256_file(p)} for p in files]}
+
+
+def combined_sha256(files: list[tuple[str, str]]) -> str:
+    """Content identity of (uri, sha256) files read in order: the file's sha256, or for
+    several files the sha256 of their sha256s in order (independent of where they are)."""
+    if len(files) == 1:
+        return files[0][1]
+    return hashlib.sha256("\n".join(sha for _, sha in files).encode()).hexdigest()

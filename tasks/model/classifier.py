@@ -70,11 +70,12 @@ def build_classifier(config: EncoderConfig, num_labels: int, *, gelu: str | None
 
 
 def load_classifier(folder: Path | str, num_labels: int, *, keep_head: bool = True,
-                    gelu: str | None = None, cpu_kernels: bool = False) -> Classifier:
-    """The classifier of the checkpoint in `folder` (config.json, model.safetensors), its
-    head kept where `keep_head` and the checkpoint has one of this size. Call inside
-    `strategy.scope()`."""
+                    gelu: str | None = None, cpu_kernels: bool = False,
+                    task: str = SEQUENCE_CLASSIFICATION) -> Classifier:
+    """The classifier of the checkpoint in `folder` (config.json, model.safetensors) with the
+    head of `task`, the checkpoint's head kept where `keep_head` and it has one of this
+    size. Call inside `strategy.scope()`."""
     model = build_classifier(EncoderConfig.from_pretrained(folder), num_labels, gelu=gelu,
-                             cpu_kernels=cpu_kernels)
+                             cpu_kernels=cpu_kernels, task=task)
     load_hf_weights(model, folder, keep_head=keep_head)
     return model

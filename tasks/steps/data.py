@@ -11,7 +11,7 @@ pass; no list of rows is ever built. Two passes over the inputs:
 1. validate every row, count the rows of each label (the label vocabulary, the checks across
    rows, the split's per-class quotas), hash each file;
 2. read again, assign each row to its split and append it to the split's current shard
-   (SHARD_ROWS rows each, written to a local temporary file and moved/uploaded when full).
+   (prepared.SHARD_ROWS rows each, written to a local temporary file and moved/uploaded when full).
 The state kept is one counter per distinct label (at most MAX_LABELS), so memory depends on
 the block size, not on the number of rows.
 
@@ -23,50 +23,33 @@ hash(seed, label, text, pair) / 2**64 < (k - taken) / (n - i). The draw depends 
 row's content and the seed, the quota only on counts, so the split is deterministic, needs no
 list of rows, and identical rows draw the same number.
 
-Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards, one
-`{"text", "text_pair", "label": int}` per line (label indexes the manifest's `labels`), and
-`manifest.json` as described in CONTRACTS.md.
+Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards
+(tasks/steps/prepared.py), one `{"text", "text_pair", "label"}` per line (label indexes the
+manifest's `labels`), and `manifest.json` as described in CONTRACTS.md. Token classification
+reads sentences instead: tasks/steps/token_data.py.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator, Optional, Union
-
-import msgspec
+from typing import Iterator, Optional
 
 from tasks.runs import runlayout
 from tasks.io import storage, text_readers
 from tasks.io.chunked_reader import BLOCK_SIZE
 from tasks.config import RunConfig
-from tasks.io.uris import join_uri
+from tasks.io.uris import combined_sha256
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
+from tasks.steps import token_data
+from tasks.steps.prepared import PreparedRow, SplitWriter
+from tasks.steps.split_rule import Splitter
 from tasks.task_kinds import LabelError, TaskKind, kind as task_kind
 
-SHARD_ROWS = 1_000_000  # prepared rows per shard file (~50-100 MB of JSON Lines)
 MAX_LABELS = 100_000  # distinct labels: bounds the per-label counters
 PREFLIGHT_BLOCK = 64 << 10  # check_inputs reads about this much of each file
 PREFLIGHT_ROWS = 100  # and checks this many of its first rows
-_WRITE_BATCH = 4096  # rows encoded per msgspec call
-
-
-class PreparedRow(msgspec.Struct):
-    """One line of a prepared shard."""
-
-    text: str
-    text_pair: Optional[str]
-    # classification: the label's index; multi_label: the indices of its labels;
-    # regression: the score.
-    label: Union[int, float, list[int]]
-
-
-_ENCODER = msgspec.json.Encoder()
 
 
 @dataclass(frozen=True)
@@ -89,15 +72,7 @@ class Source:
 
     @property
     def sha256(self) -> str:
-        return _combined_sha256(self.files)
-
-
-def _combined_sha256(files: list[tuple[str, str]]) -> str:
-    """Content identity: the file's sha256, or for several files the sha256 of their
-    sha256s in order (independent of where the files are stored)."""
-    if len(files) == 1:
-        return files[0][1]
-    return hashlib.sha256("\n".join(sha for _, sha in files).encode()).hexdigest()
+        return combined_sha256(self.files)
 
 
 @dataclass
@@ -117,6 +92,9 @@ def check_inputs(cfg: RunConfig) -> None:
     """Cheap pre-flight for the validate step: each input exists, is not empty, has the
     configured columns, and its first PREFLIGHT_ROWS rows are complete with labels the task
     can read (reads about the first block of each file). Raises DataError."""
+    if task_kind(cfg.task).per_token:
+        token_data.check_inputs(cfg, PREFLIGHT_BLOCK, PREFLIGHT_ROWS)
+        return
     for pattern in _input_uris(cfg):
         for uri in input_files(cfg, pattern):
             table = text_readers.open_table(uri, _file_format(cfg, uri),
@@ -179,41 +157,6 @@ def label_vocabulary(cfg: RunConfig, train: list[Example], train_uri: str) -> li
     return _vocabulary(cfg, scan)
 
 
-def eval_quotas(counts: dict[str, int], eval_fraction: float) -> dict[str, int]:
-    """Rows each class holds out: round(n * eval_fraction), at least 1 and at most n - 1
-    (a class with a single row stays in train only)."""
-    return {label: (min(n - 1, max(1, int(n * eval_fraction + 0.5))) if n >= 2 else 0)
-            for label, n in counts.items()}
-
-
-class Splitter:
-    """The streaming, seeded, stratified split: `to_eval(...)` for each row in file order.
-
-    Selection sampling per class with each row's draw a keyed hash of its content: exactly
-    `quotas[label]` of the `counts[label]` rows go to eval, whichever order the classes
-    interleave in, and the same rows for the same data and seed.
-    """
-
-    def __init__(self, counts: dict[str, int], eval_fraction: float, seed: int):
-        self.quotas = eval_quotas(counts, eval_fraction)
-        self.left = dict(counts)  # rows of the class not seen yet
-        self.need = dict(self.quotas)  # eval rows still to take
-        self._key = hashlib.sha256(f"bertflow-split-{seed}".encode()).digest()[:32]
-
-    def to_eval(self, text: str, pair: Optional[str], label: str) -> bool:
-        need, left = self.need[label], self.left[label]
-        self.left[label] = left - 1
-        if need <= 0:
-            return False
-        draw = int.from_bytes(hashlib.blake2b(
-            f"{label}\0{text}\0{'' if pair is None else pair}".encode(), digest_size=8,
-            key=self._key).digest(), "little")
-        if draw * left < need << 64:  # draw / 2**64 < need / left, in integers
-            self.need[label] = need - 1
-            return True
-        return False
-
-
 def stratified_split(examples: list[Example], eval_fraction: float,
                      seed: int) -> tuple[list[Example], list[Example]]:
     """The step's split rule over a list (small data, tests): see `Splitter`. Both splits
@@ -227,6 +170,8 @@ def stratified_split(examples: list[Example], eval_fraction: float,
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
     """Validate and split the inputs, write the prepared shards; return the manifest URI."""
+    if task_kind(cfg.task).per_token:
+        return token_data.run(cfg, ctx)
     train_scan = _scan(cfg, cfg.train_uri)
     labels = _vocabulary(cfg, train_scan)
     eval_scan = _scan(cfg, cfg.eval_uri, seen=train_scan.counts) if cfg.eval_uri else None
@@ -241,7 +186,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     storage.delete_prefix(step)  # a retry rewrites the folder: no shard of an earlier try
     index = {label: i for i, label in enumerate(labels)}
     counted = labels if task_kind(cfg.task).names_labels else []  # no counts of scores
-    writers = {name: _SplitWriter(step, name, counted) for name in ("train", "eval")}
+    writers = {name: SplitWriter(step, name, counted) for name in ("train", "eval")}
     _write_rows(cfg, train_scan, index, writers["train"],
                 writers["eval"] if splitter else None, splitter)
     if eval_scan is not None:
@@ -268,7 +213,7 @@ def _scan(cfg: RunConfig, uri: str, seen: Optional[Counter] = None) -> _Scan:
     """Pass 1: validate every row of `uri`'s files, count labels, hash the files. `seen`:
     the training labels, which every evaluation row's label must be one of."""
     scan = _Scan(uri)
-    counts, kind = scan.counts, task_kind(cfg.task)
+    kind = task_kind(cfg.task)
     for file_uri in input_files(cfg, uri):
         table, rows = iter_rows(cfg, file_uri)
         for line, _, _, value in rows:
@@ -303,81 +248,23 @@ def _count_name(cfg: RunConfig, scan: _Scan, seen: Optional[Counter], file_uri: 
     counts[label] += 1
 
 
-def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: "_SplitWriter",
-                held_out: Optional["_SplitWriter"] = None,
+def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: SplitWriter,
+                held_out: Optional[SplitWriter] = None,
                 splitter: Optional[Splitter] = None) -> None:
     """Pass 2: read the files of `scan` again and append each row to its split."""
     kind = task_kind(cfg.task)
     for file_uri, sha256 in scan.files:
         table, rows = iter_rows(cfg, file_uri)
         for _, text, pair, value in rows:
-            row = (text, pair, kind.prepare(value, index), [index[n] for n in kind.names(value)])
+            row = PreparedRow(text, pair, kind.prepare(value, index))
+            names = [index[n] for n in kind.names(value)]
             if splitter is not None and splitter.to_eval(text, pair, kind.stratum(value)):
-                held_out.add(*row)
+                held_out.add(row, names)
             else:
-                out.add(*row)
+                out.add(row, names)
         if table.stream.sha256 != sha256:
             raise DataError(file_uri, "the file changed while it was being read",
                             hint="run the step again once the file is complete")
-
-
-class _SplitWriter:
-    """Appends prepared rows to `{step}/{name}-{i:05d}.jsonl` shards of SHARD_ROWS rows,
-    each written to a local temporary file and moved or uploaded into place when full."""
-
-    def __init__(self, step: str, name: str, labels: list[str]):
-        self.step, self.name, self.labels = step, name, labels
-        self.shards: list[str] = []
-        self.rows = self.bytes = 0
-        self.counts = [0] * len(labels)
-        self._batch: list[PreparedRow] = []
-        self._in_shard = 0
-        self._file = None
-        self._path: Optional[Path] = None
-        local = storage.is_local(step)
-        self._tmp_dir = str(storage.local_path(step)) if local else None
-
-    def add(self, text: str, pair: Optional[str], label, names: list[int]) -> None:
-        """`label` as the prepared row stores it; `names`: the indices of the label names
-        the row carries (counted in label_counts)."""
-        self._batch.append(PreparedRow(text, pair, label))
-        for name in names:
-            self.counts[name] += 1
-        if len(self._batch) >= _WRITE_BATCH or self._in_shard + len(self._batch) >= SHARD_ROWS:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._batch:
-            return
-        if self._file is None:
-            if self._tmp_dir:
-                os.makedirs(self._tmp_dir, exist_ok=True)
-            fd, path = tempfile.mkstemp(prefix=f".{self.name}-", suffix=".tmp",
-                                        dir=self._tmp_dir)
-            self._file, self._path = os.fdopen(fd, "wb"), Path(path)
-        data = _ENCODER.encode_lines(self._batch)
-        self._file.write(data)
-        self.bytes += len(data)
-        self.rows += len(self._batch)
-        self._in_shard += len(self._batch)
-        self._batch.clear()
-        if self._in_shard >= SHARD_ROWS:
-            self._close_shard()
-
-    def _close_shard(self) -> None:
-        if self._file is None:
-            return
-        self._file.close()
-        uri = join_uri(self.step, f"{self.name}-{len(self.shards):05d}.jsonl")
-        storage.upload_file(self._path, uri)
-        self.shards.append(uri)
-        self._file, self._path, self._in_shard = None, None, 0
-
-    def close(self) -> dict:
-        self._flush()
-        self._close_shard()
-        return {"shards": self.shards, "num_examples": self.rows, "num_bytes": self.bytes,
-                "label_counts": dict(zip(self.labels, self.counts))}
 
 
 # --- reading -----------------------------------------------------------------------------
@@ -434,15 +321,5 @@ def _reject_free_text_labels(cfg: RunConfig, scan: _Scan) -> None:
 
 
 def _describe(scan: _Scan) -> dict:
-    return {"uri": scan.uri, "sha256": _combined_sha256(scan.files),
+    return {"uri": scan.uri, "sha256": combined_sha256(scan.files),
             "files": [{"uri": uri, "sha256": sha256} for uri, sha256 in scan.files]}
-
-
-def read_prepared_rows(shards: list[str], block_size: int = 4 << 20) -> Iterator[list]:
-    """The prepared rows of a split's shards, as lists of PreparedRow, one block at a time."""
-    from tasks.io.chunked_reader import line_blocks
-
-    decoder = msgspec.json.Decoder(PreparedRow)
-    for uri in shards:
-        for block in line_blocks(storage.iter_bytes(uri, block_size)):
-            yield decoder.decode_lines(block)

@@ -5,7 +5,9 @@ confusion matrix, for multi-label per-label true/false positives and false negat
 exact-match rows (at multi_label_threshold). They are summed across replicas and workers,
 never averaged per batch. Every example lands in exactly one batch of one replica (the
 partial last batch is kept, filler rows are ignored), so counts are exact under any strategy,
-and all metrics follow from the sums on the host. Regression's Spearman correlation needs
+and all metrics follow from the sums on the host. Entities (token classification) need
+whole sentences: each sentence's true and predicted tags are gathered and counted by
+conlleval's rules on the host (tasks/training/entity_metrics.py). Regression's Spearman correlation needs
 ranks, which no sum gives: its (label, prediction) pairs are gathered from every replica
 (strategy.gather; the eval set is small) and MSE, Pearson and Spearman are computed from all
 of them on the host in float64.
@@ -15,14 +17,15 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
+from tasks.training import checkpoint, entity_metrics, inputs, model as model_lib
+from tasks.training import strategy as strategy_lib
 from tasks.io import storage
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
-from tasks.task_kinds import (TaskKind, kind as task_kind, multi_label_metrics, ratio,
-                              regression_metrics)
+from tasks.task_kinds import (IGNORED, TaskKind, kind as task_kind, multi_label_metrics,
+                              ratio, regression_metrics)
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
@@ -51,7 +54,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
             inputs.local_shards(tok, "eval") as files:
         with strategy.scope():
             model = checkpoint.load_classifier(
-                model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(device, name))
+                model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(device, name),
+                head=kind.head)
         metrics = task_metrics(kind, strategy, model, files, labels,
                                cfg.eval_batch_size * strategy.num_replicas_in_sync,
                                cfg.multi_label_threshold, static_shapes=name == "tpu",
@@ -65,6 +69,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     if not strategy_lib.is_chief():
         return ctx.manifest_uri("evaluate")
     metrics = {"task": kind.name, **metrics}
+    if kind.per_token:  # words past max_seq_length have no piece: they are not scored
+        metrics["truncated_sentences"] = tok["splits"]["eval"].get("num_truncated", 0)
     metrics_uri = join_uri(step_uri, "metrics.json")
     storage.write_json(metrics_uri, metrics)
     headline = {m: metrics[m] for m in kind.gate_metrics + kind.reported_metrics}
@@ -90,6 +96,12 @@ def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list
         return multi_label_metrics({"per_label": counts[:3 * n].reshape(3, n),
                                     "exact": counts[3 * n], "rows": counts[3 * n + 1]},
                                    labels, threshold)
+    if kind.eval_kind == "entities":
+        truth, predicted = gathered_tags(*args)
+        types = entity_metrics.entity_types(labels)
+        counts = entity_metrics.count_entity_ids(truth, predicted, labels)
+        return {**entity_metrics.entity_scores(counts, types), "labels": list(labels),
+                "num_examples": len(truth)}
     truth, predicted = gathered_pairs(*args)
     return regression_metrics(truth, predicted)
 
@@ -191,6 +203,41 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
     pairs = gather_all().numpy()
     pairs = pairs[~np.isnan(pairs[:, 0])]
     return pairs[:, 0], pairs[:, 1]
+
+
+def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False,
+                  max_seq_length=0, label_spec=None) -> tuple[np.ndarray, np.ndarray]:
+    """(true tag ids, predicted tag ids), int32 [sentences, max_seq_length] each, of every
+    sentence of `files`, gathered from every replica and worker (each sentence once): the
+    entity counts need whole sentences, which no per-batch sum gives. Positions that score
+    nothing hold IGNORED in the truth (tasks/training/entity_metrics.py skips them)."""
+    data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+                      label_spec)
+    block = global_batch_size // strategy.num_replicas_in_sync
+
+    def replica_tags(features, labels):
+        truth, logits = _real_rows(model, features, labels)
+        predicted = tf.argmax(logits, -1, output_type=tf.int32)
+        both = tf.stack([tf.cast(truth, tf.int32), predicted], 1)  # [rows, 2, width]
+        width = max_seq_length - tf.shape(both)[2]
+        both = tf.pad(both, [[0, 0], [0, 0], [0, width]], constant_values=IGNORED)
+        # Rows that fill the block are marked PAD_LABEL at [CLS], where a sentence has
+        # IGNORED: the collective gather needs the same shape from every replica.
+        return tf.pad(both, [[0, block - tf.shape(both)[0]], [0, 0], [0, 0]],
+                      constant_values=inputs.PAD_LABEL)
+
+    @tf.function
+    def gather_all():
+        tags = tf.compat.v1.placeholder_with_default(
+            tf.zeros([0, 2, max_seq_length], tf.int32), shape=[None, 2, max_seq_length])
+        for features, labels in data:
+            per_replica = strategy.run(replica_tags, args=(features, labels))
+            tags = tf.concat([tags, strategy.gather(per_replica, axis=0)], 0)
+        return tags
+
+    tags = gather_all().numpy()
+    tags = tags[tags[:, 0, 0] != inputs.PAD_LABEL]
+    return tags[:, 0], tags[:, 1]
 
 
 def classification_metrics(matrix, labels: list[str]) -> dict:

@@ -30,7 +30,9 @@ from tasks.io.uris import join_uri
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.model.text_encoder import BertTextEncoder
+from tasks.steps.token_encoding import WordPieceAligner
 from tasks.task_kinds import TaskKind, kind as task_kind
+from tasks.training.entity_serving import entity_serving_module
 
 SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]
 
@@ -90,7 +92,7 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
     kind = task_kind(data.get("task", "classification"))
 
     with storage.staged_local_dir(train["model_dir"]) as model_dir:
-        model = checkpoint.load_classifier(model_dir, labels)
+        model = checkpoint.load_classifier(model_dir, labels, head=kind.head)
         encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
                                   tokens["max_seq_length"])
         write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
@@ -134,8 +136,11 @@ def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair:
                    kind: TaskKind | None = None, threshold: float = 0.5):
     """A tf.Module whose `serve` maps raw strings to the task's outputs
     (tasks/task_kinds.py, `serving_outputs`): classification `probabilities` and `label`;
-    multi-label `probabilities` and `labels`; regression `score`."""
+    multi-label `probabilities` and `labels`; regression `score`; token classification the
+    entities of each text (tasks/training/entity_serving.py)."""
     kind = kind or task_kind("classification")
+    if kind.per_token:  # raw text in, entities out
+        return entity_serving_module(WordPieceAligner(encoder), model, labels)
     module = tf.Module()
     module.encoder = encoder
     # Track the weights, not the Keras model: saving the model object would also trace and
@@ -207,14 +212,21 @@ def evaluation_section(kind: TaskKind, metrics: dict) -> str:
     for classification), or for regression predicted against true by bins of the truth."""
     names = {"accuracy": "accuracy", "macro_f1": "macro F1", "micro_f1": "micro F1",
              "subset_accuracy": "subset accuracy", "pearson": "Pearson",
-             "spearman": "Spearman", "mse": "MSE"}
+             "spearman": "Spearman", "mse": "MSE", "f1": "entity F1 (micro)",
+             "precision": "entity precision", "recall": "entity recall"}
     lines = [f"- {names[m]}: {metrics[m]:.4f}"
              for m in kind.gate_metrics + kind.reported_metrics if m in metrics]
     if "threshold" in metrics:
         lines.append(f"- threshold: {metrics['threshold']}")
-    per_label = metrics.get("per_class") or metrics.get("per_label")
+    if "truncated_sentences" in metrics:
+        lines.append(f"- sentences cut by max_seq_length: {metrics['truncated_sentences']} "
+                     "(their cut words are not scored)")
+    per_label = (metrics.get("per_class") or metrics.get("per_label")
+                 or metrics.get("per_type"))
     if per_label:
-        lines += ["", "| label | precision | recall | f1 | support |", "|---|---|---|---|---|"]
+        column = "entity type" if "per_type" in metrics else "label"
+        lines += ["", f"| {column} | precision | recall | f1 | support |",
+                  "|---|---|---|---|---|"]
         lines += [f"| {label} | {m['precision']:.4f} | {m['recall']:.4f} | {m['f1']:.4f} | "
                   f"{m['support']} |" for label, m in per_label.items()]
     rows = (metrics.get("binned") or {}).get("rows")
@@ -244,14 +256,14 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "goodput": goodput.describe(goodput.read_goodput(join_uri(ctx.run_uri, "train")))}
     return f"""# {cfg.model_name} {version}
 
-{train.get('model_family', 'bert')} sequence model ({kind.name}) fine-tuned by bertflow.
+{train.get('model_family', 'bert')} {"token" if kind.per_token else "sequence"} model ({kind.name}) fine-tuned by bertflow.
 Serving signature `serving_default`:
 {", ".join(f"`{k}`" for k in sample_inputs(data["has_pair"]))} (tf.string [batch]) ->
 {"; ".join(f"`{name}` ({what})" for name, what in kind.serving_outputs.items())}
 (num_labels = {len(data["labels"])}).
 Load with `import tensorflow_text` (its tokenizer ops) and `tf.saved_model.load`.
 The version folder is also a Hugging Face checkpoint (config.json, model.safetensors,
-tokenizer files): `AutoModelForSequenceClassification.from_pretrained(folder)` and
+tokenizer files): `{"AutoModelForTokenClassification" if kind.per_token else "AutoModelForSequenceClassification"}.from_pretrained(folder)` and
 `AutoTokenizer.from_pretrained(folder)` in PyTorch transformers.
 
 ## Data

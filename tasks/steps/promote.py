@@ -23,6 +23,7 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.errors import StorageError
 from tasks.runs.runlayout import CHAMPION, RunContext
+from tasks.task_kinds import kind as task_kind
 
 ATTEMPTS = 10  # compare-and-swap rounds before giving up on a pointer that keeps moving
 
@@ -69,16 +70,19 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
         passed, reason = True, f"{exported['version']} is already the champion"
     else:
         passed, reason = gate(cfg, value, champion)
+    # What the approval task tables: the task's metrics (classification: accuracy, macro_f1).
+    kind = task_kind(cfg.task)
+    shown = kind.gate_metrics + kind.reported_metrics
     champion_metrics, champion_run = None, None
     if champion:
         champion_run = _run_of(champion["version_uri"])
         stored = _metrics_or_none(champion["version_uri"])
-        champion_metrics = {k: (stored or {}).get(k) for k in ("accuracy", "macro_f1")}
+        champion_metrics = {k: (stored or {}).get(k) for k in shown}
         champion_metrics[champion["metric"]] = champion["value"]
     result = {"passed": passed, "reason": reason, "version": exported["version"],
               "version_uri": version_uri, "model_name": cfg.model_name,
               "metric": cfg.gate_metric_name, "value": value,
-              "metrics": {k: metrics.get(k) for k in ("accuracy", "macro_f1")},
+              "metrics": {k: metrics.get(k) for k in shown},
               "champion": _without_history(champion), "champion_metrics": champion_metrics,
               "champion_run": champion_run,
               "require_approval": cfg.require_approval,
@@ -114,7 +118,7 @@ def approval_request(result: dict, run_page: str, compare_page: str = "") -> tup
         return "–" if value is None else f"{float(value):.4f}"
 
     rows = "\n".join(f"| {name} | {cell(ours.get(name))} | {cell(theirs.get(name))} |"
-                     for name in ("accuracy", "macro_f1"))
+                     for name in ours)
     body = (f"The quality gate passed: {result['reason']}.\n\n"
             f"| metric | candidate {result['version']} | champion "
             f"{champion.get('version', '(none)')} |\n|---|---|---|\n{rows}\n\n"

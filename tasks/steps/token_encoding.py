@@ -20,7 +20,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from tasks.model.text_encoder import BertTextEncoder
-from tasks.training.entity_metrics import IGNORED
+from tasks.task_kinds import IGNORED
 
 _WORDS = tf.RaggedTensorSpec([None, None], tf.string)
 _TAG_IDS = tf.RaggedTensorSpec([None, None], tf.int64)

@@ -43,7 +43,9 @@ import numpy as np
 from tasks.training import checkpoint
 from tasks.runs import runlayout
 from tasks.io import storage
-from tasks.steps import data as data_step
+from tasks.steps import prepared
+from tasks.steps.prepared import PreparedRow, TokenRow
+from tasks.steps.token_encoding import WordPieceAligner
 from tasks.io import tfrecord_io
 from tasks.errors import BertflowError
 from tasks.io.tfrecord_io import example_records as _example_records  # noqa: F401
@@ -75,6 +77,11 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     if not reused:
         encoder = BertTextEncoder(vocab_file, cfg.lower_case, cfg.max_seq_length)
         cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task)
+    if task_kind(task).per_token:
+        truncated = cached["splits"]["train"]["num_truncated"]
+        print(f"tokenize: max_seq_length {cfg.max_seq_length} cuts {truncated} of "
+              f"{cached['splits']['train']['num_examples']} training sentences (their last "
+              "words are not learned)", flush=True)
 
     manifest = {
         "content_hash": content_hash,
@@ -138,9 +145,12 @@ def _complete_cache_manifest(cache: str) -> dict | None:
 def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: dict,
                  num_shards: int, task: str = "classification") -> dict:
     kind, num_labels = task_kind(task), len(data["labels"])
+    if kind.per_token:
+        codec = _TokenCodec(encoder)
+    else:
+        codec = _RowCodec(encoder, lambda values: kind.record_labels(values, num_labels))
     with tempfile.TemporaryDirectory(prefix="bertflow-tokenize-") as tmp:
-        splits = _write_shards(Path(tmp), encoder, data["splits"], num_shards,
-                               lambda values: kind.record_labels(values, num_labels))
+        splits = _write_shards(Path(tmp), encoder, data["splits"], num_shards, codec)
         manifest = {"content_hash": content_hash, "encoder_version": ENCODER_VERSION,
                     "vocab_size": encoder.vocab_size, "max_seq_length": encoder.max_seq_length,
                     "lower_case": encoder.lower_case, "has_pair": data["has_pair"],
@@ -154,45 +164,83 @@ def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: 
     return manifest
 
 
-def _int_labels(values: list) -> np.ndarray:
-    return np.array(values, np.int64)
+class _RowCodec:
+    """Prepared rows of a text (and pair) and a label -> record arrays: the encoder's ids
+    (BertTextEncoder.encode_numpy) and `record_labels` of the chunk's labels."""
+
+    row_type = PreparedRow
+
+    def __init__(self, encoder: BertTextEncoder, record_labels=None):
+        self.encoder = encoder
+        self.record_labels = record_labels or (lambda values: np.array(values, np.int64))
+
+    def encode(self, rows: list) -> tuple:
+        """(flat ids, lengths, flat types, untruncated lengths, labels)."""
+        texts = list(map(attrgetter("text"), rows))
+        pairs = list(map(attrgetter("text_pair"), rows))
+        ids, lengths, types, untruncated = self.encoder.encode_numpy(
+            texts, pairs if pairs and pairs[0] is not None else None)
+        return ids, lengths, types, untruncated, self.record_labels(
+            list(map(attrgetter("label"), rows)))
 
 
-def _chunks(split: str, shards: list[str], total: int, bounds: list[int],
-            record_labels=_int_labels):
-    """(split, output shard k, texts, pairs or None, labels) chunks of the prepared rows in
-    file order, each at most _CHUNK_ROWS rows and within one output shard (rows
-    [bounds[k], bounds[k+1]) go to shard k), read block by block. `record_labels` turns a
-    chunk's prepared labels into the array the records hold (tasks/task_kinds.py)."""
+class _TokenCodec:
+    """Prepared sentences (words and tag ids) -> record arrays: word pieces with the tag id
+    on each word's first piece and IGNORED elsewhere (tasks/steps/token_encoding.py); the
+    labels are a (flat values, row lengths) pair, one per piece."""
+
+    row_type = TokenRow
+
+    def __init__(self, encoder: BertTextEncoder):
+        self.aligner = WordPieceAligner(encoder)
+
+    def encode(self, rows: list) -> tuple:
+        import tensorflow as tf
+
+        # Flat values and row lengths: tf.ragged.constant walks nested lists in Python.
+        lengths = np.fromiter((len(row.words) for row in rows), np.int64, len(rows))
+        words = tf.RaggedTensor.from_row_lengths(
+            tf.constant([w for row in rows for w in row.words], tf.string), lengths)
+        tags = tf.RaggedTensor.from_row_lengths(
+            tf.constant(np.fromiter((t for row in rows for t in row.tags), np.int64,
+                                    int(lengths.sum()))), lengths)
+        out = self.aligner.align(words, tags)
+        ids, labels = out["input_ids"], out["labels"]
+        return (ids.flat_values.numpy(), ids.row_lengths().numpy(),
+                out["token_type_ids"].flat_values.numpy(),
+                out["untruncated_lengths"].numpy(),
+                (labels.flat_values.numpy(), labels.row_lengths().numpy()))
+
+
+def _chunks(split: str, shards: list[str], total: int, bounds: list[int], row_type=None):
+    """(split, output shard k, rows) chunks of the prepared rows in file order, each at most
+    _CHUNK_ROWS rows and within one output shard (rows [bounds[k], bounds[k+1]) go to shard
+    k), read block by block as `row_type` (tasks/steps/prepared.py)."""
     k, row = 0, 0
-    texts, pairs, labels = [], [], []
+    rows_of_chunk: list = []
 
     def emit():
-        chunk = (split, k, texts[:], pairs[:] if pairs and pairs[0] is not None else None,
-                 record_labels(labels))
-        texts.clear(), pairs.clear(), labels.clear()
+        chunk = (split, k, rows_of_chunk[:])
+        rows_of_chunk.clear()
         return chunk
 
-    for rows in data_step.read_prepared_rows(shards, _READ_BLOCK):
+    for rows in prepared.read_prepared_rows(shards, _READ_BLOCK, row_type):
         i = 0
         while i < len(rows):
             if row >= total:
                 break  # more rows than the manifest says: reported below
             while bounds[k + 1] <= row:  # empty shards (fewer rows than shards)
                 k += 1
-            take = min(len(rows) - i, _CHUNK_ROWS - len(texts), bounds[k + 1] - row)
-            part = rows[i:i + take]
-            texts.extend(map(attrgetter("text"), part))
-            pairs.extend(map(attrgetter("text_pair"), part))
-            labels.extend(map(attrgetter("label"), part))
+            take = min(len(rows) - i, _CHUNK_ROWS - len(rows_of_chunk), bounds[k + 1] - row)
+            rows_of_chunk.extend(rows[i:i + take])
             i += take
             row += take
-            if len(texts) == _CHUNK_ROWS or row == bounds[k + 1]:
+            if len(rows_of_chunk) == _CHUNK_ROWS or row == bounds[k + 1]:
                 yield emit()
         else:
             continue
         row += len(rows) - i
-    if texts:
+    if rows_of_chunk:
         yield emit()
     if row != total:
         raise BertflowError(f"{split} split: the data manifest says {total} rows, its shards "
@@ -200,12 +248,14 @@ def _chunks(split: str, shards: list[str], total: int, bounds: list[int],
 
 
 def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
-                  num_shards: int, record_labels=_int_labels) -> dict:
+                  num_shards: int, codec=None) -> dict:
     """Write every split's shards and return their manifest entries. Shard k of a split
     holds a contiguous, near-equal row range (file order preserved). The prepared rows are
     read block by block and cut into chunks of at most _CHUNK_ROWS rows, which worker threads
     tokenize while this thread serializes them and appends them to the shard files in
-    order: memory holds a few chunks, whatever the data's size."""
+    order: memory holds a few chunks, whatever the data's size. `codec`: how rows become
+    record arrays (_RowCodec, the default, or _TokenCodec)."""
+    codec = codec or _RowCodec(encoder)
     out = {}
     for split in SPLITS:
         total = splits[split]["num_examples"]
@@ -217,7 +267,7 @@ def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
         counts = np.zeros(len(edges) - 1, np.int64)
         truncated = 0
         for k, lengths, untruncated in _tokenized(
-                encoder, _chunks(split, splits[split]["shards"], total, bounds, record_labels),
+                codec, _chunks(split, splits[split]["shards"], total, bounds, codec.row_type),
                 folder, names):
             counts += np.histogram(lengths, bins=edges)[0]
             truncated += int(np.sum(untruncated > encoder.max_seq_length))
@@ -226,7 +276,7 @@ def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
     return out
 
 
-def _tokenized(encoder: BertTextEncoder, chunks, folder: Path, names: list[str]):
+def _tokenized(codec, chunks, folder: Path, names: list[str]):
     """Tokenize `chunks` on worker threads (up to 2 chunks each ahead; the TensorFlow kernels
     release the GIL); serialize (GIL-bound numpy) and append each to its shard in order on
     this thread. Yields (shard, stored lengths, pre-truncation lengths) per chunk."""
@@ -234,8 +284,7 @@ def _tokenized(encoder: BertTextEncoder, chunks, folder: Path, names: list[str])
     ahead = 2 * workers
 
     def tokenize(chunk):
-        _, _, texts, pairs, _ = chunk
-        return encoder.encode_numpy(texts, pairs)
+        return codec.encode(chunk[2])
 
     library = (tfrecord_io.LibraryShardWriter()
                if os.environ.get("BERTFLOW_TFRECORD_WRITER") == "library" else None)
@@ -249,9 +298,9 @@ def _tokenized(encoder: BertTextEncoder, chunks, folder: Path, names: list[str])
             following = next(chunks, None)
             if following is not None:
                 pending.append((following, pool.submit(tokenize, following)))
-            _, k, _, _, labels = chunk
-            ids, lengths, types, untruncated = future.result()
-            if library is not None and labels.dtype == np.int64:  # int64 labels only
+            k = chunk[1]
+            ids, lengths, types, untruncated, labels = future.result()
+            if library is not None and getattr(labels, "dtype", None) == np.int64:
                 library.write(folder / names[k], ids, lengths, types, labels)
             else:
                 records, _ = _example_records(ids, lengths, types, labels, framed=True)

@@ -23,7 +23,7 @@ import tf_keras
 from tensorflow.core.framework import summary_pb2
 
 from tasks.model.hf_weights import save_hf_checkpoint
-from tasks.training import checkpoint, inputs, memory, preemption, seeded_dropout
+from tasks.training import checkpoint, inputs, memory, preemption, seeded_dropout, token_loss
 from tasks.training import model as model_lib
 from tasks.training import strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
@@ -93,7 +93,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
 
     with _output_dir(step_uri, chief) as out, inputs.local_shards(tok, "train") as files:
         with strategy.scope():
-            model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels)
+            model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels,
+                                               head=kind.head)
             optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels)
             # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
             model.seed_dropout(seeded_dropout.DropoutSeeds(
@@ -459,10 +460,14 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
 
     Each micro-batch loss is divided by the global batch size, so summing gradients over
     micro-batches and (in apply_gradients) over replicas gives the gradient of the mean loss
-    over all examples of the step, the same as one large batch.
+    over all examples of the step, the same as one large batch. Per-token tasks divide by
+    the labelled word pieces of all micro-batches on all replicas instead (counted first:
+    tasks/training/token_loss.py), which makes it the mean over the step's labelled pieces.
     """
     kind = kind or task_kind("classification")
     loss_fn = kind.keras_loss(reduction=tf_keras.losses.Reduction.NONE)
+    if kind.per_token:
+        loss_fn = None
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     with strategy.scope():
         # One private copy per replica: gradients add up locally between updates.
@@ -471,11 +476,14 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
                                     aggregation=tf.VariableAggregation.SUM)
                         for v in model.trainable_variables]
 
-    def accumulate(features, labels):
+    def accumulate(features, labels, denominator=None):
         with tf.GradientTape() as tape:
             logits = model(features, training=True)
-            loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
-                                              global_batch_size=plan.global_batch_size)
+            if denominator is None:
+                loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
+                                                  global_batch_size=plan.global_batch_size)
+            else:  # per token: this replica's share of the step's mean over labelled pieces
+                loss = tf.reduce_sum(token_loss.token_loss_sums(labels, logits)[0]) / denominator
             scaled_loss = optimizer.get_scaled_loss(loss) if scaled else loss
         grads = tape.gradient(scaled_loss, model.trainable_variables)
         if scaled:
@@ -490,6 +498,9 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
         for acc in accumulators:
             acc.assign(tf.zeros_like(acc))
 
+    if kind.per_token:
+        return _token_train_step(strategy, plan, accumulate, apply)
+
     @tf.function
     def train_step(iterator):
         loss, metric = tf.constant(0.0), tf.constant(0.0)
@@ -501,5 +512,32 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
             metric += strategy.reduce(tf.distribute.ReduceOp.SUM, step_metric, axis=None)
         strategy.run(apply)
         return loss, metric / plan.global_batch_size
+
+    return train_step
+
+
+def _token_train_step(strategy, plan: model_lib.TrainPlan, accumulate, apply):
+    """make_train_step's step for per-token labels: the step's micro-batches are read first
+    (a Python loop: grad_accum_steps is small) so that their labelled pieces, summed over
+    replicas, divide every piece's loss and the metric."""
+    def labelled(labels):
+        return token_loss.labelled_pieces(labels)
+
+    @tf.function
+    def train_step(iterator):
+        batches = [next(iterator) for _ in range(plan.grad_accum_steps)]
+        total = tf.add_n([strategy.reduce(tf.distribute.ReduceOp.SUM,
+                                          strategy.run(labelled, args=(labels,)), axis=None)
+                          for _, labels in batches])
+        denominator = tf.maximum(total, 1.0)
+        loss, metric = tf.constant(0.0), tf.constant(0.0)
+        for micro, (features, labels) in enumerate(batches):
+            with seeded_dropout.micro_batch(micro):
+                step_loss, step_metric = strategy.run(accumulate,
+                                                      args=(features, labels, denominator))
+            loss += strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
+            metric += strategy.reduce(tf.distribute.ReduceOp.SUM, step_metric, axis=None)
+        strategy.run(apply)
+        return loss, metric / denominator
 
     return train_step

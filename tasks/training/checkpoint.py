@@ -57,7 +57,7 @@ def vocab_path(model_dir: Path) -> Path:
 
 
 def load_classifier(model_dir: Path, labels: list[str], *, cpu_kernels: bool = False,
-                    gelu: str | None = None):
+                    gelu: str | None = None, head: str = "sequence_classification"):
     """bertflow's classifier (tasks/model) with one output per label, encoder weights from
     `model_dir`. Call inside `strategy.scope()` so the variables are distributed.
 
@@ -66,7 +66,9 @@ def load_classifier(model_dir: Path, labels: list[str], *, cpu_kernels: bool = F
     `labels`; then the head starts fresh (`describe_head` says which). `cpu_kernels` runs
     dropout, LayerNorm and GELU on bertflow's CPU kernels: only for training and evaluation
     on CPU, never for a model that is exported. `gelu` as tasks.model.build_classifier takes
-    it (default: the kernel's with cpu_kernels, else computed in float32).
+    it (default: the kernel's with cpu_kernels, else computed in float32). `head`: the
+    task's head (tasks/task_kinds.py TaskKind.head); a checkpoint whose architecture has
+    another task's head (a sequence classifier when tagging tokens) gives only its encoder.
     """
     from tasks.model.classifier import load_classifier as build_and_load
 
@@ -74,9 +76,22 @@ def load_classifier(model_dir: Path, labels: list[str], *, cpu_kernels: bool = F
     check_model_dir(model_dir)
     # Named labels that differ: the head would map outputs to the wrong classes.
     found = head_labels(model_dir)
-    keep_head = found is None or found == list(labels)
+    keep_head = (found is None or found == list(labels)) and head_task(model_dir) in (
+        None, head)
     return build_and_load(model_dir, len(labels), keep_head=keep_head, gelu=gelu,
-                          cpu_kernels=cpu_kernels)
+                          cpu_kernels=cpu_kernels, task=head)
+
+
+def head_task(model_dir: Path) -> str | None:
+    """The task of the head `model_dir`'s config.json names by its architecture
+    (BertForTokenClassification: "token_classification"), None for a bare encoder."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    for name in config.get("architectures") or ():
+        if name.endswith("ForTokenClassification"):
+            return "token_classification"
+        if name.endswith("ForSequenceClassification"):
+            return "sequence_classification"
+    return None
 
 
 def head_labels(model_dir: Path) -> list[str] | None:

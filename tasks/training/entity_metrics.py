@@ -16,10 +16,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from tasks.task_kinds import IGNORED
+
 TRUE, PREDICTED, CORRECT = range(3)  # columns of a counts array
-# The label of word pieces that score nothing (all but a word's first, [CLS], [SEP], padding),
-# as transformers and torch's CrossEntropyLoss ignore_index; the TF modules import it from here.
-IGNORED = -100
 
 
 def chunks(tags: Sequence[str]) -> list[tuple[str, int, int]]:

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tasks.io import storage
 from tasks.errors import BertflowError
+from tasks.task_kinds import IGNORED
 
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BUFFER = 10_000
@@ -22,24 +23,45 @@ PAD_LABEL = -1  # filler rows added for static shapes; metrics ignore them (is_r
 CLASS_LABEL = {"dtype": "int64", "shape": []}
 
 
+def per_token(label_spec: dict | None) -> bool:
+    """Labels per word piece (token classification): padded with IGNORED, cut with the
+    batch's width."""
+    return bool((label_spec or {}).get("per_token"))
+
+
 def _feature_spec(label_spec: dict | None) -> dict:
     label_spec = label_spec or CLASS_LABEL
+    label = (tf.io.VarLenFeature(tf.int64) if per_token(label_spec)
+             else tf.io.FixedLenFeature(label_spec["shape"], label_spec["dtype"]))
     return {"input_ids": tf.io.VarLenFeature(tf.int64),
-            "token_type_ids": tf.io.VarLenFeature(tf.int64),
-            "label": tf.io.FixedLenFeature(label_spec["shape"], label_spec["dtype"])}
+            "token_type_ids": tf.io.VarLenFeature(tf.int64), "label": label}
 
 
 def pad_label(label_spec: dict | None) -> tf.Tensor:
-    """The label of filler rows: PAD_LABEL for class indices; NaN for float labels, where
-    -1 could be a real score."""
+    """The label of filler rows: PAD_LABEL for class indices (and as the first piece's
+    label, where a real row has IGNORED for [CLS], for per-token labels); NaN for float
+    labels, where -1 could be a real score."""
     label_spec = label_spec or CLASS_LABEL
+    if per_token(label_spec):
+        return tf.constant([PAD_LABEL])
     if label_spec["dtype"] == "int64":
         return tf.constant(PAD_LABEL)
     return tf.fill(label_spec["shape"], float("nan"))
 
 
+def padding_values(label_spec: dict | None):
+    """padded_batch's padding for (features, label): zeros, and IGNORED for per-token labels
+    (None: zeros everywhere)."""
+    if not per_token(label_spec):
+        return None
+    return ({"input_ids": 0, "token_type_ids": 0, "attention_mask": 0},
+            tf.constant(IGNORED, tf.int32))
+
+
 def is_real(labels: tf.Tensor) -> tf.Tensor:
     """[batch] bool: the rows that are not filler (see pad_label)."""
+    if labels.dtype.is_integer and labels.shape.rank == 2:  # per-token: look at [CLS]'s
+        return labels[:, 0] != PAD_LABEL
     if labels.dtype.is_integer:
         return labels != PAD_LABEL
     return tf.logical_not(tf.math.is_nan(tf.reshape(labels, [tf.shape(labels)[0], -1])[:, 0]))
@@ -73,6 +95,8 @@ def parse_example(serialized: tf.Tensor,
         "attention_mask": tf.ones_like(input_ids),
     }
     label = row["label"]
+    if isinstance(label, tf.SparseTensor):  # per-token labels: one per input id
+        label = tf.sparse.to_dense(label)
     return features, (tf.cast(label, tf.int32) if label.dtype == tf.int64 else label)
 
 
@@ -112,11 +136,13 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
         ds = ds.bucket_by_sequence_length(
             lambda features, label: tf.shape(features["input_ids"])[0],
             bucket_boundaries=bounds, bucket_batch_sizes=[batch] * (len(bounds) + 1),
+            padding_values=padding_values(label_spec),
             pad_to_bucket_boundary=True, drop_remainder=True)
     else:
         pipelines = input_context.num_input_pipelines if input_context else 1
         rows = (num_rows // pipelines) if num_rows else WINDOW_BATCHES * batch
-        ds = _length_grouped(ds, batch, max(1, min(WINDOW_BATCHES, rows // batch)), seed)
+        ds = _length_grouped(ds, batch, max(1, min(WINDOW_BATCHES, rows // batch)), seed,
+                             label_spec)
     if skip_batches:
         ds = ds.skip(skip_batches)
     return ds.prefetch(AUTOTUNE)
@@ -127,8 +153,10 @@ WINDOW_BATCHES = 50
 
 
 def _length_grouped(rows: tf.data.Dataset, batch: int, window_batches: int,
-                    seed: int) -> tf.data.Dataset:
-    windows = rows.padded_batch(batch * window_batches, drop_remainder=True).enumerate()
+                    seed: int, label_spec: dict | None = None) -> tf.data.Dataset:
+    windows = rows.padded_batch(batch * window_batches, drop_remainder=True,
+                                padding_values=padding_values(label_spec)).enumerate()
+    cut_labels = per_token(label_spec)
 
     def split(index, window):
         features, labels = window
@@ -147,12 +175,14 @@ def _length_grouped(rows: tf.data.Dataset, batch: int, window_batches: int,
             (tf.nest.map_structure(cut, features), cut(labels), widths))
 
     def trim(features, labels, width):
-        return {name: x[:, :width] for name, x in features.items()}, labels
+        return ({name: x[:, :width] for name, x in features.items()},
+                labels[:, :width] if cut_labels else labels)
 
     return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE)
 
 
-def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int) -> tf.data.Dataset:
+def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
+                   label_spec: dict | None = None) -> tf.data.Dataset:
     """Windows of rows sorted by length (longest first), cut into batches each padded to its
     longest row; partial windows and batches are kept."""
     def split(features, labels):
@@ -162,11 +192,15 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int) -> tf
             (tf.nest.map_structure(lambda x: tf.gather(x, order), features),
              tf.gather(labels, order))).batch(batch)
 
+    cut_labels = per_token(label_spec)
+
     def trim(features, labels):
         width = tf.reduce_max(tf.reduce_sum(features["attention_mask"], axis=1))
-        return {name: x[:, :width] for name, x in features.items()}, labels
+        return ({name: x[:, :width] for name, x in features.items()},
+                labels[:, :width] if cut_labels else labels)
 
-    windows = rows.padded_batch(batch * window_batches)
+    windows = rows.padded_batch(batch * window_batches,
+                                padding_values=padding_values(label_spec))
     return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE)
 
 
@@ -185,12 +219,14 @@ def eval_dataset(files: list[str], global_batch_size: int,
     batch = _per_replica(global_batch_size, input_context)
     ds = _records(files, input_context, label_spec=label_spec)
     if not static_shapes:
-        return _length_sorted(ds, batch, WINDOW_BATCHES).prefetch(AUTOTUNE)
+        return _length_sorted(ds, batch, WINDOW_BATCHES, label_spec).prefetch(AUTOTUNE)
     filler = ({"input_ids": tf.zeros([1], tf.int32), "token_type_ids": tf.zeros([1], tf.int32),
                "attention_mask": tf.zeros([1], tf.int32)}, pad_label(label_spec))
     ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
-    shapes = ({name: [max_seq_length] for name in filler[0]}, filler[1].shape)
-    return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True).prefetch(AUTOTUNE)
+    shapes = ({name: [max_seq_length] for name in filler[0]},
+              [max_seq_length] if per_token(label_spec) else filler[1].shape)
+    return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True,
+                           padding_values=padding_values(label_spec)).prefetch(AUTOTUNE)
 
 
 def _per_replica(global_batch_size: int, ctx: tf.distribute.InputContext | None) -> int:

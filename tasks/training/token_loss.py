@@ -6,35 +6,27 @@ Why not a per-example mean: sentences hold different numbers of labelled pieces,
 per sentence (or per replica) weighs a short sentence's pieces more than a long one's. Under
 tf.distribute each replica sees part of the batch and its gradients are SUMMED across
 replicas; dividing each replica's SUM of piece losses by the global count of labelled pieces
-makes that sum of gradients the gradient of the global mean, exactly:
+makes that sum of gradients the gradient of the global mean, exactly. The custom loop
+(tasks/steps/train.py, make_train_step) reads a step's micro-batches first, sums
+`labelled_pieces` over all of them and over the replicas, and divides each replica's sum of
+piece losses by that total: with gradient accumulation the accumulated gradients again add
+up to the gradient of one mean. (`global_count` does the same sum from inside a replica.)
 
-    sums, counts = token_loss_sums(labels, logits)          # per example, on each replica
-    total = global_count(tf.reduce_sum(counts))             # all-reduced over replicas
-    loss = tf.nn.compute_average_loss(sums, global_batch_size=total)
-    # (tf.reduce_sum(sums) / total: compute_average_loss divides the per-example values' sum
-    # by `global_batch_size`, an integer, here counting pieces, not rows; 0 when it is 0)
-
-With gradient accumulation over k micro-batches, `total` must count the labelled pieces of
-all k micro-batches (count them first, e.g. from the labels alone), so that the accumulated
-gradients again add up to the gradient of one mean.
+Keras' fit path takes each replica batch's mean over its labelled pieces, averaged over the
+replicas (tasks/task_kinds.py, _token_keras_loss), as torch's DistributedDataParallel does.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from tasks.training.entity_metrics import IGNORED
+from tasks.task_kinds import IGNORED, masked_token_losses
 
 
 def token_loss_sums(labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """(loss summed over each example's labelled pieces, float32 [batch]; its labelled
-    pieces, float32 [batch]). labels: int [batch, seq], IGNORED (-100) where a piece scores
-    nothing, padding included; logits: [batch, seq, num_labels], any float dtype."""
-    labelled = tf.not_equal(labels, IGNORED)
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.where(labelled, labels, tf.zeros_like(labels)),
-        logits=tf.cast(logits, tf.float32))
-    weights = tf.cast(labelled, tf.float32)
-    return tf.reduce_sum(losses * weights, axis=1), tf.reduce_sum(weights, axis=1)
+    pieces, float32 [batch]): tasks.task_kinds.masked_token_losses, which Keras' fit path
+    uses too."""
+    return masked_token_losses(labels, logits)
 
 
 def global_count(local: tf.Tensor) -> tf.Tensor:
@@ -45,3 +37,8 @@ def global_count(local: tf.Tensor) -> tf.Tensor:
     total = tf.distribute.get_replica_context().all_reduce(
         tf.distribute.ReduceOp.SUM, tf.cast(local, tf.float32))
     return tf.cast(tf.round(total), tf.int64)
+
+
+def labelled_pieces(labels: tf.Tensor) -> tf.Tensor:
+    """The labelled pieces of a batch (label not IGNORED), float32 scalar."""
+    return tf.reduce_sum(tf.cast(tf.not_equal(labels, IGNORED), tf.float32))
