@@ -4,21 +4,43 @@ linear schedule; the optimizer it used is recorded as `optim`) plus the
 settings a user of the recipe sets: epochs, batch, learning rate, warm-up ratio, weight
 decay, bf16, group_by_length, seed. Runs in .venv-peer (torch, no TensorFlow).
 
-Reads the driver's train/eval JSON Lines (`{"text", "label"}`, the rows bertflow's data step
-reads), tokenizes with BertTokenizerFast (truncation at --max-seq-length, dynamic padding),
-trains BertForSequenceClassification from --model-dir, predicts the eval rows and prints one
-line `RESULT {json}`: accuracy, macro-F1 (same formula as tasks/steps/evaluate.py), step times.
+Reads the driver's train/eval JSON Lines (the rows bertflow's data step reads), tokenizes
+with BertTokenizerFast (truncation at --max-seq-length, dynamic padding), trains from
+--model-dir, predicts the eval rows and prints one line `RESULT {json}` with the task's metrics
+and step times. --task:
+
+- classification (`{"text", "label"}`): BertForSequenceClassification; accuracy, macro-F1
+  (same formula as tasks/steps/evaluate.py).
+- multi_label (`{"text", "labels": [names]}`): AutoModelForSequenceClassification with
+  problem_type="multi_label_classification" (BCEWithLogitsLoss) on float multi-hot labels
+  over the sorted training names; a label is predicted where its sigmoid is over 0.5.
+  micro-F1, macro-F1, subset accuracy by bertflow's own formula
+  (tasks.task_kinds.multi_label_metrics).
+- token_classification (`{"tokens", "tags"}`): AutoModelForTokenClassification with
+  DataCollatorForTokenClassification, as transformers' run_ner: words tokenized with
+  is_split_into_words, the first word piece of each word labelled, the others -100
+  (label_all_tokens=False); tags "O" then the B-/I- tags sorted, as bertflow's
+  tasks.io.token_readers.tag_vocabulary. Entity precision, recall, F1 (micro) and macro-F1
+  by bertflow's conlleval-exact scorer (tasks/training/entity_metrics.py, count_entity_ids
+  and entity_scores): both sides are scored by one scorer.
+
+The scorers are imported from the checkout (pure Python and numpy; no TensorFlow).
 """
 import argparse
 import json
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import (BertForSequenceClassification, BertTokenizerFast, Trainer,
-                          TrainingArguments)
+from transformers import (AutoModelForSequenceClassification, AutoModelForTokenClassification,
+                          BertForSequenceClassification, BertTokenizerFast,
+                          DataCollatorForTokenClassification, Trainer, TrainingArguments)
+
+# bertflow's scorers (tasks/task_kinds.py, tasks/training/entity_metrics.py import numpy only).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 p = argparse.ArgumentParser()
 p.add_argument("--train", required=True)
@@ -33,6 +55,8 @@ p.add_argument("--weight-decay", type=float, default=0.01)
 p.add_argument("--max-seq-length", type=int, default=128)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--no-bf16", action="store_true")
+p.add_argument("--task", default="classification",
+               choices=("classification", "multi_label", "token_classification"))
 a = p.parse_args()
 times = {}
 
@@ -42,9 +66,32 @@ def read(path):
         return [json.loads(line) for line in f]
 
 
+def vocabulary(rows):
+    """The label names in model output order (bertflow's order for each task)."""
+    if a.task == "classification":
+        return sorted({r["label"] for r in rows})
+    if a.task == "multi_label":
+        return sorted({name for r in rows for name in r["labels"]})
+    types = {tag[2:] for r in rows for tag in r["tags"] if tag != "O"}
+    return ["O"] + sorted(f"{prefix}-{kind}" for kind in types for prefix in "BI")
+
+
+def target(row):
+    """A row's `labels` feature: the class index, the float multi-hot vector, or one tag id
+    per word (a tag the training rows lack is an error, as in bertflow's data step)."""
+    if a.task == "classification":
+        return index[row["label"]]
+    if a.task == "multi_label":
+        hot = [0.0] * len(labels)
+        for name in row["labels"]:
+            hot[index[name]] = 1.0
+        return hot
+    return [index[tag] for tag in row["tags"]]
+
+
 t0 = time.perf_counter()
 train_rows, eval_rows = read(a.train), read(a.eval)
-labels = sorted({r["label"] for r in train_rows})
+labels = vocabulary(train_rows)
 index = {label: i for i, label in enumerate(labels)}
 times["data"] = time.perf_counter() - t0
 
@@ -53,19 +100,42 @@ tokenizer = BertTokenizerFast.from_pretrained(a.model_dir)
 
 
 def encode(rows):
+    if a.task == "token_classification":
+        return encode_words(rows)
     enc = tokenizer([r["text"] for r in rows], truncation=True, max_length=a.max_seq_length)
     return [{"input_ids": ids, "token_type_ids": tt, "attention_mask": am,
-             "labels": index[r["label"]]}
+             "labels": target(r)}
             for ids, tt, am, r in zip(enc["input_ids"], enc["token_type_ids"],
                                       enc["attention_mask"], rows)]
+
+
+def encode_words(rows):
+    """run_ner's tokenize_and_align_labels with label_all_tokens=False."""
+    enc = tokenizer([r["tokens"] for r in rows], truncation=True,
+                    max_length=a.max_seq_length, is_split_into_words=True)
+    out = []
+    for i, r in enumerate(rows):
+        tags, previous, aligned = target(r), None, []
+        for word in enc.word_ids(i):
+            aligned.append(-100 if word is None or word == previous else tags[word])
+            previous = word
+        out.append({"input_ids": enc["input_ids"][i], "token_type_ids": enc["token_type_ids"][i],
+                    "attention_mask": enc["attention_mask"][i], "labels": aligned})
+    return out
 
 
 train_set, eval_set = encode(train_rows), encode(eval_rows)
 times["tokenize"] = time.perf_counter() - t0
 
 t0 = time.perf_counter()
-model = BertForSequenceClassification.from_pretrained(
-    a.model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)), label2id=index)
+names = {"num_labels": len(labels), "id2label": dict(enumerate(labels)), "label2id": index}
+if a.task == "classification":
+    model = BertForSequenceClassification.from_pretrained(a.model_dir, **names)
+elif a.task == "multi_label":
+    model = AutoModelForSequenceClassification.from_pretrained(
+        a.model_dir, problem_type="multi_label_classification", **names)
+else:
+    model = AutoModelForTokenClassification.from_pretrained(a.model_dir, **names)
 out = tempfile.mkdtemp(prefix="peer-quality-")
 args = TrainingArguments(
     output_dir=out, num_train_epochs=a.epochs, max_steps=a.max_steps,
@@ -74,33 +144,62 @@ args = TrainingArguments(
     bf16=not a.no_bf16, group_by_length=True, seed=a.seed, use_cpu=True,
     save_strategy="no", eval_strategy="no", report_to="none", logging_strategy="epoch",
     disable_tqdm=True)
-trainer = Trainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer)
+collator = (DataCollatorForTokenClassification(tokenizer)
+            if a.task == "token_classification" else None)  # None: padding by the tokenizer
+trainer = Trainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
+                  data_collator=collator)
 train_out = trainer.train()
 times["train"] = time.perf_counter() - t0
 
+
+def class_metrics(pred) -> dict:
+    """classification: accuracy and macro-F1."""
+    predicted = np.asarray(pred.predictions).argmax(-1)
+    # With group_by_length, Trainer also orders the eval rows by length: labels come with them.
+    truth = np.asarray(pred.label_ids)
+    assert sorted(truth.tolist()) == sorted(r["labels"] for r in eval_set)
+    matrix = np.zeros([len(labels), len(labels)], np.int64)
+    np.add.at(matrix, (truth, predicted), 1)
+    correct = np.diag(matrix).astype(float)
+
+    def ratio(num, den):
+        res = np.zeros_like(num, dtype=float)
+        np.divide(num, den, out=res, where=den > 0)
+        return res
+
+    precision, recall = ratio(correct, matrix.sum(0)), ratio(correct, matrix.sum(1))
+    f1 = ratio(2 * precision * recall, precision + recall)
+    return {"accuracy": float(correct.sum() / matrix.sum()), "macro_f1": float(f1.mean())}
+
+
+def task_metrics(pred) -> dict:
+    """The task's metrics (multi_label and token_classification: by bertflow's scorers)."""
+    if a.task == "classification":
+        return class_metrics(pred)
+    logits, truth = np.asarray(pred.predictions, np.float32), np.asarray(pred.label_ids)
+    if a.task == "multi_label":
+        from tasks.task_kinds import multi_label_metrics
+
+        predicted, truth = logits > 0.0, truth > 0.5  # sigmoid(x) > 0.5 <=> x > 0
+        counts = {"per_label": [(predicted & truth).sum(0), (predicted & ~truth).sum(0),
+                                (~predicted & truth).sum(0)],
+                  "exact": int((predicted == truth).all(1).sum()), "rows": len(truth)}
+        found = multi_label_metrics(counts, labels, 0.5)
+        return {k: found[k] for k in ("micro_f1", "macro_f1", "subset_accuracy")}
+    from tasks.training.entity_metrics import count_entity_ids, entity_scores, entity_types
+
+    # Trainer pads the label rows of its batches with -100: those positions never count.
+    counts = count_entity_ids(truth, logits.argmax(-1), labels)
+    found = entity_scores(counts, entity_types(labels))
+    return {k: found[k] for k in ("f1", "precision", "recall", "macro_f1")}
+
+
 t0 = time.perf_counter()
-pred = trainer.predict(eval_set)
-predicted = np.asarray(pred.predictions).argmax(-1)
-# With group_by_length, Trainer also orders the eval rows by length: labels come with them.
-truth = np.asarray(pred.label_ids)
-assert sorted(truth.tolist()) == sorted(r["labels"] for r in eval_set)
-matrix = np.zeros([len(labels), len(labels)], np.int64)
-np.add.at(matrix, (truth, predicted), 1)
-correct = np.diag(matrix).astype(float)
-
-
-def ratio(num, den):
-    res = np.zeros_like(num, dtype=float)
-    np.divide(num, den, out=res, where=den > 0)
-    return res
-
-
-precision, recall = ratio(correct, matrix.sum(0)), ratio(correct, matrix.sum(1))
-f1 = ratio(2 * precision * recall, precision + recall)
+scores = task_metrics(trainer.predict(eval_set))
 times["evaluate"] = time.perf_counter() - t0
 
 print("RESULT " + json.dumps({
-    "accuracy": float(correct.sum() / matrix.sum()), "macro_f1": float(f1.mean()),
+    **scores, **({} if a.task == "classification" else {"task": a.task}),
     "num_train_examples": len(train_set), "num_eval_examples": len(eval_set),
     "train_steps": int(train_out.global_step), "final_loss": [h["loss"] for h in trainer.state.log_history if "loss" in h][-1],
     "step_seconds": times, "adam_epsilon": args.adam_epsilon,

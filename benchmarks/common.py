@@ -96,6 +96,43 @@ def smoke_data_root(root: Path, rows: int = 64) -> Path:
     return root
 
 
+def smoke_task_data(root: Path, rows: int = 64) -> Path:
+    """Synthetic files of the other tasks under `root`, for --smoke runs: goemotions/
+    train.tsv and dev.tsv (`text`, `labels`: one to three of four names joined by ','), and
+    wnut17/train.conll and dev.conll (`rows` sentences of 3 to 12 tab-separated token and BIO
+    tag lines, empty lines between)."""
+    import random
+
+    rng = random.Random(0)
+    words = ["good", "bad", "film", "plot", "actors", "fine", "dull", "great", "poor", "story"]
+    names = ["joy", "anger", "neutral", "surprise"]
+    (root / "goemotions").mkdir(parents=True, exist_ok=True)
+    (root / "wnut17").mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", rows), ("dev", rows // 4)):
+        with open(root / "goemotions" / f"{split}.tsv", "w", encoding="utf-8") as f:
+            f.write("text\tlabels\n")
+            for i in range(n):
+                labels = [names[i % 4], *rng.sample(names, rng.randint(0, 2))]
+                f.write(" ".join(rng.choices(words, k=rng.randint(3, 12))) + "\t"
+                        + ",".join(dict.fromkeys(labels)) + "\n")
+        with open(root / "wnut17" / f"{split}.conll", "w", encoding="utf-8") as f:
+            for _ in range(n):
+                tags, i, length = [], 0, rng.randint(3, 12)
+                while i < length:
+                    if rng.random() < 0.2:
+                        kind = rng.choice(["person", "location"])
+                        span = min(rng.randint(1, 3), length - i)
+                        tags += [f"B-{kind}"] + [f"I-{kind}"] * (span - 1)
+                        i += span
+                    else:
+                        tags.append("O")
+                        i += 1
+                for tag in tags:
+                    f.write(f"{rng.choice(words)}\t{tag}\n")
+                f.write("\n")
+    return root
+
+
 # Absolute paths in results files: an absolute path starts a string or follows a blank, `=`,
 # `(` or a quote; not after `:` (URIs), a word (`ex/s`) or a `<label>` this module wrote.
 _ABS_PATH = re.compile(r"(?<![\w.:/~<>-])/(?:[\w.+@-]+/)*[\w.+@-]+")

@@ -3,7 +3,8 @@ with the Hugging Face recipe (transformers' Trainer + PyTorch) at the same budge
 
     ./.venv/bin/python benchmarks/quality.py [--datasets sst2,snips,banking77]
         [--seeds 0,1] [--sides bertflow,peer] [--epochs N] [--limit N] [--max-steps N]
-        [--set field=value ...] [--peer-set flag=value ...] [--name quality]
+        [--set field=value ...] [--peer-set flag=value ...] [--peer-env VAR=value ...]
+        [--name quality]
 
 bertflow: per data set and seed, a run folder and the real steps as the workers run them:
 `python -m tasks init-run`, then `python -m tasks {data,tokenize,train,evaluate} --run-dir RUN`.
@@ -29,11 +30,26 @@ Data sets (../shared/data):
                   on those
                   sentences: the time-to-accuracy set (target 90% in <= 240 s of pipeline wall
                   time: data, tokenize, train, evaluate).
+  goemotions      train.tsv -> dev.tsv, task multi_label: the `labels` column holds names
+                  joined by ','; micro-F1 (and macro-F1, subset accuracy) at threshold 0.5.
+                  Peer: AutoModelForSequenceClassification, problem_type
+                  "multi_label_classification", float multi-hot labels.
+  wnut17          train.conll -> dev.conll, task token_classification: entity F1 (and
+                  precision, recall, macro-F1). Peer: AutoModelForTokenClassification with
+                  DataCollatorForTokenClassification, the first word piece of each word
+                  labelled (run_ner's label_all_tokens=False).
+On these two, both sides are scored by bertflow's scorers (the peer worker imports
+tasks.task_kinds.multi_label_metrics and tasks/training/entity_metrics.py, pure Python), both
+train at one peak learning rate, 2e-4, and warm up 6% (SHARED_BY_DATASET: at the
+classification sets' 5e-5 one GoEmotions epoch left both sides predicting no label over the
+threshold), and the target compares the task's gate metric (micro-F1, entity
+F1); results usually go to --name quality_tasks. The classification sets are unchanged.
 
 Sides alternate (bertflow first for even seeds, peer first for odd ones). Each side's wall time
 is that of its processes from start to exit (for bertflow the four step processes, for the peer
 its one process), so both include reading, tokenizing, training, evaluating and start-up.
-Prints and records accuracy, macro-F1, final training loss and wall time per side and seed,
+Prints and records the task's metrics (classification: accuracy, macro-F1), final training
+loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 60% of the
 peer's wall time (wall times count only for seeds where both sides started and ended at a
 1-minute load average below QUIET_LOAD, on one machine kind). The results file is written
@@ -41,7 +57,12 @@ after every run, so an interrupted benchmark keeps what it finished; --merge add
 earlier results file, and every run records its machine's key CPU flags. --limit (rows of each
 train file) and --max-steps make a quick run. `--smoke`: a tiny random model on 64 synthetic
 rows (an sst2-like train.tsv in a temporary data root), seed 0, 2 steps, results in a temporary
-folder (common.smoke_results_dir).
+folder (common.smoke_results_dir); `--smoke --datasets goemotions,wnut17`: synthetic
+multi-label rows and CoNLL sentences instead (common.smoke_task_data).
+--peer-env sets variables of the peer's process only (recorded as peer_env): on a machine
+another job keeps busy, `OMP_WAIT_POLICY=PASSIVE` keeps torch's OpenMP threads from spinning
+on a core they do not have (measured 2026-12-04 at load 3.5 on 2 cores: 20 peer steps took
+24 s spinning, 5 s passive); the computation and its results are the same.
 """
 from __future__ import annotations
 
@@ -63,7 +84,22 @@ PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
 W_PEER = str(common.BENCH_DIR / "_peer_quality_worker.py")
 DATASETS = {"sst2": ("sst2/train.tsv", None), "snips": ("snips/train.tsv", "snips/dev.tsv"),
             "banking77": ("banking77/train.tsv", "banking77/dev.tsv"),
-            "sst2_sentences": ("sst2/train.tsv", None)}
+            "sst2_sentences": ("sst2/train.tsv", None),
+            "goemotions": ("goemotions/train.tsv", "goemotions/dev.tsv"),
+            "wnut17": ("wnut17/train.conll", "wnut17/dev.conll")}
+# The data sets --smoke has synthetic files of (common.smoke_data_root, smoke_task_data).
+SMOKE_DATASETS = ("sst2", "goemotions", "wnut17")
+# The task of each data set (classification unless named) and the RunConfig fields it needs.
+TASK = {"goemotions": "multi_label", "wnut17": "token_classification"}
+TASK_FIELDS = {"goemotions": {"task": "multi_label", "label_column": "labels"},
+               "wnut17": {"task": "token_classification"}}
+# Metrics recorded per task, as evaluate's metrics.json names them; the target compares
+# TARGET_METRICS (the task's gate metric; for classification accuracy and macro-F1, as before).
+METRICS = {"classification": ("accuracy", "macro_f1"),
+           "multi_label": ("micro_f1", "macro_f1", "subset_accuracy"),
+           "token_classification": ("f1", "precision", "recall", "macro_f1")}
+TARGET_METRICS = {"classification": ("accuracy", "macro_f1"), "multi_label": ("micro_f1",),
+                  "token_classification": ("f1",)}
 STEPS = ("data", "tokenize", "train", "evaluate")
 # bertflow's recipe settings the peer mirrors (RunConfig field -> peer worker flag).
 SHARED = {"per_replica_batch_size": 32, "learning_rate": 5e-5, "weight_decay": 0.01,
@@ -72,6 +108,12 @@ PEER_FLAGS = {"per_replica_batch_size": "--batch-size", "learning_rate": "--lear
               "weight_decay": "--weight-decay", "max_seq_length": "--max-seq-length",
               "epochs": "--epochs", "max_steps": "--max-steps"}
 PEER_WARMUP = 0.06
+# Settings both sides share on a data set, over SHARED: on the new tasks' sets the peak
+# learning rate (2e-4: at 5e-5 one GoEmotions epoch left both sides predicting no label over
+# the threshold; 2e-4 was probed on bertflow's side only) and the warm-up (the peer's 6%; on
+# the classification sets bertflow keeps its default, 10%).
+SHARED_BY_DATASET = {name: {"learning_rate": 2e-4, "warmup_ratio": PEER_WARMUP}
+                     for name in ("goemotions", "wnut17")}
 TARGET_SST2_SENTENCES = 0.90
 TARGET_SECONDS = 240.0
 TARGET_WALL_RATIO = 0.60
@@ -90,20 +132,62 @@ def tasks_cli(*argv: str) -> str:
 
 
 # --- the rows both sides read ------------------------------------------------------------------
-def read_rows(path: Path) -> list[tuple[str, str]]:
-    """(text, label) rows as bertflow's data step reads them (BANKING77's TSV quotes fields)."""
+def task_of(name: str) -> str:
+    return TASK.get(name, "classification")
+
+
+def read_rows(path: Path, **fields) -> list[tuple[str, str]]:
+    """(text, label) rows as bertflow's data step reads them (BANKING77's TSV quotes fields);
+    `fields`: RunConfig fields of the data set's task (multi-label: label is a list of names)."""
     from tasks.steps import data
     from tasks.config import RunConfig
 
-    return [(ex.text, ex.label) for ex in
-            data.load_source(RunConfig(train_uri=str(path), eval_uri=None), str(path)).examples]
+    cfg = RunConfig(train_uri=str(path), eval_uri=None, **fields)
+    return [(ex.text, ex.label) for ex in data.load_source(cfg, str(path)).examples]
 
 
-def write_jsonl(path: Path, rows: list[tuple[str, str]]) -> Path:
+def write_jsonl(path: Path, rows: list[tuple[str, str]], label_column: str = "label") -> Path:
     with open(path, "w", encoding="utf-8") as f:
         for text, label in rows:
-            f.write(json.dumps({"text": text, "label": label}) + "\n")
+            f.write(json.dumps({"text": text, label_column: label}) + "\n")
     return path
+
+
+def read_sentences(path: Path) -> list[tuple[list[str], list[str]]]:
+    """(tokens, tags) per sentence of a CoNLL file, as bertflow's reader reads it."""
+    from tasks.io import token_readers
+
+    return [(tokens, tags) for _, tokens, tags in token_readers.conll_sentences(str(path))]
+
+
+def write_conll(path: Path, sentences: list[tuple[list[str], list[str]]]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for tokens, tags in sentences:
+            f.writelines(f"{token}\t{tag}\n" for token, tag in zip(tokens, tags))
+            f.write("\n")
+    return path
+
+
+def write_token_jsonl(path: Path, sentences: list[tuple[list[str], list[str]]]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for tokens, tags in sentences:
+            f.write(json.dumps({"tokens": tokens, "tags": tags}) + "\n")
+    return path
+
+
+def prepare_tokens(name: str, work: Path, seed: int, limit: int) -> dict:
+    """prepare() for a CoNLL data set (train and eval files): the peer gets the sentences
+    bertflow's reader reads, as JSON Lines `{"tokens", "tags"}`; --limit keeps the first
+    `limit` train sentences, written back as CoNLL for bertflow."""
+    train_rel, eval_rel = DATASETS[name]
+    train_path, eval_path = common.require_data(train_rel, eval_rel)
+    train, evals = read_sentences(train_path), read_sentences(eval_path)
+    if limit:
+        train = train[:limit]
+        train_path = write_conll(work / f"{name}-train-limit.conll", train)
+    return {"bertflow": {"train_uri": str(train_path), "eval_uri": str(eval_path)},
+            "peer": (write_token_jsonl(work / f"{name}-s{seed}-peer-train.jsonl", train),
+                     write_token_jsonl(work / f"{name}-s{seed}-peer-eval.jsonl", evals))}
 
 
 def whole_sentence_split(rows: list[tuple[str, str]], seed: int = 42
@@ -139,9 +223,13 @@ def whole_sentence_split(rows: list[tuple[str, str]], seed: int = 42
 
 def prepare(name: str, work: Path, seed: int, limit: int) -> dict:
     """Files for both sides: bertflow's config entries and the peer's JSON Lines."""
+    if task_of(name) == "token_classification":
+        return prepare_tokens(name, work, seed, limit)
+    fields = TASK_FIELDS.get(name, {})
+    column = fields.get("label_column", "label")
     train_rel, eval_rel = DATASETS[name]
     train_path, = common.require_data(train_rel)
-    rows = read_rows(train_path)
+    rows = read_rows(train_path, **fields)
     if limit:
         rows = rows[:limit]
     out = {}
@@ -153,11 +241,11 @@ def prepare(name: str, work: Path, seed: int, limit: int) -> dict:
         out["peer"] = (tr, ev)
         return out
     if limit:
-        train_path = write_jsonl(work / f"{name}-train-limit.jsonl", rows)
+        train_path = write_jsonl(work / f"{name}-train-limit.jsonl", rows, column)
     if eval_rel:
         eval_path, = common.require_data(eval_rel)
         out["bertflow"] = {"train_uri": str(train_path), "eval_uri": str(eval_path)}
-        train, evals = rows, read_rows(eval_path)
+        train, evals = rows, read_rows(eval_path, **fields)
     else:
         from tasks.steps import data
 
@@ -166,15 +254,17 @@ def prepare(name: str, work: Path, seed: int, limit: int) -> dict:
                     enumerate(rows)]
         tr, ev = data.stratified_split(examples, 0.1, seed)  # the data step's split
         train, evals = [(e.text, e.label) for e in tr], [(e.text, e.label) for e in ev]
-    out["peer"] = (write_jsonl(work / f"{name}-s{seed}-peer-train.jsonl", train),
-                   write_jsonl(work / f"{name}-s{seed}-peer-eval.jsonl", evals))
+    out["peer"] = (write_jsonl(work / f"{name}-s{seed}-peer-train.jsonl", train, column),
+                   write_jsonl(work / f"{name}-s{seed}-peer-eval.jsonl", evals, column))
     return out
 
 
 # --- the two sides -----------------------------------------------------------------------------
 def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
     run_dir = work / "art" / "runs" / "quality" / f"{name}-s{seed}"
-    cfg = {**SHARED, **files["bertflow"], "epochs": epochs_for(name, args),
+    cfg = {**SHARED, **SHARED_BY_DATASET.get(name, {}), **TASK_FIELDS.get(name, {}),
+           **files["bertflow"],
+           "epochs": epochs_for(name, args),
            "max_steps": args.max_steps, "seed": seed, "artifact_root": str(work / "art")}
     for kv in args.set:
         k, v = kv.split("=", 1)
@@ -193,7 +283,9 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
     metrics = json.loads((run_dir / "evaluate" / "metrics.json").read_text())
     train_m = json.loads((run_dir / "train" / "manifest.json").read_text())
     data_m = json.loads((run_dir / "data" / "manifest.json").read_text())
-    return {"accuracy": metrics["accuracy"], "macro_f1": metrics["macro_f1"],
+    task = task_of(name)
+    extra = {} if task == "classification" else {"task": task}
+    return {**{m: metrics[m] for m in METRICS[task]}, **extra,
             "num_eval_examples": metrics["num_examples"],
             "num_train_examples": data_m["splits"]["train"]["num_examples"],
             "train_steps": train_m.get("steps"), "warmup_steps": train_m.get("warmup_steps"),
@@ -207,11 +299,13 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
         raise RuntimeError(f"{PEER_PY} is missing. Create the peer venv: python3 -m venv "
                            f".venv-peer && .venv-peer/bin/pip install -r "
                            f"benchmarks/requirements.txt")
-    settings = {**SHARED, "epochs": epochs_for(name, args),
+    settings = {**SHARED, **SHARED_BY_DATASET.get(name, {}), "epochs": epochs_for(name, args),
                 "max_steps": args.max_steps or -1}
     cmd = [str(PEER_PY), W_PEER, "--train", str(files["peer"][0]), "--eval",
            str(files["peer"][1]), "--model-dir", model_dir, "--seed", str(seed),
-           "--warmup-ratio", str(PEER_WARMUP)]
+           "--warmup-ratio", str(settings.get("warmup_ratio", PEER_WARMUP))]
+    if task_of(name) != "classification":
+        cmd += ["--task", task_of(name)]
     for field, flag in PEER_FLAGS.items():
         cmd += [flag, str(settings[field])]
     if not peer_bf16(args):
@@ -222,8 +316,10 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
             continue
         # A switch (no-bf16=true) is passed bare, or left out when false.
         cmd += {"true": [f"--{k}"], "false": []}.get(v.lower(), [f"--{k}", v])
+    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.peer_env)}
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.PROJECT_ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.PROJECT_ROOT,
+                          env=env)
     wall = time.perf_counter() - t0
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -248,18 +344,22 @@ def recipes(args) -> dict:
     from tasks.config import RunConfig
 
     sets = dict(kv.split("=", 1) for kv in args.set)
-    defaults = RunConfig.model_fields
-    value = (lambda k: json.loads(sets[k]) if k in sets else
-             SHARED.get(k, defaults[k].default))
+    defaults = {k: f.default for k, f in RunConfig.model_fields.items()}
+    shared = dict(SHARED)
+    names = (args.datasets or "").split(",")
+    if all(n in SHARED_BY_DATASET for n in names):  # an invocation of the new tasks' sets
+        shared.update(SHARED_BY_DATASET[names[0]])
+    value = (lambda k: json.loads(sets[k]) if k in sets else shared.get(k, defaults[k]))
     return {"bertflow": {"optimizer": "tasks.training.model.AdamW (fused)",
                          "learning_rate": value("learning_rate"),
                          "weight_decay": value("weight_decay"), "max_grad_norm": None,
                          "lr_schedule": "linear", "warmup_ratio": value("warmup_ratio"),
                          "precision": f"mixed_precision {sets.get('mixed_precision', 'auto')}"},
             "peer": {"optimizer": "adamw_torch_fused (the Trainer's default)",
-                     "learning_rate": SHARED["learning_rate"],
-                     "weight_decay": SHARED["weight_decay"], "max_grad_norm": 1.0,
-                     "lr_schedule": "linear", "warmup_ratio": PEER_WARMUP,
+                     "learning_rate": shared["learning_rate"],
+                     "weight_decay": shared["weight_decay"], "max_grad_norm": 1.0,
+                     "lr_schedule": "linear", "warmup_ratio": shared.get("warmup_ratio",
+                                                                         PEER_WARMUP),
                      "precision": "bf16 autocast" if peer_bf16(args) else "fp32"}}
 
 
@@ -268,32 +368,39 @@ def epochs_for(name: str, args) -> int:
 
 
 # Epochs per data set unless --epochs: 3 on BANKING77 (77 classes, 117 rows each: the budget
-# of the issue's comparison), 1 elsewhere.
-EPOCHS = {"sst2": 1, "snips": 1, "banking77": 3, "sst2_sentences": 1}
+# of the issue's comparison) and on WNUT17 (3,394 sentences: 107 steps an epoch), 1 elsewhere
+# (GoEmotions: 43,410 rows, 1,357 steps). Both new sets, both sides, 2 seeds: about 35 min
+# on 2 cores (benchmarks/RESULTS.md, section 12).
+EPOCHS = {"sst2": 1, "snips": 1, "banking77": 3, "sst2_sentences": 1, "goemotions": 1,
+          "wnut17": 3}
 
 
 # --- summary -----------------------------------------------------------------------------------
 def summarize(results: dict) -> dict:
     out = {}
     for name, by_side in results.items():
+        task = task_of(name)
+        metrics, head = METRICS[task], METRICS[task][0]  # a run without `head` failed
         s = {}
+        if task != "classification":
+            s["task"] = task
         for side, runs in by_side.items():
-            ok = [r for r in runs.values() if "accuracy" in r]
+            ok = [r for r in runs.values() if head in r]
             if ok:
                 s[side] = {k: statistics.fmean(r[k] for r in ok)
-                           for k in ("accuracy", "macro_f1", "wall_seconds")}
-                s[side]["seeds"] = [int(x) for x, r in runs.items() if "accuracy" in r]
+                           for k in (*metrics, "wall_seconds")}
+                s[side]["seeds"] = [int(x) for x, r in runs.items() if head in r]
         if "bertflow" in s and "peer" in s:
             b, p = s["bertflow"], s["peer"]
-            s["accuracy_vs_peer"] = b["accuracy"] - p["accuracy"]
-            s["macro_f1_vs_peer"] = b["macro_f1"] - p["macro_f1"]
-            s["quality_target"] = ("met" if b["accuracy"] >= p["accuracy"] and
-                                   b["macro_f1"] >= p["macro_f1"] else "MISSED")
+            for k in metrics:
+                s[f"{k}_vs_peer"] = b[k] - p[k]
+            s["quality_target"] = ("met" if all(b[k] >= p[k] for k in TARGET_METRICS[task])
+                                   else "MISSED")
             # Wall times compare only where both sides of a seed ran on a quiet machine, and
             # on one machine kind.
             quiet = [seed for seed, r in by_side["bertflow"].items()
-                     if seed in by_side["peer"] and "accuracy" in r
-                     and "accuracy" in by_side["peer"][seed]
+                     if seed in by_side["peer"] and head in r
+                     and head in by_side["peer"][seed]
                      and max(_loads(r) + _loads(by_side["peer"][seed])) < QUIET_LOAD
                      and r.get("key_cpu_flags") == by_side["peer"][seed].get("key_cpu_flags")]
             if quiet:
@@ -308,6 +415,16 @@ def summarize(results: dict) -> dict:
     return out
 
 
+LABELS = {"accuracy": "accuracy", "macro_f1": "macro-F1", "micro_f1": "micro-F1",
+          "subset_accuracy": "subset accuracy", "f1": "entity F1", "precision": "precision",
+          "recall": "recall"}
+
+
+def scores(name: str, figures: dict) -> str:
+    """A run's (or a mean's) metrics of its data set's task, for the console."""
+    return "  ".join(f"{LABELS[k]} {figures[k]:.4f}" for k in METRICS[task_of(name)])
+
+
 def _loads(run: dict) -> list[float]:
     """The 1-minute load averages taken around a run (older records have only the first)."""
     return [run[k] for k in ("load_avg_1min_before", "load_avg_1min_after") if k in run]
@@ -315,21 +432,27 @@ def _loads(run: dict) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default="sst2,snips,banking77")
+    ap.add_argument("--datasets", default=None,
+                    help=f"of {', '.join(DATASETS)} (default sst2,snips,banking77; with "
+                         f"--smoke: sst2, or any of {', '.join(SMOKE_DATASETS)})")
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--sides", default="bertflow,peer")
     ap.add_argument("--epochs", type=int, default=0, help="0 = per data set (EPOCHS)")
-    ap.add_argument("--limit", type=int, default=0, help="rows of each train file (0 = all)")
+    ap.add_argument("--limit", type=int, default=0,
+                    help="rows (CoNLL: sentences) of each train file (0 = all)")
     ap.add_argument("--max-steps", type=int, default=0, help="0 = full epochs")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="bertflow RunConfig field (JSON value), e.g. warmup_ratio=0.06")
     ap.add_argument("--peer-set", action="append", default=[], metavar="FLAG=VALUE",
                     help="peer worker flag, e.g. warmup-ratio=0.1 or no-bf16=true")
+    ap.add_argument("--peer-env", action="append", default=[], metavar="VAR=VALUE",
+                    help="environment variable of the peer's process, e.g. "
+                         "OMP_WAIT_POLICY=PASSIVE (recorded as peer_env)")
     ap.add_argument("--name", default="quality", help="results file name")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
     ap.add_argument("--smoke", action="store_true",
-                    help="a tiny random model on 64 synthetic rows, seed 0, 2 steps, results "
-                         "in a temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
+                    help="a tiny random model on 64 synthetic rows (or sentences), seed 0, 2 "
+                         "steps, results in a temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
     ap.add_argument("--merge", action="store_true",
                     help="add these runs to results/NAME.json instead of replacing it (runs of "
                          "the same data set, side and seed are replaced)")
@@ -337,11 +460,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
     if args.smoke:
         common.smoke_results_dir()
-        args.datasets, args.seeds, args.max_steps, args.merge = "sst2", "0", 2, False
+        args.datasets = args.datasets or "sst2"
+        if not set(args.datasets.split(",")) <= set(SMOKE_DATASETS):
+            ap.error(f"--smoke runs on {', '.join(SMOKE_DATASETS)} only")
+        args.seeds, args.max_steps, args.merge = "0", 2, False
         common.DATA_ROOT = common.smoke_data_root(work / "data")
+        common.smoke_task_data(common.DATA_ROOT)
         model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
         args.set = [*args.set, f"base_model={model_dir}"]
-    names = args.datasets.split(",")
+    names = (args.datasets or "sst2,snips,banking77").split(",")
+    if not set(names) <= set(DATASETS):
+        ap.error(f"unknown data set(s) {', '.join(sorted(set(names) - set(DATASETS)))}; "
+                 f"known: {', '.join(DATASETS)}")
     seeds = [int(s) for s in args.seeds.split(",")]
     sides = args.sides.split(",")
     common.require_data(*[DATASETS[d][0] for d in names])
@@ -371,8 +501,8 @@ def main() -> None:
                 # Merged files mix runs of several machines: each run names its own kind.
                 r["key_cpu_flags"] = machine["key_cpu_flags"]
                 results[name][side][seed] = r
-                print(f"{name:15s} {side:8s} seed {seed}: accuracy {r['accuracy']:.4f}  "
-                      f"macro-F1 {r['macro_f1']:.4f}  final loss {r['final_loss']:.3f}  "
+                print(f"{name:15s} {side:8s} seed {seed}: {scores(name, r)}  "
+                      f"final loss {r['final_loss']:.3f}  "
                       f"wall {r['wall_seconds']:.0f}s  ({r['num_train_examples']} train / "
                       f"{r['num_eval_examples']} eval, {r['train_steps']} steps; "
                       f"load {load:.1f})", flush=True)
@@ -425,7 +555,8 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
         "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
         "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,
         "shared_settings": SHARED, "bertflow_set": args.set, "peer_warmup_ratio": PEER_WARMUP,
-        "peer_set": args.peer_set,
+        "peer_set": args.peer_set, "peer_env": args.peer_env,
+        "shared_by_dataset": {n: SHARED_BY_DATASET[n] for n in names if n in SHARED_BY_DATASET},
         "summary": summary, "time_to_accuracy": tta,
         "results": results}, quiet=not final)
     if not final:
@@ -434,12 +565,13 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
     for name, s in summary.items():
         for side in ("bertflow", "peer"):
             if side in s:
-                print(f"  {name:15s} {side:8s} accuracy {s[side]['accuracy']:.4f}  macro-F1 "
-                      f"{s[side]['macro_f1']:.4f}  wall {s[side]['wall_seconds']:.0f}s")
+                print(f"  {name:15s} {side:8s} {scores(name, s[side])}  "
+                      f"wall {s[side]['wall_seconds']:.0f}s")
         if "quality_target" in s:
             wall = f"x{s['wall_ratio']:.2f}" if "wall_ratio" in s else "-"
-            print(f"  {name:15s} bertflow - peer: accuracy {s['accuracy_vs_peer']:+.4f}, "
-                  f"macro-F1 {s['macro_f1_vs_peer']:+.4f}; target >= peer: "
+            diffs = ", ".join(f"{LABELS[k]} {s[k + '_vs_peer']:+.4f}"
+                              for k in TARGET_METRICS[task_of(name)])
+            print(f"  {name:15s} bertflow - peer: {diffs}; target >= peer: "
                   f"{s['quality_target']}; wall {wall} (target <= {TARGET_WALL_RATIO:.0%}): "
                   f"{s['wall_target']}")
     if tta is not None:

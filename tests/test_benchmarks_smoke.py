@@ -199,6 +199,46 @@ def test_smoke_peer_side_matches_its_schema(script, tmp_path):
         assert run["optim"] == "adamw_torch_fused" and run["bf16"] is native_bf16
 
 
+def test_smoke_quality_on_the_new_tasks(tmp_path):
+    """quality.py --smoke on GoEmotions-like multi-label rows and WNUT17-like CoNLL sentences
+    (common.smoke_task_data): each side records its task's metrics, the same warm-up on both
+    sides, and the file matches the schema. bertflow's token classification side runs once
+    the task is wired (until then init-run refuses it and the run records the error)."""
+    from tasks.task_kinds import KINDS
+
+    sides = "bertflow,peer" if PEER_PY.exists() else "bertflow"
+    data = smoke("quality", tmp_path, "--datasets", "goemotions,wnut17", "--sides", sides,
+                 "--peer-env", "OMP_WAIT_POLICY=PASSIVE")
+    assert data["epochs"] == {"goemotions": 1, "wnut17": 3}
+    shared = {"learning_rate": 2e-4, "warmup_ratio": 0.06}
+    assert data["shared_by_dataset"] == {"goemotions": shared, "wnut17": shared}
+    for side in ("bertflow", "peer"):
+        assert data["recipes"][side]["warmup_ratio"] == 0.06
+        assert data["recipes"][side]["learning_rate"] == 2e-4
+    assert data["summary"]["goemotions"]["task"] == "multi_label"
+    assert data["summary"]["wnut17"]["task"] == "token_classification"
+    run = data["results"]["goemotions"]["bertflow"]["0"]
+    assert run["task"] == "multi_label" and 0 <= run["micro_f1"] <= 1
+    assert run["config"]["warmup_ratio"] == 0.06 and run["config"]["label_column"] == "labels"
+    assert run["config"]["learning_rate"] == 2e-4
+    assert run["num_train_examples"] == 64 and run["num_eval_examples"] == 16
+    run = data["results"]["wnut17"]["bertflow"]["0"]
+    if KINDS["token_classification"].wired:
+        assert run["task"] == "token_classification" and 0 <= run["f1"] <= 1
+        assert run["num_eval_examples"] == 16
+    else:
+        assert "not wired yet" in run["error"]
+    if not PEER_PY.exists():
+        pytest.skip(NO_PEER)
+    assert data["peer_env"] == ["OMP_WAIT_POLICY=PASSIVE"]
+    peer = data["results"]["goemotions"]["peer"]["0"]
+    assert peer["task"] == "multi_label" and 0 <= peer["micro_f1"] <= 1
+    assert peer["warmup_ratio"] == 0.06 and peer["num_eval_examples"] == 16
+    peer = data["results"]["wnut17"]["peer"]["0"]
+    assert peer["task"] == "token_classification" and 0 <= peer["f1"] <= 1
+    assert (peer["num_train_examples"], peer["num_eval_examples"]) == (64, 16)
+
+
 def test_a_smoke_run_refuses_to_write_to_the_results_folder(tmp_path):
     import os
     import subprocess
