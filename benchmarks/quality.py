@@ -339,6 +339,14 @@ def peer_bf16(args) -> bool:
     return not set(common.cpu_flags()).isdisjoint({"avx512_bf16", "amx_bf16"})
 
 
+def clip_norm(max_grad_norm) -> float:
+    """The global norm bertflow's train step clips to for this max_grad_norm (empty: the
+    step's default; the benchmarks run no central_storage)."""
+    from tasks.config import DEFAULT_CLIP_NORM
+
+    return DEFAULT_CLIP_NORM if max_grad_norm is None else max_grad_norm
+
+
 def recipes(args) -> dict:
     """Each side's training recipe, as this invocation runs it."""
     from tasks.config import RunConfig
@@ -352,7 +360,8 @@ def recipes(args) -> dict:
     value = (lambda k: json.loads(sets[k]) if k in sets else shared.get(k, defaults[k]))
     return {"bertflow": {"optimizer": "tasks.training.model.AdamW (fused)",
                          "learning_rate": value("learning_rate"),
-                         "weight_decay": value("weight_decay"), "max_grad_norm": None,
+                         "weight_decay": value("weight_decay"),
+                         "max_grad_norm": clip_norm(value("max_grad_norm")),
                          "lr_schedule": "linear", "warmup_ratio": value("warmup_ratio"),
                          "precision": f"mixed_precision {sets.get('mixed_precision', 'auto')}"},
             "peer": {"optimizer": "adamw_torch_fused (the Trainer's default)",

@@ -9,7 +9,7 @@ length-grouped batches.
 Both sides get the same SST-2 rows (seeded sample, real length distribution), batches of 32
 and the same timing window: one untimed pass over the rows (the warm-up), then one timed pass.
 Each side's own default recipe is recorded per side (`summary[side].recipe`): bertflow's
-defaults differ from the Trainer's (weight decay 0.01, warm-up 10%, no clipping). Start-up,
+defaults differ from the Trainer's (weight decay 0.01, warm-up 10%). Start-up,
 process start to the end of the first step, is reported per side (`startup_s`), outside the
 timed window on both sides (bertflow's includes its untimed data and tokenize steps).
 Each side runs as a subprocess (peer in .venv-peer, which has torch; the product venv must not),

@@ -43,6 +43,10 @@ TOLERATION = re.compile(r"^([A-Za-z0-9./_-]+)(?:=([A-Za-z0-9._-]*))?:"
                         r"(NoSchedule|PreferNoSchedule|NoExecute)$")
 
 
+# transformers' Trainer's default max_grad_norm: bertflow's when the Param is empty.
+DEFAULT_CLIP_NORM = 1.0
+
+
 class RunConfig(BaseModel):
     """Every knob of one fine-tuning run. Titles and descriptions feed the UI form."""
 
@@ -296,6 +300,12 @@ class RunConfig(BaseModel):
     weight_decay: float = Field(default=0.01, ge=0, lt=1, title="AdamW weight decay")
     grad_accum_steps: int = Field(default=1, ge=1, le=1024, title="Gradient accumulation",
                                   description="Micro-batches per optimizer step.")
+    max_grad_norm: Optional[float] = Field(
+        default=None, ge=0, title="Gradient clipping (global norm)",
+        description="Before each update, scale the step's gradient (summed over replicas and "
+                    "micro-batches) down to this global L2 norm. 0: no clipping. Empty: 1.0, "
+                    "transformers' Trainer's default, or off under central_storage, where "
+                    "Keras cannot clip (a value over 0 is refused there).")
     mixed_precision: Literal["auto", "none", "mixed_bfloat16", "mixed_float16"] = Field(
         default="auto", title="Mixed precision",
         description="auto: mixed_float16 on GPU, mixed_bfloat16 on TPU and on CPUs with "
@@ -448,6 +458,10 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     # Topology conflicts are config errors too; they name the field to change.
     strategy = resolve_strategy_name(Topology.from_config(cfg), cfg.strategy)
     check_training_loop(cfg, strategy)
+    if strategy == "central_storage" and cfg.max_grad_norm:
+        raise ConfigError("max_grad_norm", "Keras cannot clip gradients under central_storage "
+                                           "(its optimizer refuses global_clipnorm there); set "
+                                           "max_grad_norm to 0 or use another strategy")
     return cfg
 
 

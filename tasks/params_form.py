@@ -37,6 +37,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
         "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
+                            "max_grad_norm",
                             "checkpoint_every_steps", "eval_batch_size"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
                                            "hf_conn_id"),

@@ -158,8 +158,10 @@ def test_central_storage_trains_with_fit_over_two_logical_cpus(tmp_path, tiny_mo
 
 
 # fit and the custom loop do the same arithmetic in a different order of operations; on one
-# device, without dropout, their final weights agree to this (max absolute difference).
-LOOP_WEIGHT_ATOL = 1e-4
+# device, without dropout, their final weights agree to this (max absolute difference). The
+# default gradient clipping divides every gradient by a norm summed in another order too:
+# measured 1.3e-4 with it (below 1e-4 without), while training moves weights by ~1e-1.
+LOOP_WEIGHT_ATOL = 3e-4
 
 
 def test_fit_and_custom_loop_reach_the_same_model(tmp_path):
@@ -250,7 +252,7 @@ def test_other_tasks_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
         assert config["architectures"] == ["BertForTokenClassification"]
         assert list(config["id2label"].values()) == ["O", "B-UP", "I-UP"]
         assert set(result["metrics"]) == {"f1", "macro_f1", "precision", "recall"}
-        assert history["records"][-1]["accuracy"] > 0.9  # of the labelled pieces
+        assert history["records"][-1]["accuracy"] > 0.85  # of the labelled pieces
         assert metrics["f1"] > 0.6, metrics  # exact spans: B- vs I- needs the context
         assert metrics["per_type"]["UP"]["support"] > 41  # several entities per sentence
     elif task == "multi_label":
@@ -266,3 +268,33 @@ def test_other_tasks_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
         assert set(result["metrics"]) == {"pearson", "spearman", "mse"}
         assert metrics["pearson"] > 0.8 and metrics["spearman"] > 0.8
         assert sum(row["count"] for row in metrics["binned"]["rows"]) == 41
+
+
+def test_gradients_are_clipped_to_max_grad_norm(tmp_path, tiny_model_dir):
+    """The default clips the step's gradient to global norm 1.0 (the Trainer's default): a
+    tiny max_grad_norm bounds every update, so the weights barely move; 0 turns it off; the
+    plan line and the manifest say which; central_storage cannot clip, so a value there is
+    refused and the default is off."""
+    from tasks.config import parse_config
+    from tasks.errors import ConfigError
+
+    moved = {}
+    for name, clip in (("tiny", 1e-12), ("off", 0.0)):
+        cfg, ctx = make_run(tmp_path / name, tiny_model_dir, epochs=1, max_grad_norm=clip,
+                            learning_rate=1e-2, warmup_ratio=0.0)
+        train.run(cfg, ctx)
+        manifest = read_manifest(ctx.manifest_uri("train"))
+        assert manifest["max_grad_norm"] == clip
+        weights = saved_weights(Path(manifest["model_dir"]))
+        base = saved_weights(tiny_model_dir)
+        moved[name] = max(float(np.abs(weights[k] - base[k]).max()) for k in base)
+    # Adam divides by sqrt(v) + epsilon (1e-8): a gradient clipped to norm 1e-12 is far below
+    # epsilon, so each step is ~1e-4 of an unclipped one.
+    print("max weight change: clipped to 1e-12", moved["tiny"], "unclipped", moved["off"])
+    assert moved["tiny"] < 1e-3 * moved["off"]
+    cfg, _ = make_run(tmp_path / "default", tiny_model_dir)
+    assert train.clip_norm(cfg, "one_device") == 1.0
+    assert train.clip_norm(cfg, "central_storage") == 0.0
+    with pytest.raises(ConfigError, match="max_grad_norm"):
+        parse_config({"strategy": "central_storage", "devices_per_worker": 2,
+                      "max_grad_norm": 1.0})

@@ -30,7 +30,7 @@ from tasks.training import strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
                                           previous_high_water, process_started_at)
 from tasks.io import storage
-from tasks.config import RunConfig, check_training_loop
+from tasks.config import DEFAULT_CLIP_NORM, RunConfig, check_training_loop
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 from tasks.task_kinds import TaskKind, kind as task_kind
@@ -97,7 +97,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         with strategy.scope():
             model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels,
                                                head=kind.head)
-            optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels)
+            optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels,
+                                                   clip_norm=clip_norm(cfg, name))
             # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
             model.seed_dropout(seeded_dropout.DropoutSeeds(
                 cfg.seed, optimizer.iterations, plan.grad_accum_steps))
@@ -172,6 +173,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         **plan.to_dict(),
         "base_learning_rate": cfg.learning_rate,
         "lr_scaling": cfg.lr_scaling,
+        "max_grad_norm": clip_norm(cfg, name),
         "reference_batch_size": cfg.reference_batch_size,
         "steps": int(optimizer.iterations.numpy()),
         "resumed_from_step": start_step,
@@ -179,6 +181,15 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "final_loss": progress.epoch_loss,
         "train_seconds": progress.train_seconds,
     })
+
+
+def clip_norm(cfg: RunConfig, strategy: str) -> float:
+    """The global norm the optimizer clips to (0: none): max_grad_norm, or when it is empty
+    DEFAULT_CLIP_NORM, except under central_storage, where Keras cannot clip (parse_config
+    refuses a value over 0 there)."""
+    if cfg.max_grad_norm is not None:
+        return cfg.max_grad_norm
+    return 0.0 if strategy == "central_storage" else DEFAULT_CLIP_NORM
 
 
 def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: str,
@@ -192,7 +203,8 @@ def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: 
             f"= global batch {plan.global_batch_size}; learning rate {cfg.learning_rate:.4g} "
             f"({cfg.lr_scaling}: {rule[cfg.lr_scaling]}) = {plan.learning_rate:.4g}; "
             f"{plan.steps_per_epoch} steps per epoch, {plan.total_steps} steps in "
-            f"{plan.epochs} epochs ({plan.warmup_steps} warm-up); precision {policy}; "
+            f"{plan.epochs} epochs ({plan.warmup_steps} warm-up); gradient clipping "
+            f"{clip_norm(cfg, name) or 'off'}; precision {policy}; "
             f"bertflow CPU kernels {'on' if cpu_kernels else 'off'}")
 
 

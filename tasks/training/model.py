@@ -158,15 +158,19 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
                 "exclude_from_weight_decay": [p.pattern for p in self._no_decay]}
 
 
-def create_optimizer(cfg, plan: TrainPlan, policy: str,
-                     cpu_kernel: bool = False) -> tf_keras.optimizers.legacy.Optimizer:
+def create_optimizer(cfg, plan: TrainPlan, policy: str, cpu_kernel: bool = False,
+                     clip_norm: float = 0.0) -> tf_keras.optimizers.legacy.Optimizer:
     """AdamW on the warm-up/decay schedule (loss-scaled under float16, whose small range
-    would flush small gradients to zero). Create it inside strategy.scope()."""
+    would flush small gradients to zero), clipping the gradient to the global norm
+    `clip_norm` (0: not). Keras' legacy optimizer clips in apply_gradients after summing the
+    replicas' gradients, so every replica clips the same global gradient (under
+    ParameterServer, each worker's own). Create it inside strategy.scope()."""
     optimizer = AdamW(
         learning_rate=WarmUpLinearDecay(plan.learning_rate, plan.warmup_steps,
                                         plan.total_steps),
         weight_decay=cfg.weight_decay, exclude_from_weight_decay=NO_DECAY,
-        epsilon=TORCH_EPSILON, cpu_kernel=cpu_kernel)
+        epsilon=TORCH_EPSILON, cpu_kernel=cpu_kernel,
+        global_clipnorm=clip_norm or None)
     if policy == "mixed_float16":
         return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer
