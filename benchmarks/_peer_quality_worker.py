@@ -31,7 +31,6 @@ import json
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,8 +38,8 @@ from transformers import (AutoModelForSequenceClassification, AutoModelForTokenC
                           BertForSequenceClassification, BertTokenizerFast,
                           DataCollatorForTokenClassification, Trainer, TrainingArguments)
 
-# bertflow's scorers (tasks/task_kinds.py, tasks/training/entity_metrics.py import numpy only).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# bertflow's scorers (tasks/task_kinds.py, tasks/training/entity_metrics.py import numpy only)
+# are importable: the driver puts the checkout on PYTHONPATH.
 
 p = argparse.ArgumentParser()
 p.add_argument("--train", required=True)

@@ -316,7 +316,10 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
             continue
         # A switch (no-bf16=true) is passed bare, or left out when false.
         cmd += {"true": [f"--{k}"], "false": []}.get(v.lower(), [f"--{k}", v])
-    env = {**os.environ, **dict(kv.split("=", 1) for kv in args.peer_env)}
+    # The checkout on the path for bertflow's scorers (tasks/task_kinds.py and
+    # tasks/training/entity_metrics.py need numpy only), which score both sides alike.
+    env = {**os.environ, "PYTHONPATH": str(common.PROJECT_ROOT),
+           **dict(kv.split("=", 1) for kv in args.peer_env)}
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=common.PROJECT_ROOT,
                           env=env)
