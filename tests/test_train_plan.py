@@ -143,5 +143,8 @@ def test_start_of_training_line_explains_batch_learning_rate_and_steps():
     line = train.describe_plan(cfg, plan, "mirrored", "float32", cpu_kernels=True)
     assert line == ("train: strategy mirrored, 4 replicas x 16 per replica x 2 accumulation "
                     "= global batch 128; learning rate 0.0001 (sqrt: x sqrt(128/32)) = 0.0002; "
-                    "8 steps per epoch, 24 steps in 3 epochs (2 warm-up); precision float32; "
-                    "bertflow CPU kernels on")
+                    "8 steps per epoch, 24 steps in 3 epochs (2 warm-up); gradient clipping "
+                    "1.0; precision float32; bertflow CPU kernels on")
+    off = train.describe_plan(cfg.model_copy(update={"max_grad_norm": 0.0}), plan,
+                              "mirrored", "float32")
+    assert "; gradient clipping off; " in off
