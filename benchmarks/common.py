@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import re
 import sys
 import tempfile
@@ -283,3 +284,18 @@ def verdict(value: float, target: float, unit: str = "") -> str:
     if value >= target:
         return f"met ({value:,.3g}{unit} >= {target:,.3g}{unit})"
     return f"MISSED by {100 * (1 - value / target):.0f}% ({value:,.3g}{unit} < {target:,.3g}{unit})"
+
+
+# The product's interpreter: benchmarks run bertflow's steps as its users do.
+PRODUCT_PYTHON = str(PROJECT_ROOT / ".venv" / "bin" / "python")
+
+
+def tasks_cli(*argv: str) -> str:
+    """`python -m tasks ARGV` in the product's venv from the checkout's root; the last line
+    it prints (a manifest URI). RuntimeError with the end of stderr when it fails."""
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([PRODUCT_PYTHON, "-m", "tasks", *argv], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"python -m tasks {' '.join(argv)} failed:\n{proc.stderr[-4000:]}")
+    return proc.stdout.strip().splitlines()[-1]

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,18 +36,8 @@ from pathlib import Path
 
 import common
 
-PY = str(common.PROJECT_ROOT / ".venv" / "bin" / "python")
 RUNS = (("deterministic_a", True), ("not_deterministic_a", False), ("deterministic_b", True),
         ("not_deterministic_b", False))
-
-
-def tasks_cli(*argv: str) -> str:
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([PY, "-m", "tasks", *argv], cwd=common.PROJECT_ROOT, env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"python -m tasks {' '.join(argv)} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout.strip().splitlines()[-1]
 
 
 def weights(run_dir: Path) -> dict:
@@ -83,11 +72,11 @@ def run_one(name: str, deterministic: bool, base_cfg: dict, work: Path) -> dict:
     run_dir = work / "art" / "runs" / "determinism" / name
     cfg_file = work / f"{name}-config.json"
     cfg_file.write_text(json.dumps({**base_cfg, "deterministic": deterministic}))
-    tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
+    common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
     times, loads = {}, [os.getloadavg()[0]]
     for step in ("data", "tokenize", "train", "evaluate"):
         t0 = time.perf_counter()
-        tasks_cli(step, "--run-dir", str(run_dir))
+        common.tasks_cli(step, "--run-dir", str(run_dir))
         times[step] = round(time.perf_counter() - t0, 2)
     loads.append(os.getloadavg()[0])
     train_m = json.loads((run_dir / "train" / "manifest.json").read_text())

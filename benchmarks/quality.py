@@ -79,7 +79,6 @@ from pathlib import Path
 
 import common
 
-PY = str(common.PROJECT_ROOT / ".venv" / "bin" / "python")
 PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
 W_PEER = str(common.BENCH_DIR / "_peer_quality_worker.py")
 DATASETS = {"sst2": ("sst2/train.tsv", None), "snips": ("snips/train.tsv", "snips/dev.tsv"),
@@ -120,15 +119,6 @@ TARGET_WALL_RATIO = 0.60
 QUIET_LOAD = 3.0  # 1-minute load average (2 cores) under which a wall time counts
 SENTENCE_WORDS = 15
 HELD_OUT_SENTENCES = 1000
-
-
-def tasks_cli(*argv: str) -> str:
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([PY, "-m", "tasks", *argv], cwd=common.PROJECT_ROOT, env=env,
-                          capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"python -m tasks {' '.join(argv)} failed:\n{proc.stderr[-4000:]}")
-    return proc.stdout.strip().splitlines()[-1]
 
 
 # --- the rows both sides read ------------------------------------------------------------------
@@ -274,11 +264,11 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
             cfg[k] = v
     cfg_file = work / f"{name}-s{seed}-config.json"
     cfg_file.write_text(json.dumps(cfg))
-    tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
+    common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
     times = {}
     for step in STEPS:
         t0 = time.perf_counter()
-        tasks_cli(step, "--run-dir", str(run_dir))
+        common.tasks_cli(step, "--run-dir", str(run_dir))
         times[step] = time.perf_counter() - t0
     metrics = json.loads((run_dir / "evaluate" / "metrics.json").read_text())
     train_m = json.loads((run_dir / "train" / "manifest.json").read_text())
