@@ -123,6 +123,7 @@ SMOKE = {
     "train_step_ablation": ([], None),  # bertflow's variants only
     "scale": ([], None),
     "determinism": ([], None),  # bertflow's deterministic and not, no peer
+    "preemption_save": ([], None),  # bertflow's saves only, to disk and the emulators
 }
 
 
@@ -171,6 +172,12 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert data["recipes"]["peer"]["optimizer"].startswith("adamw_torch_fused")
     if script == "tokenize_throughput":
         assert data["rows"] == 64 and data["median_rows_per_s"]["bertflow_step"] > 0
+    if script == "preemption_save":
+        after, before = data["runs"]["after"][0], data["runs"]["before"][0]
+        # before sends every kept checkpoint, after only the new one
+        assert before["folder_bytes"] > before["checkpoint_bytes"]
+        assert set(after["upload_s"]) == {"local", "gs", "s3"} and data["order"][:2] == [
+            "before", "after"]
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [

@@ -203,19 +203,26 @@ class ObjectStore(ABC):
             with self._errors(prefix):
                 self._delete(keys[0][0], [k for _, k in keys])
 
-    def upload_dir(self, local_dir: Path, uri: str) -> None:
+    def upload_dir(self, local_dir: Path, uri: str, names: list[str] | None = None) -> None:
         root = Path(local_dir)
         bucket, key = split(uri)
+        files = ([root / n for n in names] if names is not None
+                 else [p for p in sorted(root.rglob("*")) if p.is_file()])
         self._put_files(bucket, [(p, _join(key, p.relative_to(root).as_posix()))
-                                 for p in sorted(root.rglob("*")) if p.is_file()])
+                                 for p in files])
 
-    def download_dir(self, uri: str, local_dir: Path) -> None:
+    def download_dir(self, uri: str, local_dir: Path, names: list[str] | None = None) -> None:
         bucket, key = split(uri)
         folder = _folder(key)
         with self._errors(uri):
             found = self._list(bucket, folder)
         if not found:
             raise StorageError(f"{redact(uri)}: no such folder")
+        if names is not None:
+            missing = [n for n in names if folder + n not in found]
+            if missing:
+                raise StorageError(f"{redact(uri)}/{missing[0]}: no such object")
+            found = {folder + n: found[folder + n] for n in names}
         pairs = [(k, Path(local_dir) / k[len(folder):]) for k in sorted(found)]
         for _, dest in pairs:
             dest.parent.mkdir(parents=True, exist_ok=True)

@@ -62,8 +62,10 @@ class Storage(Protocol):
     def list(self, prefix: str) -> list[str]: ...
     def list_sizes(self, prefix: str) -> dict[str, tuple[int, str | None]]: ...
     def delete_prefix(self, prefix: str) -> None: ...
-    def upload_dir(self, local_dir: Path, uri: str) -> None: ...
-    def download_dir(self, uri: str, local_dir: Path) -> None: ...
+    def upload_dir(self, local_dir: Path, uri: str,
+                   names: list[str] | None = None) -> None: ...
+    def download_dir(self, uri: str, local_dir: Path,
+                     names: list[str] | None = None) -> None: ...
     def publish_dir(self, local_dir: Path, uri: str) -> bool: ...
     def read_versioned(self, uri: str) -> tuple[bytes, str] | None: ...
     def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool: ...
@@ -128,17 +130,32 @@ class LocalStorage:
         elif path.exists():
             path.unlink()
 
-    def upload_dir(self, local_dir: Path, uri: str) -> None:
+    def upload_dir(self, local_dir: Path, uri: str, names: list[str] | None = None) -> None:
         dest = local_path(uri)
         if dest.resolve() == Path(local_dir).resolve():
             return
-        shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+        if names is None:
+            shutil.copytree(local_dir, dest, dirs_exist_ok=True)
+            return
+        for name in names:  # each renamed into place, as write_bytes does
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+            shutil.copyfile(Path(local_dir) / name, tmp)
+            os.replace(tmp, target)
 
-    def download_dir(self, uri: str, local_dir: Path) -> None:
+    def download_dir(self, uri: str, local_dir: Path, names: list[str] | None = None) -> None:
         src = local_path(uri)
         if not src.is_dir():
             raise StorageError(f"{uri}: no such folder")
-        shutil.copytree(src, local_dir, dirs_exist_ok=True)
+        if names is None:
+            shutil.copytree(src, local_dir, dirs_exist_ok=True)
+            return
+        for name in names:
+            if not (src / name).is_file():
+                raise StorageError(f"{uri}/{name}: no such file")
+            (Path(local_dir) / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / name, Path(local_dir) / name)
 
     def publish_dir(self, local_dir: Path, uri: str) -> bool:
         """Copy a folder to `uri` atomically: readers see all of it or nothing.
@@ -264,12 +281,14 @@ def delete_prefix(prefix: str) -> None:
     open_storage(prefix).delete_prefix(prefix)
 
 
-def upload_dir(local_dir: Path, uri: str) -> None:
-    open_storage(uri).upload_dir(Path(local_dir), uri)
+def upload_dir(local_dir: Path, uri: str, names: list[str] | None = None) -> None:
+    """Copy the files of `local_dir` (only `names`, relative paths, if given) under `uri`."""
+    open_storage(uri).upload_dir(Path(local_dir), uri, names)
 
 
-def download_dir(uri: str, local_dir: Path) -> None:
-    open_storage(uri).download_dir(uri, Path(local_dir))
+def download_dir(uri: str, local_dir: Path, names: list[str] | None = None) -> None:
+    """Copy the files under `uri` (only `names`, relative paths, if given) to `local_dir`."""
+    open_storage(uri).download_dir(uri, Path(local_dir), names)
 
 
 def publish_dir(local_dir: Path, uri: str) -> bool:

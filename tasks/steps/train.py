@@ -23,8 +23,8 @@ import tf_keras
 from tensorflow.core.framework import summary_pb2
 
 from tasks.model.hf_weights import save_hf_checkpoint
-from tasks.training import (checkpoint, determinism, inputs, memory, preemption,
-                            seeded_dropout, token_loss)
+from tasks.training import (checkpoint, checkpoint_publish, determinism, inputs, memory,
+                            preemption, seeded_dropout, token_loss)
 from tasks.training import model as model_lib
 from tasks.training import strategy as strategy_lib
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
@@ -129,9 +129,10 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             loop = functools.partial(loop, kind=kind)
             upload = None
             if chief and not storage.is_local(step_uri):
-                # Remote run folders: publish every checkpoint as it is written, so a retry
-                # after a crash (not only after success) finds it.
-                upload = functools.partial(storage.upload_dir, out / "checkpoints",
+                # Remote run folders: publish every checkpoint as it is written (its own
+                # files, then the index), so a retry after a crash or a preemption finds it.
+                upload = functools.partial(checkpoint_publish.publish, manager,
+                                           out / "checkpoints",
                                            join_uri(step_uri, "checkpoints"))
             saver = Saver(manager, cfg.checkpoint_every_steps, upload, clock,
                           preemption.Agreement(strategy, name, watcher))
@@ -218,16 +219,18 @@ def _output_dir(step_uri: str, chief: bool) -> Iterator[Path]:
     workers' own checkpoints died with their temporary folders)."""
     if not chief:
         with tempfile.TemporaryDirectory(prefix="bertflow-worker-") as tmp:
-            shared = join_uri(step_uri, "checkpoints")
-            if storage.list_uris(shared):
-                storage.download_dir(shared, Path(tmp) / "checkpoints")
+            checkpoint_publish.fetch_latest(join_uri(step_uri, "checkpoints"),
+                                            Path(tmp) / "checkpoints")
             yield Path(tmp)
         return
     with storage.staged_local_dir(step_uri, "w") as out:
-        remote_checkpoints = join_uri(step_uri, "checkpoints")
-        if not storage.is_local(step_uri) and storage.list_uris(remote_checkpoints):
-            storage.download_dir(remote_checkpoints, out / "checkpoints")  # resume
+        remote = not storage.is_local(step_uri)
+        if remote:  # resume from the newest published checkpoint
+            checkpoint_publish.fetch_latest(join_uri(step_uri, "checkpoints"),
+                                            out / "checkpoints")
         yield out
+        if remote:  # every checkpoint was published as it was written: not sent again
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
 
 class Progress(tf_keras.callbacks.Callback):
@@ -360,7 +363,7 @@ class Saver:
             self._save(step)
 
     def _save(self, step: int) -> None:
-        self.manager.save(checkpoint_number=step)
+        self.manager.save(checkpoint_number=step, options=checkpoint_publish.save_options())
         self.last_saved = step
         if self.after_save is not None:
             self.after_save()
