@@ -20,7 +20,9 @@ READ = ("storage.objects.get", "storage.objects.list")
 WRITE = READ + ("storage.objects.create", "storage.objects.delete")
 _ALL = frozenset(WRITE)
 # Those permissions in each predefined Cloud Storage role (Cloud Storage, "IAM roles for Cloud
-# Storage"; google-cloud-storage's StorageRoles documents the same sets).
+# Storage", https://cloud.google.com/storage/docs/access-control/iam-roles; its Storage Object
+# User row lists storage.objects.create, .delete, .get, .list, .restore and .update, no ACL or
+# IAM policy). The Java client's StorageRoles lists the same sets for the older roles.
 ROLE_PERMISSIONS = {
     "roles/storage.objectViewer": frozenset(READ),
     "roles/storage.objectCreator": frozenset({"storage.objects.create"}),

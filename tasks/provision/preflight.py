@@ -47,7 +47,8 @@ IAM_ENDPOINT = "https://iam.googleapis.com"
 ACT_AS = "iam.serviceAccounts.actAs"
 # The one Cloud Storage role of the docs and the messages: object create, get, list and
 # delete, and no bucket or IAM administration (Cloud Storage, "IAM roles for Cloud Storage":
-# Storage Object User). objectAdmin would add object ACL and IAM changes nobody here needs.
+# Storage Object User, https://cloud.google.com/storage/docs/access-control/iam-roles).
+# objectAdmin would add object ACL and IAM changes nobody here needs.
 OBJECT_ROLE = "roles/storage.objectUser"
 
 

@@ -8,9 +8,10 @@ usage: other jobs of the project in the region share the quota, so a limit at le
 the request passes with that said. The caller needs `cloudquotas.quotas.get` (roles/
 cloudquotas.viewer) and the API enabled; without them the check is "not checked".
 
-Vertex AI GPUs: the metrics of Vertex AI, "Vertex AI quotas and limits", custom training
-("Custom model training Nvidia T4 GPUs per region": aiplatform.googleapis.com/
-custom_model_training_nvidia_t4_gpus; Spot VMs count against the `preemptible_` metrics).
+Vertex AI GPUs: Vertex AI's custom training metrics (aiplatform.googleapis.com/
+custom_model_training_nvidia_t4_gpus, ...), matched against QuotaInfo's `metric`, which names
+the service too (its example: compute.googleapis.com/cpus); Spot VMs count against the
+`preemptible_` ones. Sources: VERTEX_GPU_METRIC.
 
 GKE node pools: Compute Engine's regional GPU quotas (`regions.get`, `quotas[].metric` such
 as NVIDIA_T4_GPUS, PREEMPTIBLE_NVIDIA_T4_GPUS; Compute Engine API reference, Quota.Metric),
@@ -28,7 +29,15 @@ ENDPOINT = "https://cloudquotas.googleapis.com"
 COMPUTE_ENDPOINT_ENV = "BERTFLOW_COMPUTE_ENDPOINT"
 COMPUTE_ENDPOINT = "https://compute.googleapis.com"
 VERTEX = "aiplatform.googleapis.com"
-# Vertex AI's AcceleratorType -> the GPU's word in its custom training quota metrics.
+# Vertex AI's AcceleratorType -> the GPU's word in its custom training quota metrics. Vertex AI,
+# "Schedule training jobs based on resource availability", Quota
+# (https://cloud.google.com/vertex-ai/docs/training/schedule-jobs-dws#quota), names
+# aiplatform.googleapis.com/custom_model_training_nvidia_h100_gpus and its
+# custom_model_training_preemptible_nvidia_h100_gpus; GoogleCloudPlatform/vertex-ai-samples
+# (community-content/vertex-distributed-training/a3mega/llama-3-8b-nemo-pretraining/README.md)
+# names custom_model_training_nvidia_h100_mega_gpus and, "If using Spot VMs", the preemptible_
+# one. No docs table found lists the others; they are the words of Vertex AI's quota errors
+# and public code (e.g. ..._nvidia_l4_gpus, GoogleCloudPlatform/stable-diffusion-on-gcp#12).
 VERTEX_GPU_METRIC = {
     "NVIDIA_TESLA_T4": "nvidia_t4", "NVIDIA_TESLA_V100": "nvidia_v100",
     "NVIDIA_TESLA_P100": "nvidia_p100", "NVIDIA_TESLA_P4": "nvidia_p4",

@@ -15,9 +15,13 @@ from tasks.provision.capacity import GKE_SPOT
 from tasks.provision.kubernetes.render import GKE_ACCELERATOR, GPU_RESOURCE
 from tasks.provision.preflight import Check, not_checked
 
-# GKE's accelerator label values (GKE docs, "About GPUs in GKE": cloud.google.com/
-# gke-accelerator) -> Compute Engine's regional quota metric of that GPU (Compute Engine API,
-# Quota.Metric: NVIDIA_T4_GPUS, ...; spot and preemptible VMs use PREEMPTIBLE_ + the same).
+# GKE's accelerator label values (GKE, "Run GPUs in GKE Standard node pools",
+# https://cloud.google.com/kubernetes-engine/docs/how-to/gpus: node label cloud.google.com/
+# gke-accelerator, "Value: The type of GPU accelerator that you use. For example,
+# nvidia-tesla-t4"; its accelerator types include nvidia-l4, nvidia-tesla-a100,
+# nvidia-a100-80gb, nvidia-h100-80gb, nvidia-tesla-p100) -> Compute Engine's regional quota
+# metric of that GPU (Compute Engine API, Quota.Metric: NVIDIA_T4_GPUS, ...; spot and
+# preemptible VMs use PREEMPTIBLE_ + the same).
 GPU_METRICS = {
     "nvidia-tesla-t4": "NVIDIA_T4_GPUS", "nvidia-l4": "NVIDIA_L4_GPUS",
     "nvidia-tesla-v100": "NVIDIA_V100_GPUS", "nvidia-tesla-p100": "NVIDIA_P100_GPUS",
