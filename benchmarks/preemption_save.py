@@ -68,12 +68,13 @@ NOTICES = {
                   "('Use Spot VMs with training'), which does not document the container's "
                   "own notice: assumed the VM's"},
     "eks_spot": {
-        "seconds": 30,
+        "seconds": 110,
         "source": "EC2 gives 2 minutes (Amazon EC2 User Guide, 'Spot Instance interruption "
                   "notices'); a pod drained at the notice (Karpenter's interruption handling "
                   "or aws-node-termination-handler) then gets its "
-                  "terminationGracePeriodSeconds, 30 s by default (Kubernetes PodSpec), which "
-                  "bertflow's pods do not change"},
+                  "terminationGracePeriodSeconds (Kubernetes PodSpec, 30 s by default), which "
+                  "bertflow sets to 110 s on the spot pods of EKS and Karpenter "
+                  "(tasks/provision/capacity.py EKS_SPOT_GRACE_SECONDS)"},
 }
 BERT_BASE = {"model_type": "bert", "vocab_size": 30522, "hidden_size": 768,
              "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072,

@@ -356,13 +356,22 @@ def recipes(args) -> dict:
                          "weight_decay": value("weight_decay"),
                          "max_grad_norm": clip_norm(value("max_grad_norm")),
                          "lr_schedule": "linear", "warmup_ratio": value("warmup_ratio"),
-                         "precision": f"mixed_precision {sets.get('mixed_precision', 'auto')}"},
+                         "precision": f"mixed_precision {sets.get('mixed_precision', 'auto')}",
+                         "batch_order": batch_order(sets.get("group_by_length"))},
             "peer": {"optimizer": "adamw_torch_fused (the Trainer's default)",
                      "learning_rate": shared["learning_rate"],
                      "weight_decay": shared["weight_decay"], "max_grad_norm": 1.0,
                      "lr_schedule": "linear", "warmup_ratio": shared.get("warmup_ratio",
                                                                          PEER_WARMUP),
-                     "precision": "bf16 autocast" if peer_bf16(args) else "fp32"}}
+                     "precision": "bf16 autocast" if peer_bf16(args) else "fp32",
+                     "batch_order": "random (the Trainer's group_by_length=False)"}}
+
+
+def batch_order(group_by_length: str | None) -> str:
+    """How bertflow's training batches are drawn: its group_by_length Param (a JSON value)."""
+    if group_by_length is None:
+        return "length-grouped, random for token_classification (group_by_length empty)"
+    return "length-grouped" if json.loads(group_by_length) else "random (group_by_length false)"
 
 
 def epochs_for(name: str, args) -> int:

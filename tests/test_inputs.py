@@ -90,6 +90,24 @@ def test_train_batches_are_full_length_grouped_and_cover_the_data(shards):
     assert real / padded > 0.9  # rows 2-41 tokens long, under 10% padding
 
 
+def test_without_grouping_batches_are_the_shuffled_stream_in_order(shards):
+    grouped = list(inputs.train_dataset(shards, 4, 64, seed=1, num_rows=len(ROWS)).take(9))
+    plain = list(inputs.train_dataset(shards, 4, 64, seed=1, num_rows=len(ROWS),
+                                      group_by_length=False).take(9))
+    # The same 36 shuffled rows: grouped, sorted across the window; plain, batches of 4 in
+    # the stream's order, so their length spans overlap and padding is far higher.
+    assert sorted(rows_of(plain)) == sorted(rows_of(grouped))
+    spans = sorted(((int(m.sum(1).min()), int(m.sum(1).max()))
+                    for m in (f["attention_mask"].numpy() for f, _ in plain)), reverse=True)
+    assert any(shorter[1] > longer[0] for longer, shorter in zip(spans, spans[1:]))
+
+    def real_share(batches):
+        real = sum(int(f["attention_mask"].numpy().sum()) for f, _ in batches)
+        return real / sum(f["input_ids"].shape[1] * 4 for f, _ in batches)
+
+    assert real_share(plain) < real_share(grouped) - 0.1
+
+
 def test_train_order_is_seeded(shards):
     def first_rows(seed):
         return rows_of(inputs.train_dataset(shards, 4, 64, seed=seed).take(5))

@@ -232,12 +232,16 @@ def test_other_tasks_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
     rows."""
     extra = {"grad_accum_steps": 2, "per_replica_batch_size": 8,
              "mixed_precision": "mixed_bfloat16"} if loop == "custom" else {}
+    if (task, loop) == ("token_classification", "fit"):
+        extra["group_by_length"] = True  # the Param over the task's default (off)
     cfg, ctx = make_run(tmp_path, tiny_model_dir, task=task, training_loop=loop,
                         learning_rate=1e-2, epochs=6, **extra)
     train.run(cfg, ctx)
     evaluate.run(cfg, ctx)
     manifest = read_manifest(ctx.manifest_uri("train"))
     assert manifest["task"] == task and manifest["steps"] == 48
+    assert manifest["group_by_length"] is extra.get("group_by_length",
+                                                    task != "token_classification")
     history = json.loads(Path(ctx.step_uri("train"), "history.json").read_text())
     metric = {"multi_label": "label_accuracy", "regression": "mse",
               "token_classification": "accuracy"}[task]

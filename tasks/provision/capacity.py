@@ -151,6 +151,22 @@ def k8s_node_selector(cfg: RunConfig, spec) -> dict[str, str]:
     return {}
 
 
+# EC2 warns a Spot instance 2 minutes before it goes (Amazon EC2 User Guide, "Spot Instance
+# interruption notices"). Karpenter's interruption handling or aws-node-termination-handler
+# drains the node at the warning, and each pod then has its terminationGracePeriodSeconds
+# (30 s by default, Kubernetes PodSpec) to save. 110 s leaves the preemption save most of the
+# warning (docs/preemption.md). GKE's Spot VMs give pods 15 s whatever a pod asks ("Spot VMs").
+EKS_SPOT_GRACE_SECONDS = 110
+
+
+def k8s_termination_grace(cfg: RunConfig, spec) -> int | None:
+    """terminationGracePeriodSeconds for the pods of `spec`'s step, or None for the default."""
+    if cfg.capacity == "spot" and cfg.k8s_platform in ("eks", "karpenter") and applies(
+            cfg, spec):
+        return EKS_SPOT_GRACE_SECONDS
+    return None
+
+
 def k8s_tolerations(cfg: RunConfig, spec) -> list[dict]:
     if cfg.capacity == "spot" and cfg.k8s_platform == "gke" and applies(cfg, spec):
         return [{"key": GKE_SPOT, "operator": "Equal", "value": "true",

@@ -120,7 +120,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                                         cfg.seed + seed_offset, input_context,
                                         static_shapes=name == "tpu", skip_batches=skip_batches,
                                         num_rows=tok["splits"]["train"]["num_examples"],
-                                        label_spec=tok.get("label_spec"))
+                                        label_spec=tok.get("label_spec"),
+                                        group_by_length=groups_by_length(cfg, kind))
 
         if start_step < plan.total_steps:
             loop = {"fit": _fit, "custom": _custom_loop}[cfg.training_loop]
@@ -163,6 +164,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "mixed_precision": policy,
         "cpu_kernels": kernels,
         "deterministic": cfg.deterministic,
+        "group_by_length": groups_by_length(cfg, kind),
         "model_family": model.config.family,
         "base_model": str(base),
         # Source as configured, what it resolved to (Hub commit, champion version, bucket
@@ -191,6 +193,17 @@ def clip_norm(cfg: RunConfig, strategy: str) -> float:
     if cfg.max_grad_norm is not None:
         return cfg.max_grad_norm
     return 0.0 if strategy == "central_storage" else DEFAULT_CLIP_NORM
+
+
+def groups_by_length(cfg: RunConfig, kind: TaskKind) -> bool:
+    """Whether training batches group rows by length: group_by_length, or when it is empty,
+    yes except for per-token tasks. Their loss is a mean over a batch's labelled pieces, so in
+    batches of alike length a piece of a short sentence weighs more than one of a long
+    sentence; on WNUT17 grouping left bertflow 0.02 entity F1 below random batches
+    (benchmarks/RESULTS.md section 12)."""
+    if cfg.group_by_length is not None:
+        return cfg.group_by_length
+    return not kind.per_token
 
 
 def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: str,

@@ -114,7 +114,8 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
                   input_context: tf.distribute.InputContext | None = None,
                   static_shapes: bool = False, skip_batches: int = 0,
                   num_rows: int | None = None,
-                  label_spec: dict | None = None) -> tf.data.Dataset:
+                  label_spec: dict | None = None,
+                  group_by_length: bool = True) -> tf.data.Dataset:
     """Endless, shuffled batches of `global_batch_size` split per replica, with rows of
     similar length together (the caller sets steps per epoch). The order depends only on
     `seed` and the pipeline's share of the files; `skip_batches` starts it that many batches in
@@ -126,7 +127,8 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
     shuffled. Every row of the stream is used in its window; padding is a few percent on SST-2
     (power-of-two length buckets wasted 38%, benchmarks/RESULTS.md). With static shapes
     (TPU) batches come from length buckets padded to 16, 32, 64, ... so that only a few
-    programs are compiled.
+    programs are compiled. `group_by_length` False: each batch is `batch` shuffled rows padded
+    to its longest (a window of one batch).
     """
     batch = _per_replica(global_batch_size, input_context)
     ds = _records(files, input_context, shuffle_seed=seed, label_spec=label_spec)
@@ -141,8 +143,8 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
     else:
         pipelines = input_context.num_input_pipelines if input_context else 1
         rows = (num_rows // pipelines) if num_rows else WINDOW_BATCHES * batch
-        ds = _length_grouped(ds, batch, max(1, min(WINDOW_BATCHES, rows // batch)), seed,
-                             label_spec)
+        window = max(1, min(WINDOW_BATCHES, rows // batch)) if group_by_length else 1
+        ds = _length_grouped(ds, batch, window, seed, label_spec)
     if skip_batches:
         ds = ds.skip(skip_batches)
     return ds.prefetch(AUTOTUNE)

@@ -395,6 +395,9 @@ def render_objects(cfg: RunConfig, ctx: RunContext, spec: WorkerSpec, *,
         tolerations = _tolerations(cfg, spec, role_kind)
         if tolerations:
             pod_spec["tolerations"] = tolerations
+        grace = capacity.k8s_termination_grace(cfg, spec)
+        if grace:
+            pod_spec["terminationGracePeriodSeconds"] = grace
         objects.append({
             "apiVersion": "batch/v1", "kind": "Job",
             "metadata": _meta(job_name(ctx, step, role), cfg, labels, owner),
