@@ -5,7 +5,7 @@ fresh train process (`python tests/test_determinism.py RUN_DIR [STEP]`), as a wo
 - Two runs of one seed end with bitwise-equal weights.
 - A run sent SIGTERM at step 11 (no other test stops a run there: 3, 5, 6, 7 and 14 are
   taken), mid-epoch, saves that step and exits 75; a fresh process resumes it, and it ends
-  with the same bits.
+  with the same bits; so do multi-label and regression runs stopped at step 13.
 
 The kernel that made two runs differ (LayerNormGrad's thread-order sum) is checked on its own
 in tests/test_cpu_kernels.py.
@@ -101,6 +101,28 @@ def test_a_deterministic_run_sigtermed_at_step_11_resumes_to_the_same_bits(
     history = json.loads((Path(ctx.step_uri("train")) / "history.json").read_text())
     steps = [r["step"] for r in history["records"]]
     assert steps == sorted(set(steps)) and steps[-1] == 28
+
+
+@pytest.mark.parametrize("task, loop", [("multi_label", "fit"), ("regression", "custom")])
+def test_the_other_tasks_resume_to_the_same_bits(tmp_path, dropout_model, task, loop):
+    """Exact resume for every task: multi-label (fit) and regression (the custom loop with
+    gradient accumulation) sent SIGTERM at step 13, mid-epoch, end with an uninterrupted
+    run's bits (token classification: tests/test_token_strategies.py)."""
+    settings = {**SETTINGS, "task": task, "training_loop": loop,
+                **({"grad_accum_steps": 2, "per_replica_batch_size": 8} if loop == "custom"
+                   else {})}
+    runs = [make_run(tmp_path / name, dropout_model, 224, 16, **settings)[1]
+            for name in ("ref", "run")]
+    done = train_in_fresh_process(runs[0])
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = train_in_fresh_process(runs[1], sigterm_at=13)
+    assert done.returncode == PREEMPTED_EXIT_CODE, done.stdout[-2000:] + done.stderr[-3000:]
+    done = train_in_fresh_process(runs[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    (ref_manifest, ref_weights), (manifest, weights) = map(trained, runs)
+    assert manifest["task"] == task and manifest["resumed_from_step"] == 13
+    assert manifest["steps"] == ref_manifest["steps"] == 28
+    assert_same_bits(weights, ref_weights, saved_weights(dropout_model))
 
 
 def main(run_dir: str, sigterm_at: int) -> None:
