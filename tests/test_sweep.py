@@ -157,17 +157,22 @@ def test_the_slot_rule_never_lets_more_than_the_cap_run(cap):
     assert cap in peaks  # the cap is reached, not only respected
 
 
-def test_a_regression_sweep_picks_its_best_by_the_tasks_gate_metric(artifact_root):
+@pytest.mark.parametrize("task, metric, other", [("regression", "pearson", "spearman"),
+                                                 ("token_classification", "f1", "macro_f1"),
+                                                 ("multi_label", "micro_f1", "macro_f1")])
+def test_a_sweep_of_any_task_picks_its_best_by_the_tasks_gate_metric(artifact_root, task,
+                                                                    metric, other):
     """A sweep runs one task (task is not sweepable: the trials share the data); its best
-    trial is the one with the best gate metric of that task, pearson for regression."""
-    plan = sweep.plan({**BASE, "task": "regression"}, {"grid": {"seed": [1, 2]}})
-    ctx = RunContext(artifact_root, "bert_sweep", "reg", "manual__r", "reg")
+    trial is the one with the best gate metric of that task: pearson for regression, entity
+    F1 for token classification, micro-F1 for multi-label."""
+    plan = sweep.plan({**BASE, "task": task}, {"grid": {"seed": [1, 2]}})
+    ctx = RunContext(artifact_root, "bert_sweep", task, f"manual__{task}", task)
     out = sweep.init_sweep(plan, ctx, max_parallel_trials=1)
-    assert sweep.read_sweep(ctx.run_uri)["metric"] == "pearson"
-    for trial, pearson in zip(out["trials"], (0.7, 0.8)):
+    assert sweep.read_sweep(ctx.run_uri)["metric"] == metric
+    for trial, value in zip(out["trials"], (0.7, 0.8)):
         runlayout.write_manifest(join_uri(trial["run_uri"], "evaluate"), {"metrics": {
-            "pearson": pearson, "spearman": 0.9 - pearson, "mse": 0.1}})
+            metric: value, other: 0.9 - value}})
     best = sweep.pick_best(ctx.run_uri)["best"]
-    assert best["index"] == 2 and best["metrics"]["pearson"] == 0.8
+    assert best["index"] == 2 and best["metrics"][metric] == 0.8
     with pytest.raises(ConfigError, match="not sweepable"):
         sweep.plan(BASE, {"grid": {"task": ["regression"]}})
