@@ -82,7 +82,7 @@ def test_a_hand_edited_or_hand_assembled_file_fails(tmp_path):
     edited["runs"]["bertflow"][0] = {**run, "code": "abc123"}
     assert check(edited)
     unfinished = json.loads(json.dumps(good))
-    unfinished["summary"]["peer_bf16_unfinished"] = good["summary"]["peer_bf16"]
+    unfinished["summary"]["peer_bf16_unfinished"] = good["summary"]["peer"]
     assert any("peer_bf16_unfinished" in p for p in check(unfinished))
     assert check({**good, "command": "./.venv/bin/python benchmarks/train_sweep1.py"})
     assert check({k: v for k, v in good.items() if k != "command"})
