@@ -320,9 +320,9 @@ class RunConfig(BaseModel):
         default=None, title="Group training rows by length",
         description="Batches of rows of similar length (Hugging Face's group_by_length): "
                     "less padding, so faster steps. Off: each batch is drawn at random, as "
-                    "the Trainer does by default. Empty: on, except for "
-                    "token_classification, whose loss (a mean over a batch's labelled "
-                    "pieces) such batches weigh unevenly (docs/tasks.md).")
+                    "the Trainer does by default. Empty: on for classification, off for "
+                    "the other tasks, where grouped batches measurably cost quality "
+                    "(docs/tasks.md).")
     # Each checkpoint holds the weights and both Adam slots (272 MB for MiniLM-L6) and is
     # uploaded when the run folder is remote: every 100 steps was 19 per SST-2 epoch.
     checkpoint_every_steps: int = Field(

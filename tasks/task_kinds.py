@@ -142,6 +142,12 @@ class TaskKind:
     # Labels per word piece ([batch, seq], IGNORED where a piece scores nothing) rather than
     # per row: the loss is a mean over labelled pieces, not over rows.
     per_token: bool = False
+    # Whether training batches group rows by length when group_by_length is empty: only where
+    # a side-by-side run showed it costs no quality (single-label classification, RESULTS.md
+    # section 4). On GoEmotions and WNUT17 length-grouped batches cost bertflow 0.05 micro-F1
+    # and 0.02-0.03 entity F1 against random ones (section 12); regression is unmeasured and
+    # keeps the Trainer's random batches.
+    groups_by_length: bool = False
 
     # --- TFRecord label feature -------------------------------------------------------------
     def label_spec(self, num_labels: int) -> dict:
@@ -243,7 +249,7 @@ KINDS: dict[str, TaskKind] = {
         gate_metrics=("accuracy", "macro_f1"), train_metric="accuracy",
         serving_outputs={"probabilities": "float32 [batch, num_labels] (softmax)",
                          "label": "tf.string [batch] (the most probable label)"},
-        eval_kind="confusion", check_labels=_check_class_labels,
+        eval_kind="confusion", check_labels=_check_class_labels, groups_by_length=True,
         split_rule="per class exactly min(n-1, max(1, round(n*eval_fraction))) rows, "
                    "chosen by selection sampling on a seeded hash of each row"),
     "multi_label": TaskKind(

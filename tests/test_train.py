@@ -240,8 +240,7 @@ def test_other_tasks_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
     evaluate.run(cfg, ctx)
     manifest = read_manifest(ctx.manifest_uri("train"))
     assert manifest["task"] == task and manifest["steps"] == 48
-    assert manifest["group_by_length"] is extra.get("group_by_length",
-                                                    task != "token_classification")
+    assert manifest["group_by_length"] is extra.get("group_by_length", False)
     history = json.loads(Path(ctx.step_uri("train"), "history.json").read_text())
     metric = {"multi_label": "label_accuracy", "regression": "mse",
               "token_classification": "accuracy"}[task]
@@ -302,3 +301,15 @@ def test_gradients_are_clipped_to_max_grad_norm(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError, match="max_grad_norm"):
         parse_config({"strategy": "central_storage", "devices_per_worker": 2,
                       "max_grad_norm": 1.0})
+
+
+def test_batches_group_by_length_by_default_only_for_classification():
+    from tasks.config import RunConfig
+    from tasks.task_kinds import kind
+
+    defaults = {name: train.groups_by_length(RunConfig(), kind(name)) for name in (
+        "classification", "multi_label", "regression", "token_classification")}
+    assert defaults == {"classification": True, "multi_label": False, "regression": False,
+                        "token_classification": False}
+    assert train.groups_by_length(RunConfig(group_by_length=True), kind("multi_label"))
+    assert not train.groups_by_length(RunConfig(group_by_length=False), kind("classification"))

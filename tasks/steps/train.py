@@ -197,13 +197,10 @@ def clip_norm(cfg: RunConfig, strategy: str) -> float:
 
 def groups_by_length(cfg: RunConfig, kind: TaskKind) -> bool:
     """Whether training batches group rows by length: group_by_length, or when it is empty,
-    yes except for per-token tasks. Their loss is a mean over a batch's labelled pieces, so in
-    batches of alike length a piece of a short sentence weighs more than one of a long
-    sentence; on WNUT17 grouping left bertflow 0.02 entity F1 below random batches
-    (benchmarks/RESULTS.md section 12)."""
+    the task's default (TaskKind.groups_by_length: single-label classification only)."""
     if cfg.group_by_length is not None:
         return cfg.group_by_length
-    return not kind.per_token
+    return kind.groups_by_length
 
 
 def describe_plan(cfg: RunConfig, plan: model_lib.TrainPlan, name: str, policy: str,
