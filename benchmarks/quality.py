@@ -370,7 +370,8 @@ def recipes(args) -> dict:
 def batch_order(group_by_length: str | None) -> str:
     """How bertflow's training batches are drawn: its group_by_length Param (a JSON value)."""
     if group_by_length is None:
-        return "length-grouped, random for token_classification (group_by_length empty)"
+        return "length-grouped for classification, random for the other tasks " \
+               "(group_by_length empty)"
     return "length-grouped" if json.loads(group_by_length) else "random (group_by_length false)"
 
 
