@@ -71,6 +71,15 @@ class Storage(Protocol):
     def write_if_match(self, uri: str, data: bytes, token: str | None) -> bool: ...
 
 
+def _into_place(dest: Path, fill) -> None:
+    """Write `dest` through `fill(tmp)` on a temporary name beside it, then rename it into
+    place: readers never see half a file."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
+    fill(tmp)
+    os.replace(tmp, dest)
+
+
 class LocalStorage:
     """Local filesystem. Writes go to a temporary name first, then are renamed into place."""
 
@@ -95,19 +104,12 @@ class LocalStorage:
                 yield block
 
     def write_bytes(self, uri: str, data: bytes) -> None:
-        path = local_path(uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        _into_place(local_path(uri), lambda tmp: tmp.write_bytes(data))
 
     def upload_file(self, path: Path, uri: str) -> None:
         """Move a local file to `uri` (renamed into place: readers never see half of it)."""
-        dest = local_path(uri)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-        shutil.move(str(path), tmp)  # a rename on the same file system
-        os.replace(tmp, dest)
+        # a rename on the same file system
+        _into_place(local_path(uri), lambda tmp: shutil.move(str(path), tmp))
 
     def exists(self, uri: str) -> bool:
         return local_path(uri).exists()
@@ -137,12 +139,8 @@ class LocalStorage:
         if names is None:
             shutil.copytree(local_dir, dest, dirs_exist_ok=True)
             return
-        for name in names:  # each renamed into place, as write_bytes does
-            target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-            shutil.copyfile(Path(local_dir) / name, tmp)
-            os.replace(tmp, target)
+        for name in names:
+            _into_place(dest / name, lambda tmp, n=name: shutil.copyfile(Path(local_dir) / n, tmp))
 
     def download_dir(self, uri: str, local_dir: Path, names: list[str] | None = None) -> None:
         src = local_path(uri)

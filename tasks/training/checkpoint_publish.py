@@ -22,9 +22,9 @@ from tasks.io.uris import join_uri
 
 INDEX = "checkpoint"  # tf.train.CheckpointManager's state file (a CheckpointState proto)
 # Data files are cut at this size so that a checkpoint uploads over several connections at
-# once (the storage clients send a folder's files in parallel). One 1.25 GB file at BERT-base
-# size took 3x as long to reach the GCS emulator as five shards of this size
-# (benchmarks/preemption_save.py).
+# once (the storage clients send a folder's files in parallel; one resumable GCS upload is one
+# stream). benchmarks/preemption_save.py measures the whole change (shards and sending only
+# the new checkpoint); sharding alone was only tried in a one-off exploration, no results file.
 SHARD_BYTES = 256 << 20
 
 
