@@ -1,8 +1,11 @@
 """Peer side of benchmarks/quality.py: the Hugging Face recipe, transformers' Trainer with its
 defaults (torch's fused AdamW `adamw_torch_fused`, epsilon 1e-8, gradient clipping at norm 1.0,
-linear schedule; the optimizer it used is recorded as `optim`) plus the
-settings a user of the recipe sets: epochs, batch, learning rate, warm-up ratio, weight
-decay, bf16, group_by_length, seed. Runs in .venv-peer (torch, no TensorFlow).
+linear schedule, random batches (group_by_length=False), a checkpoint every 500 steps
+(save_strategy "steps"); the optimizer it used is recorded as `optim`) plus the settings a
+user of the recipe sets: epochs, batch, learning rate, warm-up ratio, weight decay, bf16,
+seed; `--group-by-length` turns on the Trainer's length-grouped sampler. At the end it saves
+the model (`trainer.save_model`, as a pipeline keeps its result) into --output-dir, which the
+driver deletes. Runs in .venv-peer (torch, no TensorFlow).
 
 Reads the driver's train/eval JSON Lines (the rows bertflow's data step reads), tokenizes
 with BertTokenizerFast (truncation at --max-seq-length, dynamic padding), trains from
@@ -28,6 +31,7 @@ The scorers are imported from the checkout (pure Python and numpy; no TensorFlow
 """
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -54,6 +58,10 @@ p.add_argument("--weight-decay", type=float, default=0.01)
 p.add_argument("--max-seq-length", type=int, default=128)
 p.add_argument("--seed", type=int, default=0)
 p.add_argument("--no-bf16", action="store_true")
+p.add_argument("--group-by-length", action="store_true",
+               help="the Trainer's LengthGroupedSampler (its default is random batches)")
+p.add_argument("--output-dir", default=None,
+               help="checkpoints and the saved model (default: a new temporary folder)")
 p.add_argument("--task", default="classification",
                choices=("classification", "multi_label", "token_classification"))
 a = p.parse_args()
@@ -135,19 +143,20 @@ elif a.task == "multi_label":
         a.model_dir, problem_type="multi_label_classification", **names)
 else:
     model = AutoModelForTokenClassification.from_pretrained(a.model_dir, **names)
-out = tempfile.mkdtemp(prefix="peer-quality-")
+out = a.output_dir or tempfile.mkdtemp(prefix="peer-quality-")
 args = TrainingArguments(
     output_dir=out, num_train_epochs=a.epochs, max_steps=a.max_steps,
     per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=64,
     learning_rate=a.learning_rate, warmup_ratio=a.warmup_ratio, weight_decay=a.weight_decay,
-    bf16=not a.no_bf16, group_by_length=True, seed=a.seed, use_cpu=True,
-    save_strategy="no", eval_strategy="no", report_to="none", logging_strategy="epoch",
-    disable_tqdm=True)
+    bf16=not a.no_bf16, group_by_length=a.group_by_length, seed=a.seed, use_cpu=True,
+    eval_strategy="no", report_to="none", logging_strategy="epoch",
+    disable_tqdm=True)  # save_strategy, save_steps: the defaults (every 500 steps)
 collator = (DataCollatorForTokenClassification(tokenizer)
             if a.task == "token_classification" else None)  # None: padding by the tokenizer
 trainer = Trainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
                   data_collator=collator)
 train_out = trainer.train()
+trainer.save_model(os.path.join(out, "model"))
 times["train"] = time.perf_counter() - t0
 
 
@@ -205,7 +214,9 @@ print("RESULT " + json.dumps({
     # the Trainer's names (adamw_torch_fused, linear), not the enums' reprs
     "optim": getattr(args.optim, "value", str(args.optim)),
     "lr_scheduler": getattr(args.lr_scheduler_type, "value", str(args.lr_scheduler_type)),
-    "max_grad_norm": args.max_grad_norm,
+    "max_grad_norm": args.max_grad_norm, "group_by_length": args.group_by_length,
+    "save_strategy": getattr(args.save_strategy, "value", str(args.save_strategy)),
+    "save_steps": args.save_steps,
     "warmup_ratio": a.warmup_ratio, "weight_decay": a.weight_decay, "bf16": not a.no_bf16,
     "threads": torch.get_num_threads(), "torch": torch.__version__}))
 sys.stdout.flush()

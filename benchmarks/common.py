@@ -299,3 +299,29 @@ def tasks_cli(*argv: str) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"python -m tasks {' '.join(argv)} failed:\n{proc.stderr[-4000:]}")
     return proc.stdout.strip().splitlines()[-1]
+
+
+def run_step(step: str, run_dir: Path, warm_socket: Path | None = None) -> None:
+    """`python -m tasks STEP --run-dir RUN` as the DAG runs it on the local backend: through
+    LocalCluster, forked from the warm-start server when there is one (warm), else a fresh
+    interpreter (cold). A warm run that started cold is an error, not a slower figure."""
+    from tasks.provision.local import warm_start
+    from tasks.provision.local.cluster import LocalCluster
+    from tasks.provision.spec import WorkerSpec
+    from tasks.errors import WorkerError
+
+    if warm_socket:
+        os.environ[warm_start.SOCKET_ENV] = str(warm_socket)
+    else:
+        os.environ.pop(warm_start.SOCKET_ENV, None)
+    lines: list[str] = []
+    cluster = LocalCluster(WorkerSpec(command=["python", "-m", "tasks", step, "--run-dir",
+                                               str(run_dir)]), log=lines.append)
+    try:
+        cluster.run()
+    except WorkerError as err:
+        raise RuntimeError(f"python -m tasks {step} failed: {err}\n"
+                           + "\n".join(lines[-40:])) from err
+    cold = [line for line in lines if "cold start" in line]
+    if warm_socket and cold:
+        raise RuntimeError(f"{step} started cold beside the warm-start server: {cold[0]}")

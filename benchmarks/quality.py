@@ -13,7 +13,9 @@ benchmarks/requirements.txt`): benchmarks/_peer_quality_worker.py, transformers'
 its defaults (torch's fused AdamW `adamw_torch_fused` with epsilon 1e-8, gradient clipping at
 1.0, linear schedule), bf16 autocast where the CPU has native bf16 (avx512_bf16 or amx_bf16;
 elsewhere torch emulates it and takes hours, so the peer trains in float32 there, as bertflow
-does: `--peer-set no-bf16=false` forces bf16), group_by_length, and the same epochs, batch
+does: `--peer-set no-bf16=false` forces bf16), random batches as the Trainer's default
+(`--peer-set group-by-length=true`: its length-grouped sampler), a checkpoint every 500 steps
+and the model saved at the end, as bertflow's defaults do, and the same epochs, batch
 (32), peak learning rate (5e-5), weight decay (0.01) and max_seq_length (128); warm-up 6% (the
 recipe's usual setting). Each side's recipe is recorded (`recipes`). It reads the rows
 bertflow's data step reads (the driver writes them as JSON Lines with tasks.steps.data's reader, and
@@ -48,10 +50,16 @@ F1); results usually go to --name quality_tasks. The classification sets are unc
 Sides alternate (bertflow first for even seeds, peer first for odd ones). Each side's wall time
 is that of its processes from start to exit (for bertflow the four step processes, for the peer
 its one process), so both include reading, tokenizing, training, evaluating and start-up.
+bertflow's steps run as the DAG runs them on the local backend, through LocalCluster; by
+default (`--bertflow-start warm`) each is forked from a warm-start server
+(tasks/provision/local/warm_start.py), which `make airflow` and `make demo` start once for
+their lifetime. The server starts once here too, before the first run: its start-up is
+recorded (`warm_server_ready_s`) and is in no run's wall time. `--bertflow-start cold` starts
+every step in a fresh interpreter, as the remote backends (pods, Vertex AI, TPU VMs) do.
 Prints and records the task's metrics (classification: accuracy, macro-F1), final training
 loss and wall time per side and seed,
-then the means and the targets: bertflow's mean >= the peer's on every set, at <= 60% of the
-peer's wall time (wall times count only for seeds where both sides started and ended at a
+then the means and the targets: bertflow's mean >= the peer's on every set, at <= 80% of the
+peer's wall time (issue 35), its evaluate step no slower than the peer's evaluation (wall times count only for seeds where both sides started and ended at a
 1-minute load average below QUIET_LOAD, on one machine kind). The results file is written
 after every run, so an interrupted benchmark keeps what it finished; --merge adds runs to an
 earlier results file, and every run records its machine's key CPU flags. --limit (rows of each
@@ -67,6 +75,7 @@ on a core they do not have (measured 2026-12-04 at load 3.5 on 2 cores: 20 peer 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -115,7 +124,7 @@ SHARED_BY_DATASET = {name: {"learning_rate": 2e-4, "warmup_ratio": PEER_WARMUP}
                      for name in ("goemotions", "wnut17")}
 TARGET_SST2_SENTENCES = 0.90
 TARGET_SECONDS = 240.0
-TARGET_WALL_RATIO = 0.60
+TARGET_WALL_RATIO = 0.80  # issue 35: the whole run at most 0.8x the peer's (issue 12's was 0.6)
 QUIET_LOAD = 3.0  # 1-minute load average (2 cores) under which a wall time counts
 SENTENCE_WORDS = 15
 HELD_OUT_SENTENCES = 1000
@@ -268,7 +277,7 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
     times = {}
     for step in STEPS:
         t0 = time.perf_counter()
-        common.tasks_cli(step, "--run-dir", str(run_dir))
+        common.run_step(step, run_dir, args.warm_socket)
         times[step] = time.perf_counter() - t0
     metrics = json.loads((run_dir / "evaluate" / "metrics.json").read_text())
     train_m = json.loads((run_dir / "train" / "manifest.json").read_text())
@@ -293,7 +302,8 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
                 "max_steps": args.max_steps or -1}
     cmd = [str(PEER_PY), W_PEER, "--train", str(files["peer"][0]), "--eval",
            str(files["peer"][1]), "--model-dir", model_dir, "--seed", str(seed),
-           "--warmup-ratio", str(settings.get("warmup_ratio", PEER_WARMUP))]
+           "--warmup-ratio", str(settings.get("warmup_ratio", PEER_WARMUP)),
+           "--output-dir", str(Path(files["peer"][0]).parent / f"peer-{name}-s{seed}")]
     if task_of(name) != "classification":
         cmd += ["--task", task_of(name)]
     for field, flag in PEER_FLAGS.items():
@@ -320,6 +330,11 @@ def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
     res = json.loads(lines[-1][len("RESULT "):])
     res.update(wall_seconds=wall, command=" ".join(cmd[1:]))
     return res
+
+
+def peer_switch(args, flag: str) -> bool:
+    """Whether --peer-set FLAG=true turns on a switch of the peer worker."""
+    return any(kv.split("=", 1) == [flag, "true"] for kv in args.peer_set)
 
 
 def peer_bf16(args) -> bool:
@@ -357,14 +372,21 @@ def recipes(args) -> dict:
                          "max_grad_norm": clip_norm(value("max_grad_norm")),
                          "lr_schedule": "linear", "warmup_ratio": value("warmup_ratio"),
                          "precision": f"mixed_precision {sets.get('mixed_precision', 'auto')}",
-                         "batch_order": batch_order(sets.get("group_by_length"))},
+                         "batch_order": batch_order(sets.get("group_by_length")),
+                         "saves": f"a checkpoint every "
+                                  f"{value('checkpoint_every_steps')} steps and the model "
+                                  f"at the end"},
             "peer": {"optimizer": "adamw_torch_fused (the Trainer's default)",
                      "learning_rate": shared["learning_rate"],
                      "weight_decay": shared["weight_decay"], "max_grad_norm": 1.0,
                      "lr_schedule": "linear", "warmup_ratio": shared.get("warmup_ratio",
                                                                          PEER_WARMUP),
                      "precision": "bf16 autocast" if peer_bf16(args) else "fp32",
-                     "batch_order": "random (the Trainer's group_by_length=False)"}}
+                     "batch_order": ("length-grouped (--peer-set group-by-length=true)"
+                                     if peer_switch(args, "group-by-length")
+                                     else "random (the Trainer's group_by_length=False)"),
+                     "saves": "a checkpoint every 500 steps (the Trainer's save_strategy "
+                              "default) and the model at the end"}}
 
 
 def batch_order(group_by_length: str | None) -> str:
@@ -421,6 +443,13 @@ def summarize(results: dict) -> dict:
                     statistics.fmean(by_side["bertflow"][x]["wall_seconds"] for x in quiet)
                     / statistics.fmean(by_side["peer"][x]["wall_seconds"] for x in quiet))
                 s["wall_target"] = "met" if s["wall_ratio"] <= TARGET_WALL_RATIO else "MISSED"
+                # Issue 35: bertflow's evaluate step (its process, start-up included) no
+                # slower than the peer's evaluation (inside its one process).
+                evals = {side: statistics.fmean(by_side[side][x]["step_seconds"]["evaluate"]
+                                                for x in quiet) for side in by_side}
+                s["evaluate_seconds"] = evals
+                s["evaluate_target"] = ("met" if evals["bertflow"] <= evals["peer"]
+                                        else "MISSED")
             else:
                 s["wall_target"] = f"not measured (no seed ran at load < {QUIET_LOAD})"
         out[name] = s
@@ -460,6 +489,10 @@ def main() -> None:
     ap.add_argument("--peer-env", action="append", default=[], metavar="VAR=VALUE",
                     help="environment variable of the peer's process, e.g. "
                          "OMP_WAIT_POLICY=PASSIVE (recorded as peer_env)")
+    ap.add_argument("--bertflow-start", choices=("warm", "cold"), default="warm",
+                    help="bertflow's step processes: forked from a warm-start server, as the "
+                         "local backend runs them under `make airflow` and `make demo` "
+                         "(default), or each a fresh interpreter, as on the remote backends")
     ap.add_argument("--name", default="quality", help="results file name")
     ap.add_argument("--keep", action="store_true", help="keep the run folders")
     ap.add_argument("--smoke", action="store_true",
@@ -493,6 +526,27 @@ def main() -> None:
     machine = common.machine_info()
     previous = common.RESULTS_DIR / f"{args.name}.json"
     earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
+    # The server is started once, before any run, as `make airflow` starts it once for the
+    # scheduler's lifetime: its start-up is recorded, and no run's wall time holds it.
+    args.warm_socket, server_s = None, None
+    with contextlib.ExitStack() as stack:
+        if args.bertflow_start == "warm" and "bertflow" in sides:
+            from tasks.provision.local import warm_start
+
+            t0 = time.perf_counter()
+            args.warm_socket = stack.enter_context(warm_start.serving(
+                log_path=work / "warm_start.log"))
+            server_s = time.perf_counter() - t0
+        args.warm_server_ready_s = server_s
+        run_all(args, names, seeds, sides, work, model_dir, machine, earlier)
+    if not args.keep:
+        import shutil
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"run folders kept under {work}")
+
+
+def run_all(args, names, seeds, sides, work, model_dir, machine, earlier) -> None:
     results: dict = {}
     for name in names:
         results[name] = {side: {} for side in sides}
@@ -520,11 +574,6 @@ def main() -> None:
                       f"load {load:.1f})", flush=True)
                 record(args, earlier, results, seeds, final=False)
     record(args, earlier, results, seeds, final=True)
-    if not args.keep:
-        import shutil
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"run folders kept under {work}")
 
 
 def merge(earlier: dict | None, results: dict) -> dict:
@@ -563,6 +612,8 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
         commands = [*earlier.get("commands", [earlier["command"]]), this]
     common.write_results(args.name, {
         "smoke": args.smoke, "recipes": recipes(args),
+        "bertflow_start": args.bertflow_start,
+        "warm_server_ready_s": args.warm_server_ready_s,
         "complete": final, "commands": commands,
         "quick_run": quick, "epochs": {n: epochs_for(n, args) for n in names if n in EPOCHS},
         "seeds": seeds, "limit": args.limit, "max_steps": args.max_steps,
@@ -586,6 +637,10 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
             print(f"  {name:15s} bertflow - peer: {diffs}; target >= peer: "
                   f"{s['quality_target']}; wall {wall} (target <= {TARGET_WALL_RATIO:.0%}): "
                   f"{s['wall_target']}")
+            if "evaluate_seconds" in s:
+                e = s["evaluate_seconds"]
+                print(f"  {name:15s} evaluate: bertflow's step {e['bertflow']:.1f}s, the "
+                      f"peer's evaluation {e['peer']:.1f}s: {s['evaluate_target']}")
     if tta is not None:
         print(f"time to 90% on SST-2 whole sentences: {tta['reached_90']}/{tta['runs']} runs "
               f"reached it, median wall {tta['median_wall_seconds']:.0f}s (target <= "

@@ -216,4 +216,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()  # an uncaught exception ends the usual way, with its traceback
+    from tasks import process_end
+
+    process_end.finish()
+    os._exit(code)

@@ -327,8 +327,9 @@ class RunConfig(BaseModel):
     # uploaded when the run folder is remote: every 100 steps was 19 per SST-2 epoch.
     checkpoint_every_steps: int = Field(
         default=500, ge=1, title="Checkpoint every N steps",
-        description="Also at the end of training. A retried train task resumes from the "
-                    "latest checkpoint, so a crash loses at most this many steps.")
+        description="A retried train task resumes from the latest checkpoint, so a crash "
+                    "loses at most this many steps. A completed run saves its model, not a "
+                    "checkpoint.")
     eval_batch_size: int = Field(default=64, ge=1, le=4096,
                                  title="Evaluation batch per replica")
 

@@ -124,6 +124,8 @@ SMOKE = {
     "scale": ([], None),
     "determinism": ([], None),  # bertflow's deterministic and not, no peer
     "preemption_save": ([], None),  # bertflow's saves only, to disk and the emulators
+    "train_fixed_cost": ([], None),  # bertflow's train step only, short and long runs
+    "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
 }
 
 
@@ -178,6 +180,15 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert before["folder_bytes"] > before["checkpoint_bytes"]
         assert set(after["upload_s"]) == {"local", "gs", "s3"} and data["order"][:2] == [
             "before", "after"]
+    if script == "train_fixed_cost":
+        for name, steps in data["steps"].items():
+            (run,) = data["runs"][name]
+            assert run["steps"] == steps and 0 < run["startup_s"] < run["wall_s"]
+            assert run["fixed_s"] < run["wall_s"] and run["checkpoint_s"] > 0
+    if script == "matmul_ceiling":
+        assert data["rows"] == 12 and 0 < data["ceiling_examples_per_s"]
+    if script == "quality":
+        assert data["bertflow_start"] == "warm" and data["warm_server_ready_s"] > 0
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [

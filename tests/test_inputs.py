@@ -187,3 +187,23 @@ def test_token_labels_follow_their_pieces_padded_with_ignored(tmp_path, static_s
     got = sorted(tuple(x for x in row if x != -100) for _, labels in evals
                  for row, keep in zip(labels.numpy(), inputs.is_real(labels).numpy()) if keep)
     assert got == sorted(tuple(x for x in r[2] if x != -100) for r in rows)
+
+
+def test_training_input_has_no_autotune_model_down_to_the_device_datasets(shards):
+    """An iterator with a tf.data autotuning model made the train step wait up to a minute
+    when fit dropped it (tasks/training/inputs.py, WITHOUT_AUTOTUNE_MODEL): neither the
+    training input nor the dataset a strategy's iterator feeds each device through has one."""
+    from tasks.steps import train
+
+    assert inputs.train_dataset(shards, 4, 64, seed=1).options().autotune.enabled is False
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    data = train.distribute(strategy, "one_device", lambda context, skip_batches=0:
+                            inputs.train_dataset(shards, 4, 64, seed=1, input_context=context),
+                            start_step=0)
+    iterator = iter(data)
+    (worker,) = iterator._iterators  # noqa: SLF001  (no public handle on these)
+    device_datasets = [it._dataset for it in worker._iterator._device_iterators]  # noqa: SLF001
+    assert device_datasets and all(d.options().autotune.enabled is False
+                                   for d in device_datasets)
+    features, _ = next(iterator)
+    assert features["input_ids"].shape[0] == 4

@@ -24,7 +24,7 @@ def float32_policy_afterwards():
     tf_keras.mixed_precision.set_global_policy("float32")
 
 
-def check_outputs(ctx, strategy, replicas, per_replica):
+def check_outputs(ctx, strategy, replicas, per_replica, checkpoint_every=10):
     manifest = read_manifest(ctx.manifest_uri("train"))
     assert manifest["strategy"] == strategy and manifest["num_replicas"] == replicas
     assert manifest["per_replica_batch_size"] == per_replica
@@ -35,7 +35,10 @@ def check_outputs(ctx, strategy, replicas, per_replica):
     config = json.loads((model_dir / "config.json").read_text())
     assert config["id2label"] == {"0": "neg", "1": "pos"}
     assert {"model.safetensors", "vocab.txt"} <= {p.name for p in model_dir.iterdir()}
-    assert (Path(manifest["checkpoint_dir"]) / "checkpoint").is_file()
+    # The periodic checkpoints only: a completed run saves its model, not a checkpoint.
+    saved = sorted(int(index.name[len("ckpt-"):-len(".index")])
+                   for index in Path(manifest["checkpoint_dir"]).glob("ckpt-*.index"))
+    assert saved == list(range(checkpoint_every, 25, checkpoint_every))[-3:]  # 3 kept
     assert list(Path(manifest["tensorboard_dir"]).rglob("events.out.tfevents.*"))
 
     result = read_manifest(ctx.manifest_uri("evaluate"))
@@ -75,6 +78,29 @@ def test_without_cpu_kernels_training_falls_back_to_tensorflows_ops(tmp_path, ti
     assert "bertflow CPU kernels off" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_the_training_step_is_traced_once(tmp_path, tiny_model_dir, monkeypatch, loop):
+    """The optimizer's step counter and slots exist before the first step
+    (tasks.training.model.create_slots). A first step that created them would be traced
+    twice, with and without creating variables: a second trace and graph optimization of
+    the whole step in every train process."""
+    import tf_keras
+
+    traces, made = [], []
+    keras_step, make_step = tf_keras.Model.train_step, train.make_train_step
+    monkeypatch.setattr(tf_keras.Model, "train_step",
+                        lambda self, data: traces.append(1) or keras_step(self, data))
+    monkeypatch.setattr(train, "make_train_step",
+                        lambda *args, **kw: made.append(make_step(*args, **kw)) or made[-1])
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, training_loop=loop)
+    train.run(cfg, ctx)
+    assert read_manifest(ctx.manifest_uri("train"))["steps"] == 24
+    if loop == "fit":
+        assert len(traces) == 1
+    else:
+        assert [step.experimental_get_tracing_count() for step in made] == [1]
+
+
 def test_mirrored_over_two_logical_cpus(tmp_path, tiny_model_dir):
     # 41 eval rows in batches of 8 per replica: the last global batch is partial and uneven.
     cfg, ctx = make_run(tmp_path, tiny_model_dir, devices_per_worker=2,
@@ -95,11 +121,12 @@ def test_custom_loop_bfloat16_with_accumulation_resumes(tmp_path, tiny_model_dir
     assert (first["steps"], first["resumed_from_step"]) == (10, 0)
     assert first["global_batch_size"] == 16 and first["grad_accum_steps"] == 2
 
-    # A restart with the full plan continues from step 10 instead of starting over.
+    # A restart with the full plan continues from the last checkpoint (step 8: the run
+    # that ended at step 10 saved its model, not a checkpoint) instead of starting over.
     train.run(cfg.model_copy(update={"max_steps": 0}), ctx)
     evaluate.run(cfg, ctx)
-    manifest = check_outputs(ctx, "one_device", 1, 8)
-    assert manifest["resumed_from_step"] == 10 and manifest["training_loop"] == "custom"
+    manifest = check_outputs(ctx, "one_device", 1, 8, checkpoint_every=4)
+    assert manifest["resumed_from_step"] == 8 and manifest["training_loop"] == "custom"
     assert manifest["mixed_precision"] == "mixed_bfloat16"
 
 

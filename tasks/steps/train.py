@@ -99,6 +99,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                                                head=kind.head)
             optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels,
                                                    clip_norm=clip_norm(cfg, name))
+            model_lib.create_slots(optimizer, model.trainable_variables)
             # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
             model.seed_dropout(seeded_dropout.DropoutSeeds(
                 cfg.seed, optimizer.iterations, plan.grad_accum_steps))
@@ -146,7 +147,10 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                 if progress.history is not None:  # the resumed run keeps these records
                     progress.history.write()
                 raise
-            saver.save(int(optimizer.iterations.numpy()))
+            # No training checkpoint at the end: the model saved below is the run's result,
+            # and the weights with both Adam slots cost 3x its bytes to write (and upload)
+            # on every run. A retry after the end resumes from the last periodic checkpoint
+            # and runs the steps after it again. (The Trainer, too, saves the model only.)
         if chief:
             with clock.checkpoint():
                 save_hf_checkpoint(model, labels, out / "model", kind.problem_type)

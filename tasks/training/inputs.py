@@ -147,8 +147,44 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
         ds = _length_grouped(ds, batch, window, seed, label_spec)
     if skip_batches:
         ds = ds.skip(skip_batches)
-    return ds.prefetch(AUTOTUNE)
+    return ds.prefetch(AUTOTUNE).with_options(WITHOUT_AUTOTUNE_MODEL)
 
+
+def _without_autotune_model() -> tf.data.Options:
+    """Options with no tf.data autotuning model. Each iterator of a dataset with one runs an
+    optimization thread that sleeps between rounds, longer and longer (up to a minute late
+    in a run), and destroying the iterator waits for that thread: when fit returned, the
+    train step sat 0 to 60 s in RootDataset::Iterator's destructor (py-spy; 55 s after
+    BANKING77's 3 epochs, in 3 runs of 5). The training input is a few element-wise ops per
+    batch: AUTOTUNE values then take tf.data's fixed defaults."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
+
+
+WITHOUT_AUTOTUNE_MODEL = _without_autotune_model()
+
+
+def _device_datasets_without_autotune_model() -> None:
+    """The strategies' iterators (OneDevice, Mirrored, MultiWorkerMirrored) feed each device
+    through a dataset of their own, made by multi_device_iterator_ops._create_device_dataset
+    with default options, so with an autotuning model: the wait above. No public option
+    reaches that dataset; this wraps the function to give it WITHOUT_AUTOTUNE_MODEL
+    (tests/test_inputs.py checks that it still applies)."""
+    from tensorflow.python.data.ops import multi_device_iterator_ops as device_iterators
+
+    create = device_iterators._create_device_dataset  # noqa: SLF001
+    if getattr(create, "without_autotune_model", False):
+        return
+
+    def create_without_model(*args, **kwargs):
+        return create(*args, **kwargs).with_options(WITHOUT_AUTOTUNE_MODEL)
+
+    create_without_model.without_autotune_model = True
+    device_iterators._create_device_dataset = create_without_model  # noqa: SLF001
+
+
+_device_datasets_without_autotune_model()
 
 # Batches per sorting window, as in transformers' LengthGroupedSampler (its "megabatch").
 WINDOW_BATCHES = 50

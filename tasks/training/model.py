@@ -176,6 +176,17 @@ def create_optimizer(cfg, plan: TrainPlan, policy: str, cpu_kernel: bool = False
     return optimizer
 
 
+def create_slots(optimizer, variables) -> None:
+    """Create the optimizer's step counter, hyperparameters and slots (m, v) for `variables`
+    now, inside strategy.scope(), rather than in the first traced step. tf.function traces a
+    function that creates variables twice (once creating them, once without), and Keras'
+    first apply_gradients creates them: a second trace and graph optimization of the whole
+    training step, about 1 s at MiniLM size. A checkpoint restored afterwards assigns them."""
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+    with tf.name_scope(inner._name), tf.init_scope():  # as legacy apply_gradients does first
+        inner._create_all_weights(variables)
+
+
 def current_learning_rate(optimizer) -> float:
     """The rate the optimizer's next step uses (its schedule at `iterations`)."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer

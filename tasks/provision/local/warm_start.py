@@ -308,11 +308,11 @@ def _send(conn: socket.socket, message: dict) -> None:
 def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) -> int:
     """In the forked process: become what `python -m tasks ARGS` would be, run it, end as it
     would end. Returns the exit code."""
-    import atexit
     import random
     import runpy
-    import threading
     import traceback
+
+    from tasks import process_end
 
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_DFL)
@@ -345,11 +345,7 @@ def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) ->
     except BaseException:  # what the interpreter prints for an uncaught exception
         traceback.print_exc()
         code = 1
-    threading._shutdown()  # noqa: SLF001  (as interpreter exit: join non-daemon threads)
-    atexit._run_exitfuncs()  # noqa: SLF001
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError):
-            stream.flush()
+    process_end.finish()
     return code
 
 
