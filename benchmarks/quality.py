@@ -75,7 +75,6 @@ on a core they do not have (measured 2026-12-04 at load 3.5 on 2 cores: 20 peer 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -526,18 +525,9 @@ def main() -> None:
     machine = common.machine_info()
     previous = common.RESULTS_DIR / f"{args.name}.json"
     earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
-    # The server is started once, before any run, as `make airflow` starts it once for the
-    # scheduler's lifetime: its start-up is recorded, and no run's wall time holds it.
-    args.warm_socket, server_s = None, None
-    with contextlib.ExitStack() as stack:
-        if args.bertflow_start == "warm" and "bertflow" in sides:
-            from tasks.provision.local import warm_start
-
-            t0 = time.perf_counter()
-            args.warm_socket = stack.enter_context(warm_start.serving(
-                log_path=work / "warm_start.log"))
-            server_s = time.perf_counter() - t0
-        args.warm_server_ready_s = server_s
+    with common.warm_server(args.bertflow_start == "warm" and "bertflow" in sides,
+                            work / "warm_start.log") as (socket, server_s):
+        args.warm_socket, args.warm_server_ready_s = socket, server_s
         run_all(args, names, seeds, sides, work, model_dir, machine, earlier)
     if not args.keep:
         import shutil

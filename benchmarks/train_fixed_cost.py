@@ -30,7 +30,6 @@ tf.function tracing); `exit_s` is from the record's last write to the process's 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -123,16 +122,10 @@ def main() -> None:
         shape, args.short, args.long, args.repeats = "tiny", 2, 4, 1
     steps = {"short": args.short, "long": args.long}
     with tempfile.TemporaryDirectory(prefix="train-fixed-cost-") as tmp, \
-            contextlib.ExitStack() as stack:
+            common.warm_server(args.start == "warm", Path(tmp) / "warm.log") as (socket,
+                                                                                server_s):
         runs_dirs = prepare(Path(tmp), shape, BATCH * args.long, steps)
         runs: dict[str, list[dict]] = {name: [] for name in steps}
-        socket, server_s = None, None
-        if args.start == "warm":
-            from tasks.provision.local import warm_start
-
-            t0 = time.perf_counter()
-            socket = stack.enter_context(warm_start.serving(log_path=Path(tmp) / "warm.log"))
-            server_s = time.perf_counter() - t0
 
         def side(name):
             def once() -> float:

@@ -154,8 +154,9 @@ def _without_autotune_model() -> tf.data.Options:
     """Options with no tf.data autotuning model. Each iterator of a dataset with one runs an
     optimization thread that sleeps between rounds, longer and longer (up to a minute late
     in a run), and destroying the iterator waits for that thread: when fit returned, the
-    train step sat 0 to 60 s in RootDataset::Iterator's destructor (py-spy; 55 s after
-    BANKING77's 3 epochs, in 3 runs of 5). The training input is a few element-wise ops per
+    train step could sit in RootDataset::Iterator's destructor for most of a minute (py-spy,
+    by hand: 55 s after BANKING77's 3 epochs in half the runs; benchmarks/RESULTS.md section
+    14 shows the effect at BERT-base size). The training input is a few element-wise ops per
     batch: AUTOTUNE values then take tf.data's fixed defaults."""
     options = tf.data.Options()
     options.autotune.enabled = False
