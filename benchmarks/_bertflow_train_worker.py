@@ -61,7 +61,9 @@ for kv in a.set:
 cfg = RunConfig(**{
     "train_uri": str(tsv), "eval_uri": str(tsv), "artifact_root": str(work / "art"),
     "base_model": a.model_dir, "per_replica_batch_size": batch_size, "epochs": 2,
-    "max_steps": a.warmup + timed_steps, "checkpoint_every_steps": 10_000, **overrides})
+    "max_steps": a.warmup + timed_steps, "checkpoint_every_steps": 10_000,
+    # Training only: the eval split here is the training rows (the evaluate step's work).
+    "evaluate_in_train": False, **overrides})
 ctx = RunContext(str(work / "art"), "bench", "train")
 write_run_config(ctx, cfg)
 t_setup = time.perf_counter()

@@ -305,12 +305,18 @@ def tasks_cli(*argv: str) -> str:
 def run_step(step: str, run_dir: Path, warm_socket: Path | None = None) -> None:
     """`python -m tasks STEP --run-dir RUN` as the DAG runs it on the local backend: through
     LocalCluster, forked from the warm-start server when there is one (warm), else a fresh
-    interpreter (cold). A warm run that started cold is an error, not a slower figure."""
+    interpreter (cold). A warm run that started cold is an error, not a slower figure.
+    Evaluate after a train step that evaluated (evaluate_in_train) starts no process: the
+    DAG's controller publishes those metrics itself (bertflow_airflow/worker_operator.py)."""
     from tasks.provision.local import warm_start
     from tasks.provision.local.cluster import LocalCluster
     from tasks.provision.spec import WorkerSpec
     from tasks.errors import WorkerError
+    from tasks.runs.runlayout import load_run
+    from tasks.steps import evaluation_publish
 
+    if step == "evaluate" and evaluation_publish.from_train(*load_run(str(run_dir))):
+        return
     if warm_socket:
         os.environ[warm_start.SOCKET_ENV] = str(warm_socket)
     else:

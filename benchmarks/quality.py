@@ -59,7 +59,8 @@ every step in a fresh interpreter, as the remote backends (pods, Vertex AI, TPU 
 Prints and records the task's metrics (classification: accuracy, macro-F1), final training
 loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 80% of the
-peer's wall time (issue 35), its evaluate step no slower than the peer's evaluation (wall times count only for seeds where both sides started and ended at a
+peer's wall time (issue 35), its evaluation (the evaluate step, plus the train step's
+evaluation in memory) no slower than the peer's evaluation (wall times count only for seeds where both sides started and ended at a
 1-minute load average below QUIET_LOAD, on one machine kind). The results file is written
 after every run, so an interrupted benchmark keeps what it finished; --merge adds runs to an
 earlier results file, and every run records its machine's key CPU flags. --limit (rows of each
@@ -258,6 +259,12 @@ def prepare(name: str, work: Path, seed: int, limit: int) -> dict:
 
 
 # --- the two sides -----------------------------------------------------------------------------
+def evaluation_seconds(run: dict) -> float:
+    """A run's whole evaluation: its evaluate step, plus the evaluation the train step ran
+    on its model in memory (bertflow's evaluate_in_train; inside the train step's wall)."""
+    return run["step_seconds"]["evaluate"] + run.get("evaluation_in_train_seconds", 0.0)
+
+
 def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
     run_dir = work / "art" / "runs" / "quality" / f"{name}-s{seed}"
     cfg = {**SHARED, **SHARED_BY_DATASET.get(name, {}), **TASK_FIELDS.get(name, {}),
@@ -289,7 +296,10 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
             "train_steps": train_m.get("steps"), "warmup_steps": train_m.get("warmup_steps"),
             "final_loss": train_m.get("final_loss"),
             "train_examples_per_second": train_m.get("examples_per_second"),
-            "step_seconds": times, "wall_seconds": sum(times.values()), "config": cfg}
+            "step_seconds": times, "wall_seconds": sum(times.values()),
+            **({"evaluation_in_train_seconds": train_m["evaluation"]["seconds"]}
+               if train_m.get("evaluation") else {}),
+            "config": cfg}
 
 
 def run_peer(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
@@ -442,9 +452,10 @@ def summarize(results: dict) -> dict:
                     statistics.fmean(by_side["bertflow"][x]["wall_seconds"] for x in quiet)
                     / statistics.fmean(by_side["peer"][x]["wall_seconds"] for x in quiet))
                 s["wall_target"] = "met" if s["wall_ratio"] <= TARGET_WALL_RATIO else "MISSED"
-                # Issue 35: bertflow's evaluate step (its process, start-up included) no
-                # slower than the peer's evaluation (inside its one process).
-                evals = {side: statistics.fmean(by_side[side][x]["step_seconds"]["evaluate"]
+                # Issue 35: bertflow's evaluation (the evaluate step's process, start-up
+                # included, plus the train step's evaluation when it evaluated) no slower
+                # than the peer's evaluation (inside its one process).
+                evals = {side: statistics.fmean(evaluation_seconds(by_side[side][x])
                                                 for x in quiet) for side in by_side}
                 s["evaluate_seconds"] = evals
                 s["evaluate_target"] = ("met" if evals["bertflow"] <= evals["peer"]
@@ -629,7 +640,7 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
                   f"{s['wall_target']}")
             if "evaluate_seconds" in s:
                 e = s["evaluate_seconds"]
-                print(f"  {name:15s} evaluate: bertflow's step {e['bertflow']:.1f}s, the "
+                print(f"  {name:15s} evaluate: bertflow's evaluation {e['bertflow']:.1f}s, the "
                       f"peer's evaluation {e['peer']:.1f}s: {s['evaluate_target']}")
     if tta is not None:
         print(f"time to 90% on SST-2 whole sentences: {tta['reached_90']}/{tta['runs']} runs "

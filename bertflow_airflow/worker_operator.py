@@ -59,7 +59,7 @@ class WorkerStepOperator(BaseOperator):
     """Controller for a step that runs in worker processes.
 
     Starts the workers for `step` (the provisioned cluster spec for train/evaluate, one
-    process otherwise) on the configured backend (local processes, Kubernetes, Vertex AI, a
+    process otherwise; none for evaluate when the train step already evaluated) on the configured backend (local processes, Kubernetes, Vertex AI, a
     TPU VM), streams their output into this task's log, fails with the worker's error text,
     and stops them when Airflow kills the task. Returns the step's manifest URI. `map_label`
     names a mapped instance in the UI (a sweep's trial values) with
@@ -89,6 +89,14 @@ class WorkerStepOperator(BaseOperator):
         from tasks.provision import attempts
 
         cfg, ctx = load_run(self.run_uri)
+        if self.step == "evaluate":
+            from tasks.steps import evaluation_publish
+
+            published = evaluation_publish.from_train(cfg, ctx)
+            if published is not None:
+                self.log.info("evaluate: the train step evaluated its model in memory "
+                              "(evaluate_in_train); published its metrics, no workers started")
+                return published
         if self.distributed:
             manifest = storage.read_json(ctx.manifest_uri("provision"))
             spec = WorkerSpec.from_dict(manifest["workers"][self.step])

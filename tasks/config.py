@@ -332,6 +332,13 @@ class RunConfig(BaseModel):
                     "checkpoint.")
     eval_batch_size: int = Field(default=64, ge=1, le=4096,
                                  title="Evaluation batch per replica")
+    evaluate_in_train: bool = Field(
+        default=True, title="Evaluate in the train step",
+        description="Evaluate right after training, in the train step's workers with the "
+                    "model still in memory, under the same strategy; the evaluate step then "
+                    "publishes those metrics. Off: the evaluate step loads the saved model "
+                    "in workers of its own (one more process start and model load or "
+                    "download). parameter_server always evaluates in the evaluate step.")
 
     # --- storage, export, promotion -----------------------------------------------------------
     artifact_root: str = Field(

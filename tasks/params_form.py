@@ -39,7 +39,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "max_grad_norm",
-                            "checkpoint_every_steps", "eval_batch_size"),
+                            "checkpoint_every_steps", "eval_batch_size", "evaluate_in_train"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
                                            "hf_conn_id"),
 }

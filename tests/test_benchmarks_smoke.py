@@ -189,6 +189,9 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert data["rows"] == 12 and 0 < data["ceiling_examples_per_s"]
     if script == "quality":
         assert data["bertflow_start"] == "warm" and data["warm_server_ready_s"] > 0
+        # the train step evaluated in memory (evaluate_in_train), and that time is recorded
+        (run,) = data["results"]["sst2"]["bertflow"].values()
+        assert 0 < run["evaluation_in_train_seconds"] < run["step_seconds"]["train"]
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [

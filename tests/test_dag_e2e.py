@@ -6,6 +6,7 @@ import pytest
 
 from tasks.io import storage
 from tasks.io.uris import join_uri
+from tasks.provision.worker_logs import logs_uri
 from bertflow_airflow.demo import predict_in_fresh_process, run_dag, run_folder, sample_rows
 
 TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 6, "per_replica_batch_size": 8,
@@ -36,6 +37,13 @@ def test_steps_wrote_their_manifests(finished_run):
     assert manifest["train"]["strategy"] == "multi_worker_mirrored"
     assert manifest["train"]["num_replicas"] == 2
     assert 0.0 <= manifest["evaluate"]["metrics"]["accuracy"] <= 1.0
+    # The train step's workers evaluated the model in memory (evaluate_in_train); the
+    # evaluate task published that and started no workers (train's did write logs).
+    assert manifest["evaluate"]["evaluated_in"] == "train"
+    assert manifest["evaluate"]["strategy"] == "multi_worker_mirrored"
+    assert manifest["train"]["evaluation"]["num_examples"] == manifest["evaluate"]["num_examples"]
+    assert storage.list_uris(logs_uri(run_uri, "train"))
+    assert not storage.list_uris(logs_uri(run_uri, "evaluate"))
     assert manifest["promote"]["promoted"] is True  # first model, gate minimum 0
     assert manifest["release"]["killed_pids"] == []  # controllers cleaned up themselves
 

@@ -80,13 +80,18 @@ def test_every_task_succeeds_with_pods_doing_the_work(k8s_run):
                       .filter_by(dag_id=DAG_ID, run_id=k8s_run.dag_run.run_id))
     assert states == {**dict.fromkeys(TASKS, "success"), "approval": "skipped"}, k8s_run.log[-5000:]
     jobs = k8s_run.kube.created_names("jobs")
-    for step in ("tokenize", "train", "evaluate", "export"):
+    for step in ("tokenize", "train", "export"):
         assert any(f"-{step}-" in name for name in jobs), (step, jobs)
+    # The train pods evaluated the model in memory (evaluate_in_train): the evaluate task
+    # published their metrics and created no Job.
+    assert not any("-evaluate-" in name for name in jobs), jobs
+    evaluated = storage.read_json(join_uri(k8s_run.run_uri, "evaluate", "manifest.json"))
+    assert evaluated["evaluated_in"] == "train"
     # The pods' own output reached the controllers' task logs, prefixed.
     assert "[worker:0]" in k8s_run.log
     # ... and each pod's log is kept in the run folder, although its pod is gone; the
     # preflight ran first and passed.
-    for step in ("tokenize", "train", "evaluate", "export"):
+    for step in ("tokenize", "train", "export"):
         kept = storage.read_text(join_uri(k8s_run.run_uri, step, "logs", "worker-0.log"))
         assert kept.strip() and f"{step}/manifest.json" in kept, (step, kept[-2000:])
     assert storage.read_json(join_uri(k8s_run.run_uri, "provision", "preflight.json"))["ok"]

@@ -115,6 +115,9 @@ def check_goodput_adds_up(ctx) -> dict:
     assert 0 < result["goodput"] < 1
     for key in ("waiting_for_capacity_s", "startup_s", "productive_s", "checkpoint_s"):
         assert result["parts"][key] > 0, (key, result)
+    # The evaluation after training is its own part, where the train step evaluates.
+    evaluated = read_manifest(ctx.manifest_uri("train")).get("evaluation")
+    assert (result["parts"]["evaluation_s"] > 0) is bool(evaluated), result
     return result
 
 

@@ -43,6 +43,9 @@ def check_outputs(ctx, strategy, replicas, per_replica, checkpoint_every=10):
 
     result = read_manifest(ctx.manifest_uri("evaluate"))
     assert result["num_examples"] == 41 and result["metrics"]["accuracy"] > 0.9
+    # evaluated by the train step, in memory (evaluate_in_train), and published as is
+    assert result["evaluated_in"] == "train" and result["strategy"] == strategy
+    assert manifest["evaluation"]["num_examples"] == 41
     metrics = json.loads(Path(result["metrics_uri"]).read_text())
     assert sum(map(sum, metrics["confusion_matrix"])) == 41
     assert sum(c["support"] for c in metrics["per_class"].values()) == 41
@@ -278,6 +281,13 @@ def test_other_tasks_train_and_evaluate(tmp_path, tiny_model_dir, task, loop):
     assert result["num_examples"] == metrics["num_examples"] == 41 and metrics["task"] == task
     print(task, {k: v for k, v in result["metrics"].items()}, "final loss",
           manifest["final_loss"])
+    # Those metrics came from the train step's model in memory. The evaluate step, told
+    # to load the saved model itself, counts exactly the same.
+    assert result["evaluated_in"] == "train"
+    evaluate.run(cfg.model_copy(update={"evaluate_in_train": False}), ctx)
+    reloaded = read_manifest(ctx.manifest_uri("evaluate"))
+    assert reloaded["evaluated_in"] == "evaluate" and reloaded["evaluation_seconds"] > 0
+    assert json.loads(Path(reloaded["metrics_uri"]).read_text()) == metrics
     if task == "token_classification":
         assert config["architectures"] == ["BertForTokenClassification"]
         assert list(config["id2label"].values()) == ["O", "B-UP", "I-UP"]

@@ -13,7 +13,8 @@ src/goodput.py); productive time is its `GoodputType.TOTAL`:
   (PROGRAM_STARTUP, TRAINING_PREP);
 - productive_s: optimizer steps done for the first time (GoodputType.TOTAL);
 - checkpoint_s: checkpoint saves and the final model save (UNPRODUCTIVE_CHECKPOINT_SAVE_TIME);
-- evaluation_s: evaluation inside the train step, 0 as it is its own step (CUSTOM_BADPUT_EVENTS);
+- evaluation_s: the evaluation after training, inside the train step (`evaluate_in_train`;
+  0 when the evaluate step evaluates) (CUSTOM_BADPUT_EVENTS);
 - data_wait_s: blocking input waits, where measured (DATA_LOADING_SYNC);
 - recomputed_s: steps run again after a restore, and a lost attempt's unreported tail
   (WASTED_PROGRESS_FROM_DISRUPTION);

@@ -11,8 +11,15 @@ conlleval's rules on the host (tasks/training/entity_metrics.py). Regression's S
 ranks, which no sum gives: its (label, prediction) pairs are gathered from every replica
 (strategy.gather; the eval set is small) and MSE, Pearson and Spearman are computed from all
 of them on the host in float64.
+
+By default (`evaluate_in_train`) the train step runs `evaluate_model` right after training,
+on the model in memory, and this step only checks and publishes its metrics: on small data
+sets a process start and a model load cost more than the evaluation itself. Otherwise, and
+under parameter_server, this step loads the saved model and evaluates.
 """
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -21,9 +28,8 @@ from tasks.training import checkpoint, determinism, entity_metrics, inputs, mode
 from tasks.training import strategy as strategy_lib
 from tasks.io import storage
 from tasks.config import RunConfig
-from tasks.io.uris import join_uri
-from tasks.errors import BertflowError
-from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
+from tasks.runs.runlayout import RunContext, read_manifest
+from tasks.steps import evaluation_publish
 from tasks.task_kinds import (IGNORED, TaskKind, kind as task_kind, multi_label_metrics,
                               ratio, regression_metrics)
 
@@ -33,6 +39,16 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     name = strategy_lib.strategy_name(cfg)
     if strategy_lib.is_server_task(name):
         strategy_lib.serve_forever()
+    tok = read_manifest(ctx.manifest_uri("tokenize"))
+    trained = read_manifest(ctx.manifest_uri("train"))
+    if evaluation_publish.train_evaluation(cfg, trained):
+        # The train step evaluated this model in memory, under its strategy, on the same
+        # shards (tasks/steps/train.py). The Airflow controller publishes that without
+        # starting workers; this path serves `python -m tasks evaluate` run by hand.
+        if not strategy_lib.is_chief():
+            return ctx.manifest_uri("evaluate")
+        return evaluation_publish.from_train(cfg, ctx)
+    started = time.perf_counter()
     if name == "parameter_server":
         # Inline on the coordinator (the chief), on its own device. ParameterServerStrategy
         # evaluates through the ClusterCoordinator, which schedules batches on whichever
@@ -45,42 +61,36 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         strategy, name = strategy_lib.build_strategy(cfg)
     device = strategy_lib.device_kind(cfg, name)
     model_lib.set_precision(cfg, device)  # as in training
-    tok = read_manifest(ctx.manifest_uri("tokenize"))
-    trained = read_manifest(ctx.manifest_uri("train"))
-    labels = tok["labels"]
     kind = task_kind(tok.get("task", "classification"))
-    expected = tok["splits"]["eval"]["num_examples"]
-
-    with storage.staged_local_dir(trained["model_dir"], "r") as model_dir, \
-            inputs.local_shards(tok, "eval") as files:
+    with storage.staged_local_dir(trained["model_dir"], "r") as model_dir:
         with strategy.scope():
             model = checkpoint.load_classifier(
-                model_dir, labels, cpu_kernels=strategy_lib.use_cpu_kernels(device, name),
-                head=kind.head)
-        metrics = task_metrics(kind, strategy, model, files, labels,
+                model_dir, tok["labels"],
+                cpu_kernels=strategy_lib.use_cpu_kernels(device, name), head=kind.head)
+        metrics = evaluate_model(cfg, tok, strategy, name, model)
+    if not strategy_lib.is_chief():
+        evaluation_publish.check_count(tok, metrics)  # every worker fails alike
+        return ctx.manifest_uri("evaluate")
+    return evaluation_publish.publish(ctx, tok, trained, metrics, strategy=name,
+                                      evaluated_in="evaluate",
+                                      seconds=time.perf_counter() - started)
+
+
+def evaluate_model(cfg: RunConfig, tok: dict, strategy, name: str, model) -> dict:
+    """metrics.json's content: every row of the eval shards that `tok` (the tokenize
+    manifest) lists, through `model` under `strategy` (`name`). Every worker calls it; the
+    counts are summed or gathered across all of them."""
+    kind = task_kind(tok.get("task", "classification"))
+    with inputs.local_shards(tok, "eval") as files:
+        metrics = task_metrics(kind, strategy, model, files, tok["labels"],
                                cfg.eval_batch_size * strategy.num_replicas_in_sync,
                                cfg.multi_label_threshold, static_shapes=name == "tpu",
                                max_seq_length=cfg.max_seq_length,
                                label_spec=tok.get("label_spec"))
-    if metrics["num_examples"] != expected:
-        raise BertflowError(f"evaluated {metrics['num_examples']} examples but the tokenize "
-                            f"manifest lists {expected}; the eval shards changed since "
-                            "tokenize ran")
-    step_uri = ctx.step_uri("evaluate")
-    if not strategy_lib.is_chief():
-        return ctx.manifest_uri("evaluate")
     metrics = {"task": kind.name, **metrics}
     if kind.per_token:  # words past max_seq_length have no piece: they are not scored
         metrics["truncated_sentences"] = tok["splits"]["eval"].get("num_truncated", 0)
-    metrics_uri = join_uri(step_uri, "metrics.json")
-    storage.write_json(metrics_uri, metrics)
-    headline = {m: metrics[m] for m in kind.gate_metrics + kind.reported_metrics}
-    print("evaluate: " + " ".join(f"{m} {v:.4f}" for m, v in headline.items())
-          + f" on {expected} examples", flush=True)
-    return write_manifest(step_uri, {
-        "metrics_uri": metrics_uri, "num_examples": metrics["num_examples"],
-        "task": kind.name, "metrics": headline,
-        "strategy": name, "model_dir": trained["model_dir"]})
+    return metrics
 
 
 def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list[str],

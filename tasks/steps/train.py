@@ -7,6 +7,8 @@ chief writes to the run folder, the others write to temporary folders that are r
 restart resumes from the latest checkpoint. A preemption notice stops every process at one
 step boundary, saved, with exit code 75 (tasks/training/preemption.py); each process reports
 its goodput parts per attempt (tasks/training/goodput_clock.py). See docs/preemption.md.
+After the model is saved, the same processes evaluate it in memory (`evaluate_in_train`),
+and the evaluate step publishes those metrics.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import tf_keras
 from tensorflow.core.framework import summary_pb2
 
 from tasks.model.hf_weights import save_hf_checkpoint
+from tasks.steps import evaluate
 from tasks.training import (checkpoint, checkpoint_publish, determinism, inputs, memory,
                             preemption, seeded_dropout, token_loss)
 from tasks.training import model as model_lib
@@ -36,6 +39,7 @@ from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 from tasks.task_kinds import TaskKind, kind as task_kind
 
 KEEP_CHECKPOINTS = 3
+EVAL_METRICS = "eval_metrics.json"  # in the train step's folder (evaluate_in_train)
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
@@ -155,6 +159,16 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             with clock.checkpoint():
                 save_hf_checkpoint(model, labels, out / "model", kind.problem_type)
             shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
+        evaluation = None
+        if evaluates_here(cfg, name):  # after the save: the model is safe whatever happens
+            started = time.perf_counter()
+            with clock.evaluation():
+                metrics = evaluate.evaluate_model(cfg, tok, strategy, name, model)
+            evaluation = {"metrics_uri": join_uri(step_uri, EVAL_METRICS),
+                          "num_examples": metrics["num_examples"],
+                          "seconds": round(time.perf_counter() - started, 3)}
+            if chief:
+                storage.write_json(evaluation["metrics_uri"], metrics)
     clock.write()
 
     if not chief:
@@ -187,7 +201,16 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "examples_per_second": progress.examples_per_second,
         "final_loss": progress.epoch_loss,
         "train_seconds": progress.train_seconds,
+        # The evaluate step publishes these metrics (tasks/steps/evaluate.py); None: it
+        # evaluates the saved model itself.
+        "evaluation": evaluation,
     })
+
+
+def evaluates_here(cfg: RunConfig, name: str) -> bool:
+    """Whether the train step evaluates its model (evaluate_in_train). Not under
+    parameter_server: its evaluation runs on the chief alone (tasks/steps/evaluate.py)."""
+    return cfg.evaluate_in_train and name != "parameter_server"
 
 
 def clip_norm(cfg: RunConfig, strategy: str) -> float:

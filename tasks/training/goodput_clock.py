@@ -53,7 +53,7 @@ def previous_high_water(step_uri: str, attempt: int, role: str, index: int) -> i
 
 class GoodputClock:
     """Splits this attempt's time into start-up, productive steps, recomputed steps and
-    checkpoint saves (evaluation is its own Airflow step, so 0 here)."""
+    checkpoint saves and the evaluation after training (`evaluate_in_train`)."""
 
     def __init__(self, uri: str | None, started_at: float, high_water: int,
                  flush_seconds: float | None = None):
@@ -61,6 +61,7 @@ class GoodputClock:
         self.flush_seconds = float(os.environ.get(FLUSH_ENV, 10.0)) \
             if flush_seconds is None else flush_seconds
         self.startup_s = self.productive_s = self.checkpoint_s = self.recomputed_s = 0.0
+        self.evaluation_s = 0.0
         self.steps = self.recomputed_steps = 0
         self.first_step: int | None = None
         self.last_step: int | None = None
@@ -94,19 +95,30 @@ class GoodputClock:
 
     @contextmanager
     def checkpoint(self):
+        with self._timed("checkpoint_s"):
+            yield
+
+    @contextmanager
+    def evaluation(self):
+        with self._timed("evaluation_s"):
+            yield
+
+    @contextmanager
+    def _timed(self, part: str):
         start = time.time()
         try:
             yield
         finally:
             spent = time.time() - start
-            self.checkpoint_s += spent
+            setattr(self, part, getattr(self, part) + spent)
             if self._last is not None:
-                self._last += spent  # the next step's time starts after the save
+                self._last += spent  # the next step's time starts after it
             self.write()
 
     def to_dict(self) -> dict:
         return {"startup_s": round(self.startup_s, 3), "productive_s": round(self.productive_s, 3),
-                "checkpoint_s": round(self.checkpoint_s, 3), "evaluation_s": 0.0,
+                "checkpoint_s": round(self.checkpoint_s, 3),
+                "evaluation_s": round(self.evaluation_s, 3),
                 "recomputed_steps": self.recomputed_steps,
                 "recomputed_s": round(self.recomputed_s, 3), "steps": self.steps,
                 "first_step": self.first_step, "last_step": self.last_step,
