@@ -145,6 +145,35 @@ def test_bare_legacy_checkpoints_with_other_heads_load(tmp_path):
                                   saved.encoder.blocks[0].attention_layer_norm.gamma.numpy())
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_classifier_draws_random_values_only_where_the_file_has_none(tmp_path, family):
+    """The encoder's kernels start at zero (the file overwrites every one of them); the head,
+    and BERT's pooler when the file lacks it, start normal(initializer_range) as
+    transformers starts them; dropout layers keep one numbering across encoder and head."""
+    from safetensors.numpy import load_file, save_file
+
+    saved = build_classifier(tiny(family), len(LABELS))
+    save_hf_checkpoint(saved, LABELS, tmp_path)
+    std = tiny(family).initializer_range
+    model = load_classifier(tmp_path, 2)  # another head size: the head starts fresh
+    assert model.encoder.embeddings.make.zero_kernels  # no random draws to overwrite
+    for ours, theirs in zip(model.encoder.weights, saved.encoder.weights, strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy(), err_msg=ours.name)
+    head = [w.numpy() for w in model.head.weights if w.shape.rank == 2]
+    assert head and all(0.5 * std < w.std() < 1.5 * std for w in head)
+    indices = [layer.index for layer in model._flatten_layers() if isinstance(layer, Dropout)]
+    assert sorted(indices) == list(range(DROPOUT_LAYERS[family]))
+    if family != "bert":
+        return
+    state = {k: v for k, v in load_file(str(tmp_path / "model.safetensors")).items()
+             if not k.startswith("bert.pooler.")}
+    save_file(state, str(tmp_path / "model.safetensors"))
+    without_pooler = load_classifier(tmp_path, 2)
+    assert not without_pooler.encoder.embeddings.make.zero_kernels
+    pooler = without_pooler.encoder.pooler.kernel.numpy()
+    assert 0.5 * std < pooler.std() < 1.5 * std  # random, as transformers starts it
+
+
 def test_a_checkpoint_that_does_not_match_its_config_names_the_file(tmp_path):
     save_hf_checkpoint(build_classifier(tiny("bert"), len(LABELS)), LABELS, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 from tasks.model.config import EncoderConfig
 from tasks.model.encoder import Encoder
 from tasks.model.heads import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, build_head
-from tasks.model.hf_weights import load_hf_weights
+from tasks.model.hf_weights import lacks_optional_weights, load_hf_weights
 from tasks.model.layers import Dropout, LayerFactory
 
 
@@ -19,12 +19,14 @@ class Classifier(tf_keras.Model):
     (tasks/model/encoder.py)."""
 
     def __init__(self, config: EncoderConfig, num_labels: int, *, gelu: str,
-                 cpu_kernels: bool, task: str = SEQUENCE_CLASSIFICATION):
+                 cpu_kernels: bool, task: str = SEQUENCE_CLASSIFICATION,
+                 encoder_from_checkpoint: bool = False):
         super().__init__(name=f"{config.family}_classifier")
         self.config, self.num_labels, self.task = config, num_labels, task
         make = LayerFactory(config.initializer_range, gelu, cpu_kernels)
         # Token classification reads no pooled output: no pooler, as in transformers.
-        self.encoder = Encoder(config, make, with_pooler=task != TOKEN_CLASSIFICATION,
+        self.encoder = Encoder(config, make.for_loaded_weights() if encoder_from_checkpoint
+                               else make, with_pooler=task != TOKEN_CLASSIFICATION,
                                name=config.family)
         self.head = build_head(task, config, num_labels, make)
 
@@ -53,10 +55,12 @@ def dummy_features() -> dict[str, tf.Tensor]:
 
 
 def build_classifier(config: EncoderConfig, num_labels: int, *, gelu: str | None = None,
-                     cpu_kernels: bool = False,
-                     task: str = SEQUENCE_CLASSIFICATION) -> Classifier:
+                     cpu_kernels: bool = False, task: str = SEQUENCE_CLASSIFICATION,
+                     encoder_from_checkpoint: bool = False) -> Classifier:
     """A freshly initialised classifier with its variables created. Call inside
-    `strategy.scope()` so the variables are distributed.
+    `strategy.scope()` so the variables are distributed. `encoder_from_checkpoint`: the
+    encoder's kernels and embeddings start at zero, for a checkpoint that holds every
+    encoder weight to overwrite them (load_classifier).
 
     `cpu_kernels` runs dropout, LayerNorm and GELU on bertflow's CPU kernels (training and
     evaluation on CPU only; check tasks.training.cpu_kernels.available() first). `gelu`:
@@ -64,7 +68,8 @@ def build_classifier(config: EncoderConfig, num_labels: int, *, gelu: str | None
     computed in float32 under mixed precision) or "native" (in the compute dtype)."""
     if gelu is None:
         gelu = "kernel" if cpu_kernels else "float32"
-    model = Classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels, task=task)
+    model = Classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels, task=task,
+                       encoder_from_checkpoint=encoder_from_checkpoint)
     model(dummy_features(), training=False)
     return model
 
@@ -75,7 +80,13 @@ def load_classifier(folder: Path | str, num_labels: int, *, keep_head: bool = Tr
     """The classifier of the checkpoint in `folder` (config.json, model.safetensors) with the
     head of `task`, the checkpoint's head kept where `keep_head` and it has one of this
     size. Call inside `strategy.scope()`."""
-    model = build_classifier(EncoderConfig.from_pretrained(folder), num_labels, gelu=gelu,
-                             cpu_kernels=cpu_kernels, task=task)
+    config = EncoderConfig.from_pretrained(folder)
+    # Every encoder weight comes from the file (a missing one fails the load), unless the
+    # file lacks BERT's optional pooler, which then starts random as transformers starts it.
+    # The head is always initialised: the file may not have it.
+    random_pooler = lacks_optional_weights(folder, config.family,
+                                           with_pooler=task != TOKEN_CLASSIFICATION)
+    model = build_classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels,
+                             task=task, encoder_from_checkpoint=not random_pooler)
     load_hf_weights(model, folder, keep_head=keep_head)
     return model

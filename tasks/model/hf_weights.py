@@ -87,6 +87,22 @@ def head_parameters(model) -> dict[str, tuple[tf.Variable, bool]]:
     return _parameters(model.head, HEAD_TABLES[type(model.head)], 0)
 
 
+def lacks_optional_weights(folder: Path | str, family: str, with_pooler: bool) -> bool:
+    """Whether the encoder of `family` (built `with_pooler` or not) has optional weights
+    (BERT's pooler) that `folder`/model.safetensors lacks, so that they start random.
+    Reads the file's header only."""
+    from safetensors import safe_open
+
+    path = Path(folder) / SAFETENSORS
+    if not with_pooler or not any(k.startswith(OPTIONAL) for k in ENCODER_TABLES[family]):
+        return False
+    if not path.is_file():
+        return False  # load_hf_weights names the missing file
+    prefix = family + "."
+    with safe_open(str(path), "np") as f:
+        return not any(key.removeprefix(prefix).startswith(OPTIONAL) for key in f.keys())
+
+
 def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
     """Assign `folder`/model.safetensors to `model` (tasks.model.build_classifier's).
 
