@@ -60,8 +60,9 @@ Prints and records the task's metrics (classification: accuracy, macro-F1), fina
 loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 80% of the
 peer's wall time (issue 35), its evaluation (the evaluate step, plus the train step's
-evaluation in memory) no slower than the peer's evaluation (wall times count only for seeds where both sides started and ended at a
-1-minute load average below QUIET_LOAD, on one machine kind). The results file is written
+evaluation in memory) no slower than the peer's evaluation (wall times count only for
+seeds where both sides started and ended at a 1-minute load average below QUIET_LOAD, on
+one machine kind). The results file is written
 after every run, so an interrupted benchmark keeps what it finished; --merge adds runs to an
 earlier results file, and every run records its machine's key CPU flags. --limit (rows of each
 train file) and --max-steps make a quick run. `--smoke`: a tiny random model on 64 synthetic

@@ -10,8 +10,9 @@ BERT-base weights ship in any package reachable offline; the cost depends on sha
 batch 32 of synthetic rows longer than max_seq_length 128, so every step is a full [32, 128]
 batch. Each run is `python -m tasks train --run-dir RUN` through LocalCluster, in a fresh
 interpreter as a remote worker starts it (`--start cold`, the default) or forked from the
-warm-start server as local runs start it (`--start warm`), with the default config (fit, mixed_precision auto, no checkpoint before the end) but for
-`evaluate_in_train` off (the evaluation is the evaluate step's work; quality.py times it);
+warm-start server as local runs start it (`--start warm`), with the default config (fit,
+mixed_precision auto, no checkpoint before the end) but for `evaluate_in_train` off (the
+evaluation is the evaluate step's work; quality.py times it);
 the data and tokenize steps run once before, untimed. Runs of --short and --long steps
 alternate.
 

@@ -59,9 +59,10 @@ class WorkerStepOperator(BaseOperator):
     """Controller for a step that runs in worker processes.
 
     Starts the workers for `step` (the provisioned cluster spec for train/evaluate, one
-    process otherwise; none for evaluate when the train step already evaluated) on the configured backend (local processes, Kubernetes, Vertex AI, a
-    TPU VM), streams their output into this task's log, fails with the worker's error text,
-    and stops them when Airflow kills the task. Returns the step's manifest URI. `map_label`
+    process otherwise; none for evaluate when the train step already evaluated) on the
+    configured backend (local processes, Kubernetes, Vertex AI, a TPU VM), streams their
+    output into this task's log, fails with the worker's error text, and stops them when
+    Airflow kills the task. Returns the step's manifest URI. `map_label`
     names a mapped instance in the UI (a sweep's trial values) with
     `map_index_template=LABEL_TEMPLATE`.
     """
