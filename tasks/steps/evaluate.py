@@ -47,7 +47,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         # starting workers; this path serves `python -m tasks evaluate` run by hand.
         if not strategy_lib.is_chief():
             return ctx.manifest_uri("evaluate")
-        return evaluation_publish.from_train(cfg, ctx)
+        return evaluation_publish.from_train(cfg, ctx, tok, trained)
     started = time.perf_counter()
     if name == "parameter_server":
         # Inline on the coordinator (the chief), on its own device. ParameterServerStrategy

@@ -22,14 +22,16 @@ def train_evaluation(cfg: RunConfig, trained: dict) -> dict | None:
     return trained.get("evaluation") if cfg.evaluate_in_train else None
 
 
-def from_train(cfg: RunConfig, ctx: RunContext) -> str | None:
+def from_train(cfg: RunConfig, ctx: RunContext, tok: dict | None = None,
+               trained: dict | None = None) -> str | None:
     """Publish the train step's evaluation and return the evaluate manifest's URI; None when
-    the train step did not evaluate (the evaluate step's workers must)."""
-    trained = read_manifest(ctx.manifest_uri("train"))
+    the train step did not evaluate (the evaluate step's workers must). `tok` and `trained`:
+    the tokenize and train manifests, when the caller has read them already."""
+    trained = trained or read_manifest(ctx.manifest_uri("train"))
     evaluated = train_evaluation(cfg, trained)
     if evaluated is None:
         return None
-    return publish(ctx, read_manifest(ctx.manifest_uri("tokenize")), trained,
+    return publish(ctx, tok or read_manifest(ctx.manifest_uri("tokenize")), trained,
                    storage.read_json(evaluated["metrics_uri"]), strategy=trained["strategy"],
                    evaluated_in="train", seconds=evaluated["seconds"])
 
