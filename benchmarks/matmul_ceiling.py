@@ -1,7 +1,8 @@
 """The training step's matmul ceiling: the examples/s the step could reach on this CPU if
 everything but its matrix multiplies took no time (issue 35's "show why with an MFU bound").
 
-    ./.venv/bin/python benchmarks/matmul_ceiling.py [--examples 960] [--repeats 5] [--smoke]
+    ./.venv/bin/python benchmarks/matmul_ceiling.py [--examples 960] [--repeats 5] [--name N]
+        [--smoke]
 
 For the batches train_throughput times (960 SST-2 rows, batch 32, length-grouped and padded
 per batch like both sides' batches), every matrix multiply of a MiniLM-L6 training step is run
@@ -137,6 +138,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--examples", type=int, default=960)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--name", default="matmul_ceiling",
+                    help="results file name (matmul_ceiling_sst2_epoch: --examples 67349)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     probe_n = 4096
@@ -149,9 +152,12 @@ def main() -> None:
         _, bpath = trainbench_data.model_and_batches(Path(tmp), args.examples, args.smoke)
         batches = json.loads(bpath.read_text())["batches"]
     shapes = [(len(b["labels"]), trainbench_data.padded_len(b, 1)) for b in batches]
-    steps = [step_matmuls(*shape) for shape in shapes]
+    # One function (and one set of operands) per distinct shape: a full epoch has a few
+    # dozen shapes over thousands of batches, and operands per batch would not fit in memory.
+    by_shape = {shape: step_matmuls(*shape) for shape in sorted(set(shapes))}
+    steps = [by_shape[shape] for shape in shapes]
     total_flops = sum(flops for _, flops in steps)
-    for run, _ in steps:  # trace and warm oneDNN's primitive cache, untimed
+    for run, _ in by_shape.values():  # trace and warm oneDNN's primitive cache, untimed
         run().numpy()
     epoch_s, probes = [], []
     for r in range(args.repeats):
@@ -191,7 +197,7 @@ def main() -> None:
           f"{results['ceiling_examples_per_s_median']:.0f} ex/s; with one AdamW step per "
           f"batch (computed): {results['computed_ceiling_with_optimizer_examples_per_s']:.0f} "
           f"ex/s")
-    common.write_results("matmul_ceiling", results)
+    common.write_results(args.name, results)
 
 
 if __name__ == "__main__":
