@@ -75,7 +75,8 @@ test: install test-deps
 # hours on 2 cores. The data sets come from ../shared/data (or $$BERTFLOW_SHARED_DATA); the
 # peer sides need .venv-peer (benchmarks/requirements.txt). Stops at the first that fails.
 BENCHMARKS := tokenize_throughput train_throughput mfu train_step_ablation e2e_demo scale quality model_sizes \
-              import_time step_start determinism preemption_save train_fixed_cost matmul_ceiling
+              import_time step_start determinism preemption_save train_fixed_cost matmul_ceiling \
+              evaluation_floor
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; \
 	  $(BIN)/python benchmarks/$$b.py || exit 1; done

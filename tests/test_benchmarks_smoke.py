@@ -126,6 +126,7 @@ SMOKE = {
     "preemption_save": ([], None),  # bertflow's saves only, to disk and the emulators
     "train_fixed_cost": ([], None),  # bertflow's train step only, short and long runs
     "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
+    "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
 }
 
 
@@ -187,6 +188,13 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
             assert run["fixed_s"] < run["wall_s"] and run["checkpoint_s"] > 0
     if script == "matmul_ceiling":
         assert data["rows"] == 12 and 0 < data["ceiling_examples_per_s"]
+    if script == "evaluation_floor":
+        (run,) = data["datasets"]["sst2"]["runs"]["bertflow"]
+        assert 0 < run["num_examples"] < 64 and run["trace_s"] > 0 and run["steady_run_s"] > 0
+        # the worker's own evaluation and the train step's are both timed, each non-zero
+        assert run["evaluate_model_s"] > run["steady_run_s"] and run["evaluation_in_train_s"] > 0
+        computed = data["datasets"]["sst2"]["computed"]
+        assert computed == {"graph_floor_s": run["trace_s"] + run["steady_run_s"]}
     if script == "quality":
         assert data["bertflow_start"] == "warm" and data["warm_server_ready_s"] > 0
         # the train step evaluated in memory (evaluate_in_train), and that time is recorded
@@ -215,6 +223,10 @@ def test_smoke_peer_side_matches_its_schema(script, tmp_path):
         assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20
         assert side["runs"][0]["result"]["fused_adamw"] is True
         assert "fused AdamW" in data["precision"]["peer"]
+    if script == "evaluation_floor":
+        (run,) = data["datasets"]["sst2"]["runs"]["peer"]
+        assert 0 < run["num_examples"] < 64 and run["evaluate_s"] > 0
+        assert "computed" not in data["datasets"]["sst2"]  # nothing to compare without bertflow
     if script == "quality":
         (run,) = data["results"]["sst2"]["peer"].values()
         assert run["optim"] == "adamw_torch_fused" and run["bf16"] is native_bf16

@@ -52,3 +52,26 @@ def test_confusion_matrix_counts_each_row_once(tiny_model_dir, tmp_path, static_
     np.add.at(expected, ([r[2] for r in rows], np.argmax(logits, axis=1)), 1)
     np.testing.assert_array_equal(matrix, expected)
     assert matrix.sum() == 29 and inputs.PAD_LABEL < 0
+
+
+def test_the_evaluation_loop_is_one_graph_loop_whatever_the_batch_count(tiny_model_dir,
+                                                                         tmp_path):
+    """The loop over batches is a graph while loop, traced once: its graph is the same size
+    for 3 batches as for 30. A Python loop over the batches would unroll them, one copy of
+    the model per batch."""
+    rows = tiny_rows(240, seed=1)
+    write_tfrecords(tmp_path / "eval.tfrecord", rows)
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = checkpoint.load_classifier(tiny_model_dir, LABELS)
+    sizes = {}
+    for batch in (80, 8):  # 3 batches, 30 batches
+        data = evaluate._eval_data(strategy, [str(tmp_path / "eval.tfrecord")], batch, False,
+                                   32, None)
+        loop = evaluate.count_loop(strategy, model, data,
+                                   evaluate.confusion_counts(len(LABELS)))
+        graph = loop.get_concrete_function().graph.as_graph_def()
+        assert "While" in {node.op for node in graph.node}
+        sizes[batch] = len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
+        assert loop().numpy().sum() == 240
+    assert sizes[80] == sizes[8]
