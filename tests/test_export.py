@@ -271,3 +271,40 @@ def test_multi_label_and_regression_versions_serve_and_load_in_pytorch(tmp_path,
     # relatively, by ~3e-5 seen.
     np.testing.assert_allclose(got["probabilities"], want, atol=1e-5, rtol=1e-4)
     assert np.ptp(want.ravel()) > 1e-3, want
+
+
+def _scoring_module(scale: float):
+    """A SavedModel-able module whose serve scores texts by length x scale."""
+    import tensorflow as tf
+
+    module = tf.Module()
+    module.serve = tf.function(
+        lambda text: {"score": tf.cast(tf.strings.length(text), tf.float32) * scale},
+        input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    return module
+
+
+def test_the_fresh_load_check_starts_early_and_compares_predictions(tmp_path):
+    """Its interpreter runs before the SavedModel exists (its imports overlap the export's
+    work); it passes a SavedModel that predicts what the module predicts, and fails one
+    that predicts otherwise, or that does not load, naming why."""
+    import tensorflow as tf
+
+    from tasks.errors import BertflowError
+
+    saved = tmp_path / "saved_model"
+    module = _scoring_module(1.0)
+    with export.FreshLoadCheck() as fresh:
+        assert fresh._proc.poll() is None  # started, waiting for the path
+        tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
+        fresh.check(saved, module, has_pair=False)
+    with export.FreshLoadCheck() as fresh, pytest.raises(BertflowError, match="predicts"):
+        fresh.check(saved, _scoring_module(2.0), has_pair=False)
+    with export.FreshLoadCheck() as fresh, pytest.raises(BertflowError, match="does not load"):
+        fresh.check(tmp_path / "missing", module, has_pair=False)
+
+
+def test_the_fresh_load_check_stops_its_interpreter_when_the_export_fails():
+    with pytest.raises(RuntimeError), export.FreshLoadCheck() as fresh:
+        raise RuntimeError("the export failed before the check")
+    assert fresh._proc.returncode is not None  # killed, not left waiting on stdin

@@ -36,13 +36,16 @@ from tasks.training.entity_serving import entity_serving_module
 
 SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]
 
-# Runs in a fresh interpreter: what a serving process has, and nothing of this project.
+# Runs in a fresh interpreter: what a serving process has, and nothing of this project. It
+# imports first, then reads [SavedModel path, inputs] from stdin: FreshLoadCheck starts it
+# before the SavedModel exists, so the imports overlap the export's own work.
 _FRESH_LOAD = """
 import json, sys
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  registers the tokenizer ops the graph uses
-serve = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
-out = serve(**{k: tf.constant(v) for k, v in json.loads(sys.argv[2]).items()})
+path, inputs = json.loads(sys.stdin.readline())
+serve = tf.saved_model.load(path).signatures["serving_default"]
+out = serve(**{k: tf.constant(v) for k, v in inputs.items()})
 import numpy as np
 print(json.dumps({k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
                       else v.numpy().astype(float)).tolist() for k, v in out.items()}))
@@ -91,16 +94,19 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
     labels, has_pair = data["labels"], data["has_pair"]
     kind = task_kind(data.get("task", "classification"))
 
-    with storage.staged_local_dir(train["model_dir"]) as model_dir:
-        model = checkpoint.load_classifier(model_dir, labels, head=kind.head)
-        encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
-                                  tokens["max_seq_length"])
-        write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
-                            tokens["lower_case"], tokens["max_seq_length"], kind.problem_type)
-    module = serving_module(encoder, model, labels, has_pair, kind, cfg.multi_label_threshold)
-    saved = out / "saved_model"
-    tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
-    check_fresh_load(saved, module, has_pair)
+    with FreshLoadCheck() as fresh_load:  # its interpreter starts while the model is built
+        with storage.staged_local_dir(train["model_dir"]) as model_dir:
+            model = checkpoint.load_classifier(model_dir, labels, head=kind.head)
+            encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
+                                      tokens["max_seq_length"])
+            write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
+                                tokens["lower_case"], tokens["max_seq_length"],
+                                kind.problem_type)
+        module = serving_module(encoder, model, labels, has_pair, kind,
+                                cfg.multi_label_threshold)
+        saved = out / "saved_model"
+        tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
+        fresh_load.check(saved, module, has_pair)
 
     storage.write_json(str(out / "labels.json"), labels)
     storage.write_json(str(out / "metrics.json"), metrics)
@@ -171,29 +177,66 @@ def sample_inputs(has_pair: bool) -> dict[str, list[str]]:
             else {"text": SAMPLE_TEXTS})
 
 
-def check_fresh_load(saved_model: Path, module, has_pair: bool) -> None:
-    """Load the SavedModel in a new interpreter (outside the project) and compare its
-    predictions with the in-process module's; raise if they differ."""
-    inputs = sample_inputs(has_pair)
-    expected = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    with tempfile.TemporaryDirectory() as cwd:  # so `tasks` is not importable there
-        proc = subprocess.run([sys.executable, "-c", _FRESH_LOAD, str(saved_model),
-                               json.dumps(inputs)], capture_output=True, text=True, cwd=cwd,
-                              env=env, timeout=600)
-    if proc.returncode != 0:
-        raise BertflowError(f"exported SavedModel does not load in a fresh process:\n"
-                            f"{proc.stderr[-2000:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    want = {k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
-                else v.numpy()) for k, v in expected.items()}
-    same = set(got) == set(want) and all(
-        got[k] == v.tolist() if v.dtype.kind == "U" else np.allclose(got[k], v, atol=1e-5)
-        for k, v in want.items())
-    if not same:
-        raise BertflowError(f"exported SavedModel predicts {got} in a fresh process, but "
-                            f"the in-process model predicts "
-                            f"{ {k: v.tolist() for k, v in want.items()} }")
+class FreshLoadCheck:
+    """Loads the SavedModel in a new interpreter (outside the project) and compares its
+    predictions with the in-process module's; `check` raises if they differ.
+
+    The interpreter starts on entering the block and imports TensorFlow while the export
+    builds and saves the model; `check` then hands it the SavedModel's path. Leaving the
+    block without a check (the export failed) stops it. Its output goes to files, not
+    pipes: nothing reads a pipe while the export works, and a full one would block it."""
+
+    TIMEOUT_S = 600
+
+    def __enter__(self) -> "FreshLoadCheck":
+        self._dir = tempfile.TemporaryDirectory()  # its cwd, so `tasks` is not importable
+        folder = Path(self._dir.name)
+        self._out, self._err = folder / "stdout", folder / "stderr"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        with open(self._out, "w") as out, open(self._err, "w") as err:
+            self._proc = subprocess.Popen([sys.executable, "-c", _FRESH_LOAD], cwd=folder,
+                                          env=env, stdin=subprocess.PIPE, stdout=out,
+                                          stderr=err, text=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdin and not self._proc.stdin.closed:
+            try:
+                self._proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        self._dir.cleanup()
+
+    def check(self, saved_model: Path, module, has_pair: bool) -> None:
+        inputs = sample_inputs(has_pair)
+        try:
+            self._proc.stdin.write(json.dumps([str(saved_model), inputs]) + "\n")
+            self._proc.stdin.close()
+        except BrokenPipeError:  # it ended already: its stderr says why
+            pass
+        # The in-process predictions, while the fresh interpreter loads.
+        expected = module.serve(**{k: tf.constant(v) for k, v in inputs.items()})
+        try:
+            self._proc.wait(timeout=self.TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise BertflowError(f"the exported SavedModel did not load in a fresh process "
+                                f"within {self.TIMEOUT_S} s") from None
+        if self._proc.returncode != 0:
+            raise BertflowError(f"exported SavedModel does not load in a fresh process:\n"
+                                f"{self._err.read_text()[-2000:]}")
+        got = json.loads(self._out.read_text().strip().splitlines()[-1])
+        want = {k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
+                    else v.numpy()) for k, v in expected.items()}
+        same = set(got) == set(want) and all(
+            got[k] == v.tolist() if v.dtype.kind == "U" else np.allclose(got[k], v, atol=1e-5)
+            for k, v in want.items())
+        if not same:
+            raise BertflowError(f"exported SavedModel predicts {got} in a fresh process, but "
+                                f"the in-process model predicts "
+                                f"{ {k: v.tolist() for k, v in want.items()} }")
 
 
 def base_checkpoint_line(cfg: RunConfig, train: dict) -> str:
