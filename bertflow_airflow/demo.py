@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterator, TextIO
 
+from bertflow_airflow import sqlite_metadata
 from tasks.config import DEMO_DIR, PROJECT_ROOT
 
 from tasks.io.uris import join_uri
@@ -62,6 +63,7 @@ def airflow_env(airflow_home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(PROJECT_ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(PROJECT_ROOT / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        **sqlite_metadata.env(os.environ),
     }
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from bertflow_airflow import sqlite_metadata
 from tasks.provision.local import warm_start
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -98,6 +99,7 @@ class Standalone:
             "TF_CPP_MIN_LOG_LEVEL": "2",
         })
         env.update(self.extra_env)
+        env.update(sqlite_metadata.env(env))  # as `make airflow` sets it, on SQLite only
         return env
 
     def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
