@@ -105,6 +105,8 @@ def main() -> None:
                     help="a tiny random model on 64 synthetic rows, 6 steps, results in a "
                          "temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
     args = ap.parse_args()
+    if not args.smoke:  # before any folder is made: it exits 2 without the data
+        common.require_data("banking77/train.tsv", "banking77/dev.tsv")
     work = Path(tempfile.mkdtemp(prefix="bench-determinism-"))
     base_cfg = {"seed": args.seed, "per_replica_batch_size": args.batch,
                 "learning_rate": 5e-5, "weight_decay": 0.01, "max_seq_length": 128,

@@ -66,15 +66,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-demo-"))
     home = common.PROJECT_ROOT / ".airflow"
-    if not args.no_warmup:
-        wall, rc, tail = run_demo(work / "art-warm")
-        print(f"warm-up run: {wall:.0f}s (rc {rc})")
-    wall, rc, tail = run_demo(work / "art")
-    run = latest_run(work / "art")
-    tasks = task_durations(home, run.name if run else "")
-    marks = manifest_times(work / "art")
+    # The demos' artifact folders (about 1.6 GB) go when it ends.
+    with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
+        work = Path(tmp)
+        if not args.no_warmup:
+            wall, rc, tail = run_demo(work / "art-warm")
+            print(f"warm-up run: {wall:.0f}s (rc {rc})")
+        wall, rc, tail = run_demo(work / "art")
+        run = latest_run(work / "art")
+        tasks = task_durations(home, run.name if run else "")
+        marks = manifest_times(work / "art")
     print(f"make demo: {wall:.1f}s wall, exit {rc}")
     for t in tasks:
         sec = f"{t['seconds']:.1f}s" if t["seconds"] is not None else "-"

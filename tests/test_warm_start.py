@@ -174,3 +174,30 @@ def test_an_exit_message_that_came_with_the_pid_is_not_lost():
                                       b'{"exit": 3, "cpu_seconds": 0.5}\n')
         assert proc.poll() == 3 and proc.cpu_seconds == 0.5
         assert proc.wait(timeout=0) == 3
+
+
+@pytest.mark.parametrize("deep", [False, True])
+def test_the_socket_folder_takes_a_bindable_path_whatever_tmpdir(deep, tmp_path, monkeypatch):
+    """A $TMPDIR 12 levels below tmp_path is too deep for a Unix socket's 107 bytes: the
+    folder then goes in /tmp. A short one (a fresh folder in /tmp) is used as it is."""
+    import shutil
+    import tempfile
+
+    tmpdir = (Path(tmp_path, *["level-%02d" % i for i in range(12)]) if deep
+              else Path(tempfile.mkdtemp(dir="/tmp")))
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read $TMPDIR
+    folder = Path(warm_start.socket_folder())
+    try:
+        fits = len(os.fsencode(tmpdir / "bertflow-warm-12345678" / warm_start.BIND_NAME)) <= 107
+        assert fits != deep  # the two cases are the ones meant
+        assert folder.parent == (Path("/tmp") if deep else tmpdir)
+        assert list(tmpdir.iterdir()) == ([] if deep else [folder])  # none left behind
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(str(folder / warm_start.BIND_NAME))  # the server's first bind
+        assert (folder.stat().st_mode & 0o777) == 0o700  # private, as mkdtemp makes it
+    finally:
+        shutil.rmtree(folder)
+        if not deep:
+            shutil.rmtree(tmpdir)

@@ -387,12 +387,28 @@ def start(path: str | os.PathLike, env: dict[str, str] | None = None,
     return proc
 
 
+# A Unix socket's path has at most 107 bytes (sun_path is 108 with its NUL, on Linux). The
+# server binds "socket.PID" first (serve): the longest PID has 7 digits (pid_max 2^22).
+MAX_SOCKET_PATH = 107
+BIND_NAME = "socket.4194304"
+
+
+def socket_folder() -> str:
+    """A fresh private folder for the server's socket: in $TMPDIR, or in /tmp where $TMPDIR
+    is too deep for a socket path (a deep $TMPDIR would otherwise stop the server at bind)."""
+    folder = tempfile.mkdtemp(prefix="bertflow-warm-")
+    if len(os.fsencode(os.path.join(folder, BIND_NAME))) <= MAX_SOCKET_PATH:
+        return folder
+    os.rmdir(folder)
+    return tempfile.mkdtemp(prefix="bertflow-warm-", dir="/tmp")
+
+
 @contextlib.contextmanager
 def serving(env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None):
     """A server for the duration of a block, on a socket in a fresh private folder; yields
     the socket path, to be set as $BERTFLOW_WARM_SOCKET where steps are started."""
-    folder = tempfile.mkdtemp(prefix="bertflow-warm-")
-    path = Path(folder) / "socket"  # short: a Unix socket path has at most 107 bytes
+    folder = socket_folder()
+    path = Path(folder) / "socket"
     proc = start(path, env, log_path)
     try:
         yield path
