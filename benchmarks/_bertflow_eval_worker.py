@@ -40,7 +40,7 @@ def main(run_dir: str) -> dict:
     whole, metrics = timed(lambda: evaluate.evaluate_model(cfg, tok, strategy, name, model))
     batch = cfg.eval_batch_size * strategy.num_replicas_in_sync
     with inputs.local_shards(tok, "eval") as files:
-        build, data = timed(lambda: evaluate._eval_data(  # noqa: SLF001
+        build, data = timed(lambda: evaluate.eval_data(
             strategy, files, batch, False, cfg.max_seq_length, None))
         loop = evaluate.count_loop(strategy, model, data,
                                    evaluate.confusion_counts(len(labels)))

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterator, TextIO
 
 from bertflow_airflow import sqlite_metadata
+from tasks import fresh_load
 from tasks.config import DEMO_DIR, PROJECT_ROOT
 
 from tasks.io.uris import join_uri
@@ -37,20 +38,6 @@ DAG_ID = "bert_finetune"
 DEMO_CONF = {"train_uri": str(DEMO_DIR / "train.tsv"), "eval_uri": str(DEMO_DIR / "eval.tsv"),
              "max_seq_length": 64, "epochs": 2, "per_replica_batch_size": 16,
              "learning_rate": 1e-4, "checkpoint_every_steps": 20}
-
-# Runs in a fresh interpreter: proves the SavedModel serves raw strings with nothing but
-# TensorFlow and tensorflow-text (for the tokenizer's custom ops) installed.
-PREDICT = """
-import json, sys
-import tensorflow as tf, tensorflow_text  # noqa: F401  (registers the tokenizer ops)
-path, rows = sys.argv[1], json.loads(sys.argv[2])
-serve = tf.saved_model.load(path).signatures["serving_default"]
-inputs = {k: tf.constant([r[k] for r in rows]) for k in rows[0]}
-out = serve(**inputs)
-print(json.dumps([{"label": l.decode(), "probabilities": [round(float(x), 4) for x in p]}
-                  for l, p in zip(out["label"].numpy(), out["probabilities"].numpy())]))
-"""
-
 
 def default_airflow_home() -> Path:
     """$AIRFLOW_HOME if set (the Makefile sets the project's .airflow/), else .airflow/."""
@@ -68,14 +55,12 @@ def airflow_env(airflow_home: Path) -> dict[str, str]:
 
 
 def predict_in_fresh_process(saved_model_dir: str, rows: list[dict]) -> list[dict]:
-    """rows: [{"text": ...} or {"text": ..., "text_pair": ...}] -> [{"label", "probabilities"}]"""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    done = subprocess.run([sys.executable, "-c", PREDICT, saved_model_dir, json.dumps(rows)],
-                          capture_output=True, text=True, cwd="/", env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"loading the exported model failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """rows: [{"text": ...} or {"text": ..., "text_pair": ...}] -> [{"label", "probabilities"}],
+    from an interpreter with nothing but TensorFlow and tensorflow-text (tasks/fresh_load.py):
+    the SavedModel serves raw strings on its own."""
+    out = fresh_load.predict(saved_model_dir, {k: [r[k] for r in rows] for k in rows[0]})
+    return [{"label": label, "probabilities": [round(x, 4) for x in probs]}
+            for label, probs in zip(out["label"], out["probabilities"])]
 
 
 def run_dag(conf: dict):

@@ -66,7 +66,7 @@ def test_the_evaluation_loop_is_one_graph_loop_whatever_the_batch_count(tiny_mod
         model = checkpoint.load_classifier(tiny_model_dir, LABELS)
     sizes = {}
     for batch in (80, 8):  # 3 batches, 30 batches
-        data = evaluate._eval_data(strategy, [str(tmp_path / "eval.tfrecord")], batch, False,
+        data = evaluate.eval_data(strategy, [str(tmp_path / "eval.tfrecord")], batch, False,
                                    32, None)
         loop = evaluate.count_loop(strategy, model, data,
                                    evaluate.confusion_counts(len(LABELS)))

@@ -150,7 +150,7 @@ def multi_label_counts(num_labels: int, threshold: float):
     return counts, tf.zeros([3 * num_labels + 2], tf.int64)
 
 
-def _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length, label_spec):
+def eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length, label_spec):
     return strategy.distribute_datasets_from_function(
         lambda ctx: inputs.eval_dataset(files, global_batch_size, ctx, static_shapes,
                                         max_seq_length, label_spec))
@@ -167,7 +167,7 @@ def _summed(strategy, model, files, global_batch_size, static_shapes, max_seq_le
             label_spec, counter) -> np.ndarray:
     """counter = (counts(labels, logits) -> tensor, zeros): the counts of every row of
     `files`, summed over batches, replicas and workers."""
-    data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+    data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                       label_spec)
     return count_loop(strategy, model, data, counter)().numpy()
 
@@ -202,7 +202,7 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
                    max_seq_length=0, label_spec=None) -> tuple[np.ndarray, np.ndarray]:
     """(true scores, predicted scores) of every row of `files`, gathered from every replica
     and worker (each row once; the order does not matter to the metrics)."""
-    data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+    data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                       label_spec)
     # Each replica hands over a block of the per-replica batch size, its rows padded with
     # NaN (dropped on the host): the collective gather across workers needs the same shape
@@ -232,7 +232,7 @@ def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False
     sentence of `files`, gathered from every replica and worker (each sentence once): the
     entity counts need whole sentences, which no per-batch sum gives. Positions that score
     nothing hold IGNORED in the truth (tasks/training/entity_metrics.py skips them)."""
-    data = _eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+    data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                       label_spec)
     block = global_batch_size // strategy.num_replicas_in_sync
 

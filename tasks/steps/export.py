@@ -9,11 +9,8 @@ run's first export attempt, so an Airflow retry publishes the same version, neve
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +24,7 @@ from tasks.runs import goodput, lineage, runlayout
 from tasks.io import storage
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
+from tasks import fresh_load
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.model.text_encoder import BertTextEncoder
@@ -35,21 +33,6 @@ from tasks.task_kinds import TaskKind, kind as task_kind
 from tasks.training.entity_serving import entity_serving_module
 
 SAMPLE_TEXTS = ["a short sentence to check the exported model", "and a second, different one"]
-
-# Runs in a fresh interpreter: what a serving process has, and nothing of this project. It
-# imports first, then reads [SavedModel path, inputs] from stdin: FreshLoadCheck starts it
-# before the SavedModel exists, so the imports overlap the export's own work.
-_FRESH_LOAD = """
-import json, sys
-import tensorflow as tf
-import tensorflow_text  # noqa: F401  registers the tokenizer ops the graph uses
-path, inputs = json.loads(sys.stdin.readline())
-serve = tf.saved_model.load(path).signatures["serving_default"]
-out = serve(**{k: tf.constant(v) for k, v in inputs.items()})
-import numpy as np
-print(json.dumps({k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
-                      else v.numpy().astype(float)).tolist() for k, v in out.items()}))
-"""
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
@@ -178,7 +161,7 @@ def sample_inputs(has_pair: bool) -> dict[str, list[str]]:
 
 
 class FreshLoadCheck:
-    """Loads the SavedModel in a new interpreter (outside the project) and compares its
+    """Loads the SavedModel in a new interpreter (tasks/fresh_load.py) and compares its
     predictions with the in-process module's; `check` raises if they differ.
 
     The interpreter starts on entering the block and imports TensorFlow while the export
@@ -192,11 +175,10 @@ class FreshLoadCheck:
         self._dir = tempfile.TemporaryDirectory()  # its cwd, so `tasks` is not importable
         folder = Path(self._dir.name)
         self._out, self._err = folder / "stdout", folder / "stderr"
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         with open(self._out, "w") as out, open(self._err, "w") as err:
-            self._proc = subprocess.Popen([sys.executable, "-c", _FRESH_LOAD], cwd=folder,
-                                          env=env, stdin=subprocess.PIPE, stdout=out,
-                                          stderr=err, text=True)
+            self._proc = subprocess.Popen(fresh_load.command(), cwd=folder,
+                                          env=fresh_load.environment(), stdin=subprocess.PIPE,
+                                          stdout=out, stderr=err, text=True)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -213,7 +195,7 @@ class FreshLoadCheck:
     def check(self, saved_model: Path, module, has_pair: bool) -> None:
         inputs = sample_inputs(has_pair)
         try:
-            self._proc.stdin.write(json.dumps([str(saved_model), inputs]) + "\n")
+            self._proc.stdin.write(fresh_load.request(str(saved_model), inputs))
             self._proc.stdin.close()
         except BrokenPipeError:  # it ended already: its stderr says why
             pass
@@ -227,7 +209,7 @@ class FreshLoadCheck:
         if self._proc.returncode != 0:
             raise BertflowError(f"exported SavedModel does not load in a fresh process:\n"
                                 f"{self._err.read_text()[-2000:]}")
-        got = json.loads(self._out.read_text().strip().splitlines()[-1])
+        got = fresh_load.parse(self._out.read_text())
         want = {k: (np.char.decode(v.numpy().astype("S"), "utf-8") if v.dtype == tf.string
                     else v.numpy()) for k, v in expected.items()}
         same = set(got) == set(want) and all(
