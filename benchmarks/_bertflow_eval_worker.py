@@ -1,7 +1,7 @@
 """benchmarks/evaluation_floor.py's bertflow worker: the parts of the evaluation of a trained
 run's model, in a fresh process, printed as one `RESULT {json}` line.
 
-    ./.venv/bin/python benchmarks/_bertflow_eval_worker.py RUN_DIR
+    ./.venv/bin/python benchmarks/_bertflow_eval_worker.py RUN_DIR [--no-graph-optimization]
 
 On the run's saved model and evaluation shards, under the run's strategy (one device here):
 1. `evaluate_model` once, as the evaluate step runs it (`evaluate_model_s`; this process's
@@ -11,11 +11,13 @@ On the run's saved model and evaluation shards, under the run's strategy (one de
    nothing left to trace, oneDNN's primitives cached);
 3. one pass of the forward in eager mode over the same batches (`eager_forward_s`: no trace,
    no graph), after one untimed pass.
-Classification only (the confusion-matrix loop)."""
+Classification only (the confusion-matrix loop). `--no-graph-optimization` turns TensorFlow's
+graph optimizer (Grappler) off for the whole process, before anything runs: what is left of
+the first run's extra cost is the runtime's own (oneDNN's rewrite and primitives stay)."""
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 import tasks  # noqa: F401  (bertflow's TensorFlow settings, before TensorFlow)
 from common import timed
@@ -24,7 +26,10 @@ from tasks.steps import evaluate
 from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib
 
 
-def main(run_dir: str) -> dict:
+def main(run_dir: str, graph_optimization: bool = True) -> dict:
+    if not graph_optimization:
+        import tensorflow as tf
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
     cfg, ctx = load_run(run_dir)
     strategy, name = strategy_lib.build_strategy(cfg)
     device = strategy_lib.device_kind(cfg, name)
@@ -63,4 +68,9 @@ def main(run_dir: str) -> dict:
 
 
 if __name__ == "__main__":
-    print("RESULT " + json.dumps(main(sys.argv[1])), flush=True)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir")
+    ap.add_argument("--no-graph-optimization", action="store_true")
+    args = ap.parse_args()
+    print("RESULT " + json.dumps(main(args.run_dir, not args.no_graph_optimization)),
+          flush=True)

@@ -12,13 +12,16 @@ Per data set and repeat (seed = repeat), the sides alternate on the rows quality
   quality.py's evaluate target reads). Then benchmarks/_bertflow_eval_worker.py, a fresh
   process on that run: `evaluate_model` whole, then a second evaluation in parts (the input
   pipeline's build, the trace of the evaluation loop, its first run, a steady run) and an
-  eager pass of the forward over the same batches.
+  eager pass of the forward over the same batches. Then the worker again with TensorFlow's
+  graph optimizer off (`unoptimized_first_run_s`, `unoptimized_steady_run_s`): how much of
+  the first run's extra cost the optimizer is.
 - peer: quality.py's peer worker (the Trainer's defaults, bf16 autocast where the CPU has
   native bf16, evaluation batch 64 as bertflow's), 1 step, then `Trainer.predict` over the
   evaluation split (`evaluate_s`).
 Computed from the medians, not measured (`computed`): `graph_floor_s` = trace + steady run,
 what an evaluation by a traced loop pays at least in a process that has not traced it, and
-each of it, the eager pass and the in-train evaluation over the peer's evaluation.
+each of it, the eager pass, the first runs and the in-train evaluation over the peer's
+evaluation.
 
 `--smoke`: a tiny random model on 64 synthetic rows, one repeat, results in a temporary folder.
 """
@@ -40,21 +43,31 @@ DATASETS = ("snips", "banking77")
 TRAIN_STEPS = 1
 
 
-def bertflow_side(name: str, files: dict, work: Path, seed: int, args) -> dict:
-    """quality.py's bertflow run (TRAIN_STEPS steps), then the worker on its run folder."""
-    run = quality.run_bertflow(name, files, work, seed, args)
-    run_dir = work / "art" / "runs" / "quality" / f"{name}-s{seed}"
+def worker(run_dir: Path, *flags: str) -> dict:
+    """The worker's parts (a fresh process) on the run folder."""
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([common.PRODUCT_PYTHON, str(WORKER), str(run_dir)], env=env,
-                          cwd=common.PROJECT_ROOT, capture_output=True, text=True)
+    proc = subprocess.run([common.PRODUCT_PYTHON, str(WORKER), str(run_dir), *flags],
+                          env=env, cwd=common.PROJECT_ROOT, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{WORKER.name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    parts = json.loads(lines[-1][len("RESULT "):])
-    if parts["num_examples"] != run["num_eval_examples"]:
-        raise RuntimeError(f"the worker evaluated {parts['num_examples']} rows, the run "
-                           f"{run['num_eval_examples']}")
-    return {**parts, "evaluation_in_train_s": run["evaluation_in_train_seconds"]}
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def bertflow_side(name: str, files: dict, work: Path, seed: int, args) -> dict:
+    """quality.py's bertflow run (TRAIN_STEPS steps), then the worker on its run folder,
+    with and without graph optimization."""
+    run = quality.run_bertflow(name, files, work, seed, args)
+    run_dir = work / "art" / "runs" / "quality" / f"{name}-s{seed}"
+    parts = worker(run_dir)
+    unoptimized = worker(run_dir, "--no-graph-optimization")
+    for counted in (parts, unoptimized):
+        if counted["num_examples"] != run["num_eval_examples"]:
+            raise RuntimeError(f"the worker evaluated {counted['num_examples']} rows, the "
+                               f"run {run['num_eval_examples']}")
+    return {**parts, "unoptimized_first_run_s": unoptimized["first_run_s"],
+            "unoptimized_steady_run_s": unoptimized["steady_run_s"],
+            "evaluation_in_train_s": run["evaluation_in_train_seconds"]}
 
 
 def peer_side(name: str, files: dict, seed: int, model_dir: str, args) -> dict:
@@ -72,9 +85,9 @@ def computed(bertflow: dict, peer: dict) -> dict:
     floor = bertflow["trace_s"] + bertflow["steady_run_s"]
     out = {"graph_floor_s": floor}
     if peer:
-        for key, value in (("graph_floor", floor), ("eager_forward", bertflow["eager_forward_s"]),
-                           ("steady_run", bertflow["steady_run_s"]),
-                           ("evaluation_in_train", bertflow["evaluation_in_train_s"])):
+        for key in ("graph_floor", "eager_forward", "first_run", "unoptimized_first_run",
+                    "steady_run", "evaluation_in_train"):
+            value = floor if key == "graph_floor" else bertflow[f"{key}_s"]
             out[f"{key}_over_peer"] = value / peer["evaluate_s"]
     return out
 

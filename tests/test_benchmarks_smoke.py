@@ -212,6 +212,8 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert 0 < run["num_examples"] < 64 and run["trace_s"] > 0 and run["steady_run_s"] > 0
         # the worker's own evaluation and the train step's are both timed, each non-zero
         assert run["evaluate_model_s"] > run["steady_run_s"] and run["evaluation_in_train_s"] > 0
+        # the second worker, graph optimizer off, ran the same loop
+        assert run["unoptimized_first_run_s"] > 0 and run["unoptimized_steady_run_s"] > 0
         computed = data["datasets"]["sst2"]["computed"]
         assert computed == {"graph_floor_s": run["trace_s"] + run["steady_run_s"]}
     if script == "quality":
