@@ -13,6 +13,7 @@ import os
 import sys
 import typing
 
+from tasks import process_start
 from tasks.provision import launcher
 from tasks.io import storage
 from tasks.config import RunConfig, parse_config
@@ -36,7 +37,8 @@ STEPS = {
 
 def run_step(step: str, run_uri: str) -> str:
     cfg, ctx = load_run(run_uri)
-    module = importlib.import_module(STEPS[step])
+    with process_start.imports_out_of_collection():
+        module = importlib.import_module(STEPS[step])
     return module.run(cfg, ctx)
 
 

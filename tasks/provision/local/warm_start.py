@@ -199,8 +199,13 @@ class Server:
     def preload(self) -> None:
         import importlib
 
-        for name in PRELOAD:
-            importlib.import_module(name)
+        from tasks import process_start
+
+        # Frozen on the way out: the preloaded objects stay shared with the children (no
+        # refcount copies), and no collection scans them.
+        with process_start.imports_out_of_collection():
+            for name in PRELOAD:
+                importlib.import_module(name)
         self.import_sets = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
         from tensorflow.python.eager import context
 
@@ -209,8 +214,6 @@ class Server:
         if context.context()._initialized:  # noqa: SLF001
             raise SystemExit("warm_start: importing the steps started TensorFlow's runtime; "
                              "forking it is unsafe")
-        import gc
-        gc.freeze()  # the preloaded objects stay shared with the children (no refcount copies)
 
     def serve(self) -> None:
         signal.signal(signal.SIGTERM, self._stop)
