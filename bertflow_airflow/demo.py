@@ -406,7 +406,9 @@ def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         rc = 1
         try:
-            rc = _announce_and_wait(proc, base, passwords, log_path, ready_timeout)
+            rc = _announce(proc, base, passwords, log_path, ready_timeout)
+            if rc == 0:
+                rc = _wait_keeping_the_scheduler(proc, env, airflow_home, log_path)
         except KeyboardInterrupt:
             rc = 0
         finally:
@@ -421,10 +423,10 @@ def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
     return 1 if left else rc
 
 
-def _announce_and_wait(proc: subprocess.Popen, base: str, passwords: Path, log_path: Path,
-                       ready_timeout: float) -> int:
-    """Wait until the api-server and scheduler answer, print the URL and login, then wait
-    for Ctrl-C (KeyboardInterrupt). Returns 1 if standalone dies or never gets ready."""
+def _announce(proc: subprocess.Popen, base: str, passwords: Path, log_path: Path,
+              ready_timeout: float) -> int:
+    """Wait until the api-server and scheduler answer, then print the URL and login: 0.
+    1 if standalone dies or never gets ready."""
     import httpx
 
     deadline = time.monotonic() + ready_timeout
@@ -449,7 +451,73 @@ def _announce_and_wait(proc: subprocess.Popen, base: str, passwords: Path, log_p
         print(f"  log in as {user!r} with password {password!r}")
     print(f"  (simple auth manager; passwords in {passwords})\n"
           "Ctrl-C stops Airflow and every process it started.", flush=True)
-    proc.wait()
+    return 0
+
+
+# How often the scheduler is looked at, and how long a restarted one must live for the next
+# exit to be restarted too (one that keeps failing is left stopped, with its log).
+SCHEDULER_CHECK_S = 5.0
+SCHEDULER_MIN_LIFE_S = 120.0
+
+
+def _standalone_scheduler(proc: subprocess.Popen):
+    """standalone's `airflow scheduler` process (psutil), or None."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(proc.pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.cmdline()[-1:] == ["scheduler"]:
+                    return child
+    return None
+
+
+def _exited(process) -> bool:
+    """A psutil process that has ended (standalone does not reap its components: a zombie)."""
+    import psutil
+
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
+                                airflow_home: Path, log_path: Path,
+                                command: list[str] | None = None) -> int:
+    """Wait for Ctrl-C (KeyboardInterrupt); 1 if standalone exits. standalone does not start
+    a component again: when its scheduler exits (an error Airflow does not survive, such as
+    the SQLite race after a refused backfill, docs/experiments.md), no run moves while the
+    UI still answers. So this starts `airflow scheduler` again, in the same environment and
+    log, unless the one it started last exited within SCHEDULER_MIN_LIFE_S. `command`:
+    what starts one (`airflow scheduler` of this venv)."""
+    command = command or [os.path.join(os.path.dirname(sys.executable), "airflow"),
+                          "scheduler"]
+    standalones = _standalone_scheduler(proc)
+    replacement: subprocess.Popen | None = None
+    started = 0.0
+    while proc.poll() is None:
+        time.sleep(SCHEDULER_CHECK_S)
+        if replacement is not None:
+            if replacement.poll() is None:
+                continue
+            if time.monotonic() - started < SCHEDULER_MIN_LIFE_S:
+                print(f"Airflow's scheduler exited again within {SCHEDULER_MIN_LIFE_S:.0f}s "
+                      f"(exit {replacement.returncode}); not starting it again: no run will "
+                      f"move. See {log_path}; Ctrl-C stops Airflow.", file=sys.stderr,
+                      flush=True)
+                replacement = None
+                continue
+        elif standalones is None or not _exited(standalones):
+            continue
+        standalones = None
+        print(f"Airflow's scheduler exited; starting it again (see {log_path}).",
+              file=sys.stderr, flush=True)
+        with open(log_path, "ab") as log:
+            replacement = subprocess.Popen(command, env=env, cwd=str(airflow_home),
+                                           stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+        started = time.monotonic()
     print(f"airflow standalone exited with {proc.returncode}; see {log_path}", file=sys.stderr)
     return 1
 

@@ -32,15 +32,20 @@ without it. The UI is driven through the DevTools protocol with `websockets` (te
 """
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import os
+import re
+import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
+import psutil
 import pytest
 
 from tasks.io import storage
@@ -690,6 +695,44 @@ def test_sweep_trigger_form_opens_on_the_search_space_and_submits_with_the_defau
     assert "How many trials hold workers at the same time" in first
     assert "Max sequence length" in form["text"]  # every bert_finetune Param, in sections
     assert form["submit_disabled"] == [False], form["empty_required"]
+
+
+# --- a scheduler that exits is started again -----------------------------------------------
+
+def _schedulers(server) -> dict[int, float]:
+    """pid -> start time of every `airflow scheduler` process of this server (without the
+    LocalExecutor's workers, forks that share its command line)."""
+    found = {}
+    for pid in server._our_pids():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            if proc.cmdline()[-1:] == ["scheduler"] and proc.status() != psutil.STATUS_ZOMBIE \
+                    and proc.parent().cmdline()[-1:] != ["scheduler"]:
+                found[pid] = proc.create_time()
+    return found
+
+
+def test_a_scheduler_that_exits_is_started_again(server, rejected, sweep_run):
+    """standalone never restarts a component: a scheduler that dies (as Airflow's does after
+    a refused SQLite backfill, with ObjectDeletedError) leaves runs that never move. make
+    airflow starts another; the Ctrl-C test below then runs on it. SIGKILL stands for the
+    crash: the race itself cannot be provoked on demand."""
+    (old,) = _schedulers(server)
+    killed = time.time()
+    os.kill(old, signal.SIGKILL)
+    server.wait_for_line(re.compile(r"Airflow's scheduler exited; starting it again"),
+                         timeout=60)
+    new = server.wait_for("another scheduler process", lambda: [
+        pid for pid, born in _schedulers(server).items() if pid != old and born > killed],
+        timeout=60, interval=1)
+    assert len(new) == 1, new
+
+    def heartbeat_after_kill():
+        health = server.api("GET", "/monitor/health").json()["scheduler"]
+        beat = health.get("latest_scheduler_heartbeat")
+        return health["status"] == "healthy" and beat and \
+            datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() > killed
+    server.wait_for("the new scheduler's heartbeat", heartbeat_after_kill, timeout=120)
 
 
 # --- last: Ctrl-C ---------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""`make airflow`'s watch over the scheduler (bertflow_airflow/demo.py,
+_wait_keeping_the_scheduler), with real processes standing in for airflow standalone and its
+scheduler. tests/test_airflow_standalone.py kills a real scheduler and sees the new one
+heartbeat; this file covers what that cannot provoke: a scheduler that keeps exiting."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from bertflow_airflow import demo
+
+# A stand-in for `airflow standalone`: a child whose command line ends in "scheduler" (as
+# standalone's does) that exits after 1 s and is never reaped (standalone does not wait for
+# its components), then the stand-in itself lives on for `seconds`.
+STANDALONE = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)", "scheduler"])
+time.sleep(float(sys.argv[1]))
+"""
+# What starts a scheduler again: one that fails at once, as a broken configuration does.
+FAILING = [sys.executable, "-c", "print('replacement scheduler ran'); raise SystemExit(3)",
+           "scheduler"]
+
+
+def test_a_scheduler_that_keeps_exiting_is_started_once_then_left(tmp_path, monkeypatch,
+                                                                    capsys):
+    monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 0.2)
+    standalone = subprocess.Popen([sys.executable, "-c", STANDALONE, "4"])
+    time.sleep(0.5)  # its scheduler child exists before the watch looks for it
+    log = tmp_path / "standalone.log"
+    rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path, log,
+                                          command=FAILING)
+    err = capsys.readouterr().err
+    assert rc == 1 and "airflow standalone exited with 0" in err, err
+    assert err.count("Airflow's scheduler exited; starting it again") == 1, err
+    assert err.count("exited again within 120s (exit 3); not starting it again") == 1, err
+    assert log.read_text() == "replacement scheduler ran\n"  # its output went to the log
+
+
+def test_a_running_scheduler_is_left_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 0.2)
+    standalone = subprocess.Popen([sys.executable, "-c", STANDALONE.replace(
+        "time.sleep(1)", "time.sleep(3)"), "2"])
+    time.sleep(0.5)
+    rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path,
+                                          tmp_path / "standalone.log", command=FAILING)
+    err = capsys.readouterr().err
+    assert rc == 1 and "starting it again" not in err, err
+    assert not (tmp_path / "standalone.log").exists()
