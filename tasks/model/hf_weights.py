@@ -17,7 +17,7 @@ import tensorflow as tf
 import tf_keras
 
 from tasks.errors import BertflowError
-from tasks.model import heads
+from tasks.model import heads, safetensors_stream
 
 SAFETENSORS = "model.safetensors"
 CONFIG = "config.json"
@@ -160,16 +160,14 @@ def save_hf_checkpoint(model, labels: list[str], folder: Path | str,
     a token classification model) loads with no missing or unexpected keys. `problem_type`
     (config.json's) tells transformers the sequence task's loss: single_label_classification,
     multi_label_classification or regression (one label)."""
-    from safetensors.numpy import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     prefix = model.config.family + "."
-    state = {prefix + key: _torch_value(*entry)
+    state = {prefix + key: _torch_tensor(*entry)
              for key, entry in encoder_parameters(model).items()}
-    state.update({key: _torch_value(*entry) for key, entry in head_parameters(model).items()})
+    state.update({key: _torch_tensor(*entry) for key, entry in head_parameters(model).items()})
     # "format": "pt" is what PyTorch's from_pretrained asks of a safetensors file.
-    save_file(state, str(folder / SAFETENSORS), metadata={"format": "pt"})
+    safetensors_stream.save_file(state, folder / SAFETENSORS, metadata={"format": "pt"})
     config = model.config.to_hf_config(labels, problem_type, task=model.task)
     (folder / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
@@ -208,9 +206,14 @@ def _torch_shape(variable: tf.Variable, transposed: bool) -> tuple[int, ...]:
     return shape[::-1] if transposed else shape
 
 
-def _torch_value(variable: tf.Variable, transposed: bool) -> np.ndarray:
-    value = variable.numpy().astype(np.float32)
-    return np.ascontiguousarray(value.T if transposed else value)
+def _torch_tensor(variable: tf.Variable, transposed: bool) -> safetensors_stream.Tensor:
+    """The variable in PyTorch's layout (Linear weights are [out, in]), float32, made when
+    the writer reaches it."""
+    def value() -> np.ndarray:
+        value = variable.numpy().astype(np.float32, copy=False)
+        return np.ascontiguousarray(value.T if transposed else value)
+    shape = variable.shape[::-1] if transposed else variable.shape
+    return safetensors_stream.Tensor(shape, np.float32, value)
 
 
 def _modern_key(key: str) -> str:
