@@ -375,12 +375,22 @@ class Browser:
             raise RuntimeError(f"JS error: {result['exceptionDetails']}")
         return result["result"].get("value")
 
+    # DevTools' answers to an evaluation that a navigation (a click on a link, say) cut
+    # short or that reached the page between two documents: the expression is asked again.
+    NAVIGATING = ("Inspected target navigated or closed", "Execution context was destroyed",
+                  "Cannot find context with specified id")
+
     def wait_js(self, expression: str, timeout: float = 90, interval: float = 0.5):
         """Poll a JS expression until truthy; returns its value."""
         deadline = time.monotonic() + timeout
         last = None
         while time.monotonic() < deadline:
-            last = self.evaluate(expression)
+            try:
+                last = self.evaluate(expression)
+            except RuntimeError as err:
+                if not any(message in str(err) for message in self.NAVIGATING):
+                    raise
+                last = None
             if last:
                 return last
             time.sleep(interval)
