@@ -320,29 +320,49 @@ def _pids_with(marker: bytes) -> list[int]:
     return pids
 
 
-def _stop_standalone(proc: subprocess.Popen, marker: bytes) -> list[int]:
+def _pids_in_sessions(sessions: list[int]) -> list[int]:
+    """Processes of these sessions: a restarted scheduler's (its own session) and its
+    children, whose environment Airflow's process titles overwrite, so _pids_with misses
+    them."""
+    import psutil
+
+    pids = []
+    for pid in psutil.pids():
+        with contextlib.suppress(OSError, psutil.Error):
+            if pid != os.getpid() and os.getsid(pid) in sessions and \
+                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:  # not yet reaped
+                pids.append(pid)
+    return pids
+
+
+def _stop_standalone(proc: subprocess.Popen, marker: bytes,
+                     sessions: list[int] = ()) -> list[int]:
     """Ask standalone to shut down (SIGINT, as Ctrl-C would), then TERM/KILL whatever is
-    left of the session. Returns pids that survived (should be none)."""
+    left of the session, and of `sessions` (schedulers started again). Returns pids that
+    survived (should be none)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+    def left() -> list[int]:
+        return sorted(set(_pids_with(marker)) | set(_pids_in_sessions(list(sessions))))
+
     for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        for pid in _pids_with(marker):
+        for pid in left():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace
-        while _pids_with(marker) and time.monotonic() < deadline:
+        while left() and time.monotonic() < deadline:
             time.sleep(0.5)
-        if not _pids_with(marker):
+        if not left():
             break
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
-    return _pids_with(marker)
+    return left()
 
 
 def _port_in_use(port: int) -> bool:
@@ -404,18 +424,19 @@ def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
             proc = subprocess.Popen([os.path.join(venv_bin, "airflow"), "standalone"],
                                     env=env, cwd=str(airflow_home), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-        rc = 1
+        rc, restarted = 1, []
         try:
             rc = _announce(proc, base, passwords, log_path, ready_timeout)
             if rc == 0:
-                rc = _wait_keeping_the_scheduler(proc, env, airflow_home, log_path)
+                rc = _wait_keeping_the_scheduler(proc, env, airflow_home, log_path,
+                                                 sessions=restarted)
         except KeyboardInterrupt:
             rc = 0
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             print("\nStopping Airflow ...", flush=True)
-            left = _stop_standalone(proc, marker)
+            left = _stop_standalone(proc, marker, restarted)
             if left:
                 print(f"processes still running: {left}", file=sys.stderr)
             else:
@@ -484,13 +505,15 @@ def _exited(process) -> bool:
 
 def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
                                 airflow_home: Path, log_path: Path,
-                                command: list[str] | None = None) -> int:
+                                command: list[str] | None = None,
+                                sessions: list[int] | None = None) -> int:
     """Wait for Ctrl-C (KeyboardInterrupt); 1 if standalone exits. standalone does not start
     a component again: when its scheduler exits (an error Airflow does not survive, such as
     the SQLite race after a refused backfill, docs/experiments.md), no run moves while the
     UI still answers. So this starts `airflow scheduler` again, in the same environment and
     log, unless the one it started last exited within SCHEDULER_MIN_LIFE_S. `command`:
-    what starts one (`airflow scheduler` of this venv)."""
+    what starts one (`airflow scheduler` of this venv). Each one runs in a session of its
+    own, whose id is appended to `sessions` for _stop_standalone."""
     command = command or [os.path.join(os.path.dirname(sys.executable), "airflow"),
                           "scheduler"]
     standalones = _standalone_scheduler(proc)
@@ -517,6 +540,8 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
             replacement = subprocess.Popen(command, env=env, cwd=str(airflow_home),
                                            stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True)
+        if sessions is not None:
+            sessions.append(replacement.pid)
         started = time.monotonic()
     print(f"airflow standalone exited with {proc.returncode}; see {log_path}", file=sys.stderr)
     return 1

@@ -145,7 +145,9 @@ class Standalone:
 
     def _our_pids(self) -> list[int]:
         """Processes started for this server (found by its unique AIRFLOW_HOME / artifact
-        root), including task workers that run in their own sessions."""
+        root), including task workers that run in their own sessions; and processes whose
+        working folder is the home (Airflow's process titles overwrite the environment that
+        /proc shows, for the scheduler's log server and executor workers)."""
         marks = (f"AIRFLOW_HOME={self.home}".encode(),
                  f"BERTFLOW_ARTIFACT_ROOT={self.artifact_root}".encode())
         pids = []
@@ -153,10 +155,13 @@ class Standalone:
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # a zombie: ended, waiting to be reaped
                 environ = (entry / "environ").read_bytes().split(b"\0")
+                cwd = os.readlink(entry / "cwd")
             except OSError:
                 continue
-            if any(m in environ for m in marks):
+            if any(m in environ for m in marks) or cwd == str(self.home):
                 pids.append(int(entry.name))
         return pids
 
