@@ -321,16 +321,16 @@ def _pids_with(marker: bytes) -> list[int]:
 
 
 def _pids_in_sessions(sessions: list[int]) -> list[int]:
-    """Processes of these sessions: a restarted scheduler's (its own session) and its
-    children, whose environment Airflow's process titles overwrite, so _pids_with misses
-    them."""
+    """Processes of these sessions (standalone's, a restarted scheduler's) that have not
+    ended: a scheduler's log server and executor workers overwrite their environment with
+    process titles, so _pids_with misses them, and they outlive a scheduler that died."""
     import psutil
 
     pids = []
     for pid in psutil.pids():
         with contextlib.suppress(OSError, psutil.Error):
             if pid != os.getpid() and os.getsid(pid) in sessions and \
-                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:  # not yet reaped
+                    not _exited(psutil.Process(pid)):
                 pids.append(pid)
     return pids
 
@@ -356,9 +356,9 @@ def _stop_standalone(proc: subprocess.Popen, marker: bytes,
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + grace
-        while left() and time.monotonic() < deadline:
+        while (remaining := left()) and time.monotonic() < deadline:
             time.sleep(0.5)
-        if not left():
+        if not remaining:
             break
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=5)
@@ -424,19 +424,19 @@ def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
             proc = subprocess.Popen([os.path.join(venv_bin, "airflow"), "standalone"],
                                     env=env, cwd=str(airflow_home), stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-        rc, restarted = 1, []
+        rc, sessions = 1, [proc.pid]  # standalone's session, then restarted schedulers'
         try:
             rc = _announce(proc, base, passwords, log_path, ready_timeout)
             if rc == 0:
                 rc = _wait_keeping_the_scheduler(proc, env, airflow_home, log_path,
-                                                 sessions=restarted)
+                                                 sessions=sessions)
         except KeyboardInterrupt:
             rc = 0
         finally:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             print("\nStopping Airflow ...", flush=True)
-            left = _stop_standalone(proc, marker, restarted)
+            left = _stop_standalone(proc, marker, sessions)
             if left:
                 print(f"processes still running: {left}", file=sys.stderr)
             else:
