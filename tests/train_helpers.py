@@ -225,9 +225,9 @@ def run_cluster(cfg, ctx, step: str, **kwargs) -> list[str]:
     return lines
 
 
-def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8):
+def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8, split: str = "eval"):
     """The reference: the same checkpoint evaluated in this process on one device (its
-    confusion matrix on the eval split)."""
+    confusion matrix on `split`)."""
     import tensorflow as tf
     import tf_keras
 
@@ -239,7 +239,7 @@ def single_device_matrix(model_dir: Path, ctx, batch_size: int = 8):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = checkpoint.load_classifier(model_dir, LABELS)
-    with inputs.local_shards(tok, "eval") as files:
+    with inputs.local_shards(tok, split) as files:
         return evaluate.confusion_matrix(strategy, model, files, len(LABELS), batch_size)
 
 
