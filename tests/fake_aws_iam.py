@@ -7,11 +7,11 @@ answers 403 AccessDenied (the caller lacks iam:SimulatePrincipalPolicy). Request
 `requests` as their form fields."""
 from __future__ import annotations
 
-import threading
 from fnmatch import fnmatchcase
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 from xml.sax.saxutils import escape
+
+from loopback_http import LoopbackServer, QuietHandler
 
 NS = "https://iam.amazonaws.com/doc/2010-05-08/"
 
@@ -22,24 +22,16 @@ def _members(form: dict, name: str) -> list[str]:
     return [form[k] for k in keys]
 
 
-class FakeAwsIam:
+class FakeAwsIam(LoopbackServer):
     def __init__(self):
         self.roles: dict[str, dict[str, list[str]]] = {}
         self.deny_caller = False
         self.requests: list[dict] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def _reply(self, code: int, xml: str):
-                data = xml.encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "text/xml")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply(code, xml.encode(), "text/xml")
 
             def _error(self, code: int, kind: str, message: str):
                 self._reply(code, f'<ErrorResponse xmlns="{NS}"><Error><Type>Sender</Type>'
@@ -47,8 +39,7 @@ class FakeAwsIam:
                                   f'</Error><RequestId>fake</RequestId></ErrorResponse>')
 
             def do_POST(self):  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                form = {k: v[0] for k, v in parse_qs(self.rfile.read(length).decode()).items()}
+                form = {k: v[0] for k, v in parse_qs(self.body().decode()).items()}
                 fake.requests.append(form)
                 if form.get("Action") != "SimulatePrincipalPolicy":
                     return self._error(400, "InvalidAction", form.get("Action", ""))
@@ -76,15 +67,4 @@ class FakeAwsIam:
                                  f"<ResponseMetadata><RequestId>fake</RequestId>"
                                  f"</ResponseMetadata></SimulatePrincipalPolicyResponse>")
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
-
-    def start(self) -> "FakeAwsIam":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

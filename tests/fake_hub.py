@@ -19,12 +19,11 @@ HF_ENDPOINT or its `endpoint=` argument): enough of the API that `model_info` an
 from __future__ import annotations
 
 import hashlib
-import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from loopback_http import LoopbackServer, QuietHandler
 
 LFS_SUFFIXES = (".safetensors", ".h5", ".bin")
 
@@ -42,21 +41,11 @@ class Repo:
         return self.refs.get(revision)
 
 
-class FakeHub:
+class FakeHub(LoopbackServer):
     def __init__(self):
         self.repos: dict[str, Repo] = {}
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, auth)
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> "FakeHub":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(_handler(self))
 
     def add(self, repo_id: str, folder: Path, ref: str = "main", gated: bool = False,
             tokens: tuple[str, ...] = (), skip: tuple[str, ...] = ()) -> str:
@@ -83,10 +72,7 @@ def _blob_id(data: bytes) -> str:
 
 
 def _handler(hub: FakeHub):
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):  # quiet
-            pass
-
+    class Handler(QuietHandler):
         def do_GET(self):
             self._serve(body=True)
 
@@ -94,15 +80,8 @@ def _handler(hub: FakeHub):
             self._serve(body=False)
 
         def _fail(self, status: int, code: str, message: str):
-            data = json.dumps({"error": message}).encode()
-            self.send_response(status)
-            self.send_header("X-Error-Code", code)
-            self.send_header("X-Error-Message", message)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command == "GET":
-                self.wfile.write(data)
+            self.reply_json(status, {"error": message}, send_body=self.command == "GET",
+                            headers={"X-Error-Code": code, "X-Error-Message": message})
 
         def _serve(self, body: bool):
             path = unquote(urlsplit(self.path).path)
@@ -177,27 +156,14 @@ def _handler(hub: FakeHub):
             data = repo.commits[sha].get(name)
             if data is None:
                 return self._fail(404, "EntryNotFound", f"{name} does not exist")
-            self.send_response(200)
-            self.send_header("X-Repo-Commit", sha)
             etag = (hashlib.sha256(data).hexdigest() if name.endswith(LFS_SUFFIXES)
                     else _blob_id(data))
-            self.send_header("ETag", f'"{etag}"')
+            headers = {"X-Repo-Commit": sha, "ETag": f'"{etag}"'}
             if name.endswith(LFS_SUFFIXES):
-                self.send_header("X-Linked-Etag", f'"{etag}"')
-                self.send_header("X-Linked-Size", str(len(data)))
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("Content-Type", "application/octet-stream")
-            self.end_headers()
-            if body:
-                self.wfile.write(data)
+                headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
+            self.reply(200, data, "application/octet-stream", headers, send_body=body)
 
         def _json(self, obj):
-            data = json.dumps(obj).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command == "GET":
-                self.wfile.write(data)
+            self.reply_json(200, obj, send_body=self.command == "GET")
 
     return Handler

@@ -13,27 +13,23 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from loopback_http import LoopbackServer, QuietHandler
 
 _TEST = re.compile(r"^/v1/projects/[^/]+/serviceAccounts/([^/:]+):testIamPermissions$")
 _TOKEN = re.compile(r"^/v1/projects/[^/]+/serviceAccounts/([^/:]+):generateAccessToken$")
 GET_TOKEN = "iam.serviceAccounts.getAccessToken"
 
 
-class FakeIam:
+class FakeIam(LoopbackServer):
     def __init__(self):
         self.grants: dict[str, set[str]] = {}
         self.requests: list[tuple[str, dict]] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(self.body() or b"{}")
                 fake.requests.append((self.path, body))
                 match = _TEST.match(self.path) or _TOKEN.match(self.path)
                 if match and match.re is _TOKEN and match[1] in fake.grants:
@@ -56,22 +52,6 @@ class FakeIam:
                     code = 200
                     payload = {"permissions": [p for p in body.get("permissions", [])
                                                if p in held]}
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply_json(code, payload)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
-
-    def start(self) -> "FakeIam":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

@@ -46,10 +46,11 @@ import threading
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
+
+from loopback_http import LoopbackServer, QuietHandler
 
 ROOT = Path(__file__).resolve().parent.parent
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -91,11 +92,8 @@ def _status(code: int, reason: str, message: str) -> dict:
             "message": message, "reason": reason, "code": code}
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args):  # quiet
-        pass
 
     def do_GET(self):
         self.server.fake._handle(self, "GET")
@@ -105,14 +103,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self.server.fake._handle(self, "DELETE")
-
-    def send_json(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
 
 class FakePod:
@@ -250,7 +240,7 @@ def run_then_succeed(pod: FakePod) -> None:
     pod.succeed()
 
 
-class FakeKube:
+class FakeKube(LoopbackServer):
     """Start with `with FakeKube(kubelet) as kube:`; `kube.write_kubeconfig(path)` points the
     client at it."""
 
@@ -274,17 +264,10 @@ class FakeKube:
         self.cond = threading.Condition()
         self._rv = itertools.count(1)
         self._closing = False
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.daemon_threads = True
-        self._server.fake = self
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                        daemon=True)
+        super().__init__(_Handler)
+        self.server.fake = self
 
     # --- lifecycle ----------------------------------------------------------------------------
-    def __enter__(self) -> "FakeKube":
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc) -> None:
         with self.cond:
             self._closing = True
@@ -293,12 +276,11 @@ class FakeKube:
         for pod in pods:
             pod._deleted()
         self.kubelet.shutdown() if hasattr(self.kubelet, "shutdown") else None
-        self._server.shutdown()
-        self._server.server_close()
+        self.stop()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.endpoint
 
     def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
         path.write_text(json.dumps({
@@ -352,26 +334,26 @@ class FakeKube:
         namespace, account, nodes = match.groups()
         resource = "nodes" if nodes else "serviceaccounts" if account else "namespaces"
         if resource in self.forbidden:
-            return handler.send_json(403, _status(403, "Forbidden", (
+            return handler.reply_json(403, _status(403, "Forbidden", (
                 f'{resource} is forbidden: User "fake" cannot get resource "{resource}"')))
         if nodes:
             items = [{"metadata": {"name": f"node-{i}", "labels": labels},
                       "spec": {"providerID": self.provider_id} if self.provider_id else {}}
                      for i, labels in enumerate(self.nodes) if _matches(labels, selector)]
-            return handler.send_json(200, {"kind": "NodeList", "apiVersion": "v1",
+            return handler.reply_json(200, {"kind": "NodeList", "apiVersion": "v1",
                                            "metadata": {}, "items": items})
         if self.namespaces is not None and namespace not in self.namespaces:
-            return handler.send_json(404, _status(404, "NotFound",
+            return handler.reply_json(404, _status(404, "NotFound",
                                                   f'namespaces "{namespace}" not found'))
         if not account:
-            return handler.send_json(200, {"kind": "Namespace", "apiVersion": "v1",
+            return handler.reply_json(200, {"kind": "Namespace", "apiVersion": "v1",
                                            "metadata": {"name": namespace}})
         accounts = self.service_accounts
         if accounts is not None and (namespace, account) not in accounts:
-            return handler.send_json(404, _status(
+            return handler.reply_json(404, _status(
                 404, "NotFound", f'serviceaccounts "{account}" not found'))
         annotations = (accounts or {}).get((namespace, account)) or {}
-        handler.send_json(200, {"kind": "ServiceAccount", "apiVersion": "v1", "metadata": {
+        handler.reply_json(200, {"kind": "ServiceAccount", "apiVersion": "v1", "metadata": {
             "name": account, "namespace": namespace, "annotations": annotations}})
 
     def _access_review(self, body: dict) -> dict:
@@ -391,39 +373,39 @@ class FakeKube:
     def _handle(self, handler: _Handler, method: str) -> None:
         url = urlparse(handler.path)
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
-        length = int(handler.headers.get("Content-Length") or 0)
-        body = json.loads(handler.rfile.read(length) or b"null") if length else None
+        raw = handler.body()
+        body = json.loads(raw) if raw else None
         if url.path == _ACCESS_REVIEW and method == "POST":
-            return handler.send_json(201, self._access_review(body or {}))
+            return handler.reply_json(201, self._access_review(body or {}))
         reads = _READS.match(url.path)
         if reads and method == "GET":
             return self._read(handler, reads, query.get("labelSelector", ""))
         match = _PATH.match(url.path)
         if not match:
-            return handler.send_json(404, _status(404, "NotFound", f"no route {url.path}"))
+            return handler.reply_json(404, _status(404, "NotFound", f"no route {url.path}"))
         namespace, plural, name, log = match.groups()
         try:
             if log and method == "GET":
                 return self._stream_log(handler, namespace, name, query)
             if method == "POST" and not name:
-                return handler.send_json(201, self._create(plural, namespace, body))
+                return handler.reply_json(201, self._create(plural, namespace, body))
             if method == "GET" and name:
                 obj = self.get(plural, namespace, name)
                 if obj is None:
                     raise LookupError(f'{plural} "{name}" not found')
-                return handler.send_json(200, obj)
+                return handler.reply_json(200, obj)
             if method == "GET":
-                return handler.send_json(200, self._list(plural, namespace,
+                return handler.reply_json(200, self._list(plural, namespace,
                                                          query.get("labelSelector", "")))
             if method == "DELETE" and name:
                 self._delete_request(plural, namespace, name, query, body)
-                return handler.send_json(200, {"kind": "Status", "apiVersion": "v1",
+                return handler.reply_json(200, {"kind": "Status", "apiVersion": "v1",
                                                "metadata": {}, "status": "Success"})
         except LookupError as err:
-            return handler.send_json(404, _status(404, "NotFound", str(err)))
+            return handler.reply_json(404, _status(404, "NotFound", str(err)))
         except FileExistsError as err:
-            return handler.send_json(409, _status(409, "AlreadyExists", str(err)))
-        handler.send_json(405, _status(405, "MethodNotAllowed", method))
+            return handler.reply_json(409, _status(409, "AlreadyExists", str(err)))
+        handler.reply_json(405, _status(405, "MethodNotAllowed", method))
 
     def _list(self, plural: str, namespace: str, selector: str) -> dict:
         with self.cond:
@@ -594,9 +576,9 @@ class FakeKube:
     def _stream_log(self, handler: _Handler, namespace: str, name: str, query: dict) -> None:
         pod = self.get("pods", namespace, name)
         if pod is None:
-            return handler.send_json(404, _status(404, "NotFound", f'pods "{name}" not found'))
+            return handler.reply_json(404, _status(404, "NotFound", f'pods "{name}" not found'))
         if pod["status"].get("phase") == "Pending":
-            return handler.send_json(400, _status(400, "BadRequest", f'container "worker" in '
+            return handler.reply_json(400, _status(400, "BadRequest", f'container "worker" in '
                                                   f'pod "{name}" is waiting to start'))
         self.log_requests.append(dict(query, pod=name))
         follow = query.get("follow", "").lower() == "true"  # the client sends "True"

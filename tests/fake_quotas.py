@@ -8,11 +8,10 @@ ENDPOINT): the region with `quotas` = `regions[(p, r)]` ({metric, limit, usage} 
 for a region not there. Requests are kept in `requests` as paths."""
 from __future__ import annotations
 
-import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from loopback_http import LoopbackServer, QuietHandler
 
 _LIST = re.compile(r"^/v1/projects/[^/]+/locations/global/services/([^/]+)/quotaInfos$")
 _REGION = re.compile(r"^/compute/v1/projects/([^/]+)/regions/([^/]+)$")
@@ -28,7 +27,7 @@ def quota_info(metric: str, values: dict[str, int], default: int | None = None) 
             "containerType": "PROJECT"}
 
 
-class FakeQuotas:
+class FakeQuotas(LoopbackServer):
     def __init__(self):
         self.infos: dict[str, list[dict]] = {}
         self.regions: dict[tuple[str, str], list[dict]] = {}
@@ -36,10 +35,7 @@ class FakeQuotas:
         self.requests: list[str] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def do_GET(self):  # noqa: N802
                 url = urlparse(self.path)
                 fake.requests.append(url.path)
@@ -57,22 +53,6 @@ class FakeQuotas:
                     code, body = 200, {"quotaInfos": infos[start:start + 2]}
                     if start + 2 < len(infos):
                         body["nextPageToken"] = str(start + 2)
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply_json(code, body)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
-
-    def start(self) -> "FakeQuotas":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)

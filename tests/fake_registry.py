@@ -11,14 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from loopback_http import LoopbackServer, QuietHandler
 
 _MANIFEST = re.compile(r"^/v2/(.+)/manifests/([^/]+)$")
 
 
-class FakeRegistry:
+class FakeRegistry(LoopbackServer):
     def __init__(self):
         self.images: set[str] = set()
         self.public: set[str] = set()
@@ -27,20 +27,10 @@ class FakeRegistry:
         self.requests: list[tuple[str, str, str]] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _reply(self, code: int, body: dict | None = None, headers: dict = {}):
+        class Handler(QuietHandler):
+            def _reply(self, code: int, body: dict | None = None, headers: dict | None = None):
                 data = json.dumps(body).encode() if body is not None else b""
-                self.send_response(code)
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(data)
+                self.reply(code, data, headers=headers, send_body=self.command != "HEAD")
 
             def _route(self):
                 url = urlparse(self.path)
@@ -71,15 +61,5 @@ class FakeRegistry:
 
             do_GET = do_HEAD = _route
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.host = f"127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
-
-    def start(self) -> "FakeRegistry":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
+        self.host = f"127.0.0.1:{self.port}"

@@ -31,8 +31,9 @@ import json
 import re
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from loopback_http import LoopbackServer, QuietHandler
 
 QR_TYPE = "type.googleapis.com/google.cloud.tpu.v2.QueuedResource"
 NODE_TYPE = "type.googleapis.com/google.cloud.tpu.v2.Node"
@@ -43,7 +44,7 @@ _PATH = re.compile(r"^/v2/(projects/[^/]+/locations/[^/]+)/(queuedResources|node
                    r"acceleratorTypes|runtimeVersions)(?:/([^/:]+))?$")
 
 
-class FakeTpu:
+class FakeTpu(LoopbackServer):
     """`endpoint` is the base URL; `states` is the script given to the next created queued
     resource (`failure` its FAILED message); `requests` lists what the client sent."""
 
@@ -67,41 +68,21 @@ class FakeTpu:
         self.lock = threading.Lock()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
+        class Handler(QuietHandler):
             def _handle(self):
                 url = urlparse(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
+                raw = self.body()
                 body = json.loads(raw) if raw else None
                 query = {k: v[0] for k, v in parse_qs(url.query).items()}
                 with fake.lock:
                     fake.requests.append({"method": self.command, "path": url.path,
                                           "query": query, "body": body})
                     status, payload = fake.route(self.command, url.path, query, body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.reply_json(status, payload)
 
             do_GET = do_POST = do_DELETE = do_PATCH = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
-
-    def start(self) -> "FakeTpu":
-        self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
     # --- what tests inspect -----------------------------------------------------------------
     def calls(self, method: str | None = None) -> list[tuple[str, str]]:

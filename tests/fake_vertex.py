@@ -19,21 +19,21 @@ Every request (method, path, body) is kept in `requests`, so tests can scan what
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.cloud.aiplatform_v1 import CustomJob
 from google.protobuf import json_format
+
+from loopback_http import LoopbackServer, QuietHandler
 
 ALIVE = {"JOB_STATE_QUEUED", "JOB_STATE_PENDING", "JOB_STATE_RUNNING"}
 JOBS = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+)/customJobs$")
 JOB = re.compile(r"^/v1/(projects/[^/]+/locations/[^/]+/customJobs/[^/:]+)(:cancel)?$")
 
 
-class FakeVertex:
+class FakeVertex(LoopbackServer):
     def __init__(self):
         self.jobs: dict[str, CustomJob] = {}
         self.scripts: dict[str, list] = {}
@@ -45,21 +45,7 @@ class FakeVertex:
         self.get_errors = 0
         self.lock = threading.Lock()
         self._next_id = 1000
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                        daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def start(self) -> "FakeVertex":
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        super().__init__(self._handler())
 
     def state(self, name: str) -> str:
         with self.lock:
@@ -142,41 +128,29 @@ class FakeVertex:
     def _handler(self):
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def _reply(self, code: int, payload: dict) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
+        class Handler(QuietHandler):
             def _route(self, method: str) -> None:
                 url = urllib.parse.urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
+                body = self.body().decode()
                 with fake.lock:
                     fake.requests.append((method, self.path, body))
                 jobs, job = JOBS.match(url.path), JOB.match(url.path)
                 if method == "POST" and jobs:
-                    self._reply(*fake.create(jobs.group(1), body))
+                    self.reply_json(*fake.create(jobs.group(1), body))
                 elif method == "GET" and jobs:
-                    self._reply(*fake.list(jobs.group(1), urllib.parse.parse_qs(url.query)))
+                    self.reply_json(*fake.list(jobs.group(1), urllib.parse.parse_qs(url.query)))
                 elif method == "POST" and job and job.group(2):
-                    self._reply(*fake.cancel(job.group(1)))
+                    self.reply_json(*fake.cancel(job.group(1)))
                 elif method == "GET" and job and not job.group(2):
-                    self._reply(*fake.get(job.group(1)))
+                    self.reply_json(*fake.get(job.group(1)))
                 else:
-                    self._reply(404, _error(404, "NOT_FOUND", f"no route {method} {url.path}"))
+                    self.reply_json(404, _error(404, "NOT_FOUND", f"no route {method} {url.path}"))
 
             def do_GET(self):  # noqa: N802
                 self._route("GET")
 
             def do_POST(self):  # noqa: N802
                 self._route("POST")
-
-            def log_message(self, *args):  # quiet
-                pass
 
         return Handler
 

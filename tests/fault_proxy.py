@@ -13,8 +13,9 @@ from __future__ import annotations
 import http.client
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
+
+from loopback_http import LoopbackServer, QuietHandler
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length",
                "proxy-connection", "te", "trailer", "upgrade"}
@@ -45,17 +46,16 @@ class Fault:
         return n > 0 and (self.times is None or n <= self.times)
 
 
-class FaultProxy:
+class FaultProxy(LoopbackServer):
     def __init__(self, upstream: str):
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname, parts.port)
         self.faults: list[Fault] = []
         self.seen: list[tuple[Request, int]] = []
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+        super().__init__(_handler(self))
+        self.url = self.endpoint
+        self.start()
 
     def fail(self, match, status: int, body: bytes = b"", content_type: str = "text/plain",
              times: int | None = 1, after: int = 0) -> Fault:
@@ -75,22 +75,15 @@ class FaultProxy:
         with self.lock:
             return sum(1 for request, _ in self.seen if match(request))
 
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
     def _decide(self, request: Request) -> Fault | None:
         with self.lock:
             return next((f for f in self.faults if f.fires(request)), None)
 
 
 def _handler(proxy: FaultProxy):
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, and `Expect: 100-continue` as S3 does
         upstream: http.client.HTTPConnection | None = None
-
-        def log_message(self, *args):  # quiet
-            pass
 
         def _body(self) -> bytes:
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":

@@ -193,7 +193,7 @@ def test_bucket_the_run_may_not_read_is_refused_naming_base_model(bucket, cache,
                           "read access to that bucket")
         assert f"{prefix}/bert" in message and proxy.count(lambda request: True) >= 1
     finally:
-        proxy.close()
+        proxy.stop()
 
 
 # --- the Hub -------------------------------------------------------------------------------

@@ -195,7 +195,7 @@ def vertex(monkeypatch):
     monkeypatch.setenv(vertex_client.ENDPOINT_ENV, fake.endpoint)
     monkeypatch.setenv(preflight.IAM_ENDPOINT_ENV, iam.endpoint)
     yield fake, iam
-    fake.close()
+    fake.stop()
     iam.stop()
 
 

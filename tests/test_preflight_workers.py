@@ -119,7 +119,7 @@ def vertex(monkeypatch, registry, quotas):
     monkeypatch.setenv(gcs_impersonation.ENDPOINT_ENV, iam.endpoint)
     iam.grants[SA] = {preflight.ACT_AS}
     yield fake
-    fake.close()
+    fake.stop()
     iam.stop()
 
 
@@ -254,7 +254,7 @@ def test_a_bucket_policy_the_caller_may_not_read_is_not_checked(gcs_emulator,  #
         f"not checked: the caller may not read bucket {BUCKET}'s IAM policy (it needs "
         f"storage.buckets.getIamPolicy, e.g. roles/storage.admin on the bucket); make sure "
         f"service_account {SA} holds roles/storage.objectUser on it; {DOCS}")
-    proxy.close()
+    proxy.stop()
 
 
 # --- Vertex AI ------------------------------------------------------------------------------

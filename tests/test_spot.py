@@ -554,7 +554,7 @@ def test_a_preempted_vertex_job_is_submitted_again(tmp_path, monkeypatch):
         assert all(job.job_spec.scheduling.strategy.name == "SPOT"
                    for job in server.jobs.values())
     finally:
-        server.close()
+        server.stop()
 
 
 # --- the DAG's operator ------------------------------------------------------------------

@@ -282,7 +282,7 @@ def proxied(request, tmp_path, monkeypatch):
         storage.configure(storage.Connections(aws_conn_id="s3_proxied"))
     yield Proxied(scheme, proxy, f"{scheme}://{BUCKET}/{tmp_path.name}")
     storage.configure(storage.Connections())
-    proxy.close()
+    proxy.stop()
 
 
 def test_transient_faults_are_retried_and_data_arrives_intact(proxied, tmp_path):

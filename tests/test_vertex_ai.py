@@ -37,7 +37,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(vertex_ai, "POLL_MIN_SECONDS", 0.01)
     monkeypatch.setattr(vertex_ai, "POLL_MAX_SECONDS", 0.05)
     yield server
-    server.close()
+    server.stop()
 
 
 def make(tmp_path, **overrides) -> tuple[RunConfig, RunContext]:
