@@ -14,7 +14,7 @@ from tasks.errors import BertflowError, ConfigError
 from tasks.model.classifier import build_classifier, load_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
-from tasks.model.layers import Dropout
+from tasks.model.layers import Dense, Dropout
 from tasks.training import cpu_kernels, seeded_dropout
 
 FAMILIES = ("bert", "distilbert", "electra")
@@ -265,3 +265,37 @@ def test_trains_under_fit():
     history = model.fit(data, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
     assert all(not np.array_equal(b, a) for b, a in zip(before, model.get_weights()))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16"])
+def test_dense_on_sequences_is_keras_dense_in_fewer_graph_ops(policy):
+    """The encoder's Dense multiplies [batch, seq, features] as rows: the same values and
+    gradients as Keras' tensordot, bit for bit, without tensordot's shape arithmetic."""
+    tf_keras.mixed_precision.set_global_policy(policy)
+    try:
+        ours = Dense(6, activation="tanh")
+        keras = tf_keras.layers.Dense(6, activation="tanh")
+        x = tf.random.stateless_normal([3, 5, 4], seed=[1, 2])
+        ours.build(x.shape)
+        keras.build(x.shape)
+        keras.set_weights(ours.get_weights())
+
+        def run(layer):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                y = layer(x)
+                loss = tf.reduce_sum(tf.cast(y, tf.float32) ** 2)
+            grads = tape.gradient(loss, [x, *layer.trainable_variables])
+            graph = tf.function(layer).get_concrete_function(
+                tf.TensorSpec([None, None, 4])).graph
+            return (y, grads), {op.type for op in graph.get_operations()}
+
+        (y_ours, grads_ours), ops_ours = run(ours)
+        (y_keras, grads_keras), ops_keras = run(keras)
+    finally:
+        tf_keras.mixed_precision.set_global_policy("float32")
+    assert y_ours.shape == [3, 5, 6] and y_ours.dtype == y_keras.dtype
+    np.testing.assert_array_equal(y_ours.numpy(), y_keras.numpy())
+    for a, b in zip(grads_ours, grads_keras):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert {"Prod", "GatherV2"} <= ops_keras and not {"Prod", "GatherV2"} & ops_ours

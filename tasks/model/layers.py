@@ -99,6 +99,27 @@ def tanh_gelu(x: tf.Tensor) -> tf.Tensor:
 GELUS = {"kernel": kernel_gelu, "float32": float32_gelu, "native": native_gelu}
 
 
+class Dense(tf_keras.layers.Dense):
+    """Keras' Dense, with [batch, seq, features] inputs multiplied as [batch * seq, features]
+    rows: the reshape, MatMul and reshape that `tf.tensordot` makes of them, without its
+    shape arithmetic and identity transposes. The kernels that run are the same; the graph
+    of a training step is smaller by about 25 ops per layer, forward and backward, which
+    every process pays for in tracing and graph optimization."""
+
+    def call(self, inputs):
+        if not isinstance(inputs, tf.Tensor) or inputs.shape.rank != 3:
+            return super().call(inputs)
+        if inputs.dtype.base_dtype != self._compute_dtype_object.base_dtype:
+            inputs = tf.cast(inputs, self._compute_dtype_object)
+        batch = tf.shape(inputs)[0]
+        rows = tf.matmul(tf.reshape(inputs, [-1, inputs.shape[-1]]), self.kernel)
+        outputs = tf.reshape(rows, [batch, -1, self.units])
+        outputs.set_shape(inputs.shape[:-1].concatenate([self.units]))
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        return outputs if self.activation is None else self.activation(outputs)
+
+
 class LayerFactory:
     """Makes the layers of one model with its choices: CPU kernels or not, the GELU
     variant, normal(initializer_range) initial kernels as transformers' models have, and
@@ -127,9 +148,9 @@ class LayerFactory:
         # A new object per weight: an unseeded initializer called twice repeats its values.
         return tf_keras.initializers.RandomNormal(stddev=self.initializer_range)
 
-    def dense(self, units: int, name: str, activation=None) -> tf_keras.layers.Dense:
-        return tf_keras.layers.Dense(units, activation=activation, name=name,
-                                     kernel_initializer=self.initializer())
+    def dense(self, units: int, name: str, activation=None) -> Dense:
+        return Dense(units, activation=activation, name=name,
+                     kernel_initializer=self.initializer())
 
     def layer_norm(self, epsilon: float, name: str) -> LayerNorm:
         return LayerNorm(epsilon, self.use_cpu_kernels, name=name)

@@ -126,12 +126,15 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
         # Keras: "lr_t" is the scheduled rate (torch's lr), "lr" the bias-corrected step size.
         state = apply_state[(var_device, var_dtype)]
         state["epsilon"] = state["epsilon"] * tf.sqrt(1 - state["beta_2_power"])
+        if self.cpu_kernel:  # the kernel's coefficients, stacked once per step, not per variable
+            rates = [state["lr"], state["one_minus_beta_1_t"], state["one_minus_beta_2_t"],
+                     state["epsilon"]]
+            state["kernel_decay"] = tf.stack(rates + [state["lr_t"] * self.weight_decay])
+            state["kernel_no_decay"] = tf.stack(rates + [tf.zeros([], var_dtype)])
 
     def _apply_kernel(self, grad, var, apply_state, indices=None):
         c = self._coefficients(var, apply_state)
-        decay = c["lr_t"] * self.weight_decay if self.decays(var) else tf.zeros([])
-        coefficients = tf.stack([c["lr"], c["one_minus_beta_1_t"], c["one_minus_beta_2_t"],
-                                 c["epsilon"], decay])
+        coefficients = c["kernel_decay" if self.decays(var) else "kernel_no_decay"]
         return cpu_kernels.apply_adamw(var, self.get_slot(var, "m"), self.get_slot(var, "v"),
                                        grad, coefficients, indices)
 
