@@ -24,7 +24,7 @@ import time
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Callable, Iterator, TextIO
 
 from bertflow_airflow import sqlite_metadata
 from tasks import fresh_load
@@ -428,8 +428,9 @@ def serve_ui(airflow_home: Path, port: int, ready_timeout: float = 300) -> int:
         try:
             rc = _announce(proc, base, passwords, log_path, ready_timeout)
             if rc == 0:
-                rc = _wait_keeping_the_scheduler(proc, env, airflow_home, log_path,
-                                                 sessions=sessions)
+                rc = _wait_keeping_the_scheduler(
+                    proc, env, airflow_home, log_path,
+                    lambda: scheduler_heartbeat_age(base), sessions=sessions)
         except KeyboardInterrupt:
             rc = 0
         finally:
@@ -475,10 +476,26 @@ def _announce(proc: subprocess.Popen, base: str, passwords: Path, log_path: Path
     return 0
 
 
-# How often the scheduler is looked at, and how long a restarted one must live for the next
-# exit to be restarted too (one that keeps failing is left stopped, with its log).
+# How often the scheduler is looked at; how long a restarted one must live for the next exit
+# to be restarted too (one that keeps failing is left stopped, with its log); how long without
+# a heartbeat makes a scheduler hung. Airflow calls it unhealthy after 30 s
+# ([scheduler] scheduler_health_check_threshold); 90 s leaves room for a loaded machine.
 SCHEDULER_CHECK_S = 5.0
 SCHEDULER_MIN_LIFE_S = 120.0
+SCHEDULER_STALE_S = 90.0
+
+
+def scheduler_heartbeat_age(base: str) -> float | None:
+    """Seconds since the newest scheduler heartbeat, as the api-server's health endpoint
+    (`/api/v2/monitor/health`, open without a login) reports it; None if it does not say."""
+    import httpx
+
+    try:
+        health = httpx.get(f"{base}/api/v2/monitor/health", timeout=5).json()
+        beat = health["scheduler"]["latest_scheduler_heartbeat"]
+        return time.time() - datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp()
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _standalone_scheduler(proc: subprocess.Popen):
@@ -503,38 +520,71 @@ def _exited(process) -> bool:
         return True
 
 
+def _hung_for(process, heartbeat_age: Callable[[], float | None]) -> float | None:
+    """Seconds without a heartbeat, if the scheduler `process` has lived SCHEDULER_STALE_S
+    and the newest heartbeat is older than that (a new one has time to make its first)."""
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        if time.time() - process.create_time() > SCHEDULER_STALE_S:
+            age = heartbeat_age()
+            if age is not None and age > SCHEDULER_STALE_S:
+                return age
+    return None
+
+
+def _kill_tree(process) -> None:
+    import psutil
+
+    with contextlib.suppress(psutil.Error):
+        for member in [process, *process.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                member.kill()
+
+
 def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
                                 airflow_home: Path, log_path: Path,
+                                heartbeat_age: Callable[[], float | None],
                                 command: list[str] | None = None,
                                 sessions: list[int] | None = None) -> int:
     """Wait for Ctrl-C (KeyboardInterrupt); 1 if standalone exits. standalone does not start
-    a component again: when its scheduler exits (an error Airflow does not survive, such as
-    the SQLite race after a refused backfill, docs/experiments.md), no run moves while the
-    UI still answers. So this starts `airflow scheduler` again, in the same environment and
-    log, unless the one it started last exited within SCHEDULER_MIN_LIFE_S. `command`:
-    what starts one (`airflow scheduler` of this venv). Each one runs in a session of its
-    own, whose id is appended to `sessions` for _stop_standalone."""
+    a component again, and after an error Airflow does not survive (the SQLite race after a
+    refused backfill, docs/experiments.md) its scheduler either exits or hangs in its
+    shutdown, waiting for executor workers that never finish. Either way no run moves while
+    the UI still answers. So a scheduler that exits, or that has not heartbeat for
+    SCHEDULER_STALE_S (`heartbeat_age`: seconds since the newest heartbeat) and is then
+    killed with its children, is followed by a new `airflow scheduler` in the same
+    environment and log, unless the one started last ended within SCHEDULER_MIN_LIFE_S.
+    `command`: what starts one (`airflow scheduler` of this venv). Each one runs in a
+    session of its own, whose id is appended to `sessions` for _stop_standalone."""
+    import psutil
+
     command = command or [os.path.join(os.path.dirname(sys.executable), "airflow"),
                           "scheduler"]
-    standalones = _standalone_scheduler(proc)
+    scheduler = _standalone_scheduler(proc)
     replacement: subprocess.Popen | None = None
     started = 0.0
     while proc.poll() is None:
         time.sleep(SCHEDULER_CHECK_S)
         if replacement is not None:
-            if replacement.poll() is None:
-                continue
-            if time.monotonic() - started < SCHEDULER_MIN_LIFE_S:
-                print(f"Airflow's scheduler exited again within {SCHEDULER_MIN_LIFE_S:.0f}s "
-                      f"(exit {replacement.returncode}); not starting it again: no run will "
-                      f"move. See {log_path}; Ctrl-C stops Airflow.", file=sys.stderr,
-                      flush=True)
-                replacement = None
-                continue
-        elif standalones is None or not _exited(standalones):
+            replacement.poll()  # reaped, so that its exit shows
+        if scheduler is None:
             continue
-        standalones = None
-        print(f"Airflow's scheduler exited; starting it again (see {log_path}).",
+        if _exited(scheduler):
+            ended = "exited" + ("" if replacement is None
+                                else f" (exit {replacement.returncode})")
+        elif (silent := _hung_for(scheduler, heartbeat_age)) is not None:
+            _kill_tree(scheduler)
+            ended = f"made no heartbeat for {silent:.0f}s; killed it"
+        else:
+            continue
+        if replacement is not None and time.monotonic() - started < SCHEDULER_MIN_LIFE_S:
+            print(f"Airflow's scheduler {ended}, within {SCHEDULER_MIN_LIFE_S:.0f}s of its "
+                  f"restart; not starting it again: no run will move. See {log_path}; "
+                  "Ctrl-C stops Airflow.", file=sys.stderr, flush=True)
+            scheduler = None
+            continue
+        print(f"Airflow's scheduler {ended}; starting it again (see {log_path}).",
               file=sys.stderr, flush=True)
         with open(log_path, "ab") as log:
             replacement = subprocess.Popen(command, env=env, cwd=str(airflow_home),
@@ -542,7 +592,7 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
                                            start_new_session=True)
         if sessions is not None:
             sessions.append(replacement.pid)
-        started = time.monotonic()
+        scheduler, started = psutil.Process(replacement.pid), time.monotonic()
     print(f"airflow standalone exited with {proc.returncode}; see {log_path}", file=sys.stderr)
     return 1
 

@@ -1,13 +1,16 @@
 """`make airflow`'s watch over the scheduler (bertflow_airflow/demo.py,
 _wait_keeping_the_scheduler), with real processes standing in for airflow standalone and its
 scheduler. tests/test_airflow_standalone.py kills a real scheduler and sees the new one
-heartbeat; this file covers what that cannot provoke: a scheduler that keeps exiting."""
+heartbeat; this file covers what that cannot provoke: a scheduler that keeps exiting, and one
+that hangs (alive, no heartbeat), with the heartbeat's age given by the test."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 import time
+
+import psutil
 
 from bertflow_airflow import demo
 
@@ -31,11 +34,11 @@ def test_a_scheduler_that_keeps_exiting_is_started_once_then_left(tmp_path, monk
     time.sleep(0.5)  # its scheduler child exists before the watch looks for it
     log = tmp_path / "standalone.log"
     rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path, log,
-                                          command=FAILING)
+                                          lambda: None, command=FAILING)
     err = capsys.readouterr().err
     assert rc == 1 and "airflow standalone exited with 0" in err, err
     assert err.count("Airflow's scheduler exited; starting it again") == 1, err
-    assert err.count("exited again within 120s (exit 3); not starting it again") == 1, err
+    assert err.count("exited (exit 3), within 120s of its restart; not starting it again") == 1, err
     assert log.read_text() == "replacement scheduler ran\n"  # its output went to the log
 
 
@@ -45,7 +48,34 @@ def test_a_running_scheduler_is_left_alone(tmp_path, monkeypatch, capsys):
         "time.sleep(1)", "time.sleep(3)"), "2"])
     time.sleep(0.5)
     rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path,
-                                          tmp_path / "standalone.log", command=FAILING)
+                                          tmp_path / "standalone.log", lambda: 1.0,
+                                          command=FAILING)
     err = capsys.readouterr().err
     assert rc == 1 and "starting it again" not in err, err
     assert not (tmp_path / "standalone.log").exists()
+
+
+def test_a_scheduler_without_heartbeat_is_killed_and_started_again(tmp_path, monkeypatch,
+                                                                   capsys):
+    """After the SQLite race, Airflow's scheduler logged its error and then hung in its
+    LocalExecutor's shutdown, alive and silent, for as long as the test ran (18 min). Here a
+    stand-in sleeps and the heartbeat is old: it is killed and another started; that one
+    makes no heartbeat either, so it is killed and left."""
+    monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 0.2)
+    monkeypatch.setattr(demo, "SCHEDULER_STALE_S", 1.0)
+    standalone = subprocess.Popen([sys.executable, "-c", STANDALONE.replace(
+        "time.sleep(1)", "time.sleep(60)"), "6"])
+    time.sleep(0.5)
+    (hung,) = psutil.Process(standalone.pid).children()
+    silent = [sys.executable, "-c", "import time; time.sleep(60)", "scheduler"]
+    sessions: list[int] = []
+    rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path,
+                                          tmp_path / "standalone.log", lambda: 300.0,
+                                          command=silent, sessions=sessions)
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert err.count("made no heartbeat for 300s; killed it; starting it again") == 1, err
+    assert err.count("made no heartbeat for 300s; killed it, within 120s of its restart; "
+                     "not starting it again") == 1, err
+    for pid in (hung.pid, *sessions):
+        assert not psutil.pid_exists(pid) or demo._exited(psutil.Process(pid)), pid
