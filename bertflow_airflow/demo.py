@@ -449,8 +449,6 @@ def _announce(proc: subprocess.Popen, base: str, passwords: Path, log_path: Path
               ready_timeout: float) -> int:
     """Wait until the api-server and scheduler answer, then print the URL and login: 0.
     1 if standalone dies or never gets ready."""
-    import httpx
-
     deadline = time.monotonic() + ready_timeout
     while True:
         if proc.poll() is not None:
@@ -458,10 +456,9 @@ def _announce(proc: subprocess.Popen, base: str, passwords: Path, log_path: Path
             print(f"airflow standalone exited with {proc.returncode}:\n" + "\n".join(tail),
                   file=sys.stderr)
             return 1
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            health = httpx.get(f"{base}/api/v2/monitor/health", timeout=5).json()
-            if health.get("scheduler", {}).get("status") == "healthy" and passwords.exists():
-                break
+        health = _health(base) or {}
+        if health.get("scheduler", {}).get("status") == "healthy" and passwords.exists():
+            break
         if time.monotonic() > deadline:
             print(f"Airflow not ready after {ready_timeout:.0f}s; see {log_path}",
                   file=sys.stderr)
@@ -485,16 +482,24 @@ SCHEDULER_MIN_LIFE_S = 120.0
 SCHEDULER_STALE_S = 90.0
 
 
-def scheduler_heartbeat_age(base: str) -> float | None:
-    """Seconds since the newest scheduler heartbeat, as the api-server's health endpoint
-    (`/api/v2/monitor/health`, open without a login) reports it; None if it does not say."""
+def _health(base: str) -> dict | None:
+    """The api-server's health report (`/api/v2/monitor/health`, open without a login), or
+    None while it does not answer."""
     import httpx
 
     try:
-        health = httpx.get(f"{base}/api/v2/monitor/health", timeout=5).json()
-        beat = health["scheduler"]["latest_scheduler_heartbeat"]
+        return httpx.get(f"{base}/api/v2/monitor/health", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def scheduler_heartbeat_age(base: str) -> float | None:
+    """Seconds since the newest scheduler heartbeat that the health report gives; None if
+    it does not say."""
+    try:
+        beat = _health(base)["scheduler"]["latest_scheduler_heartbeat"]
         return time.time() - datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp()
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

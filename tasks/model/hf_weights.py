@@ -209,11 +209,10 @@ def _torch_shape(variable: tf.Variable, transposed: bool) -> tuple[int, ...]:
 def _torch_tensor(variable: tf.Variable, transposed: bool) -> safetensors_stream.Tensor:
     """The variable in PyTorch's layout (Linear weights are [out, in]), float32, made when
     the writer reaches it."""
-    def value() -> np.ndarray:
+    def value() -> np.ndarray:  # the writer makes a transposed view contiguous
         value = variable.numpy().astype(np.float32, copy=False)
-        return np.ascontiguousarray(value.T if transposed else value)
-    shape = variable.shape[::-1] if transposed else variable.shape
-    return safetensors_stream.Tensor(shape, np.float32, value)
+        return value.T if transposed else value
+    return safetensors_stream.Tensor(_torch_shape(variable, transposed), np.float32, value)
 
 
 def _modern_key(key: str) -> str:
