@@ -277,10 +277,11 @@ class MakeAirflow(Standalone):
     def output(self) -> str:
         return "\n".join(self.lines)
 
-    def wait_for_line(self, pattern: re.Pattern, timeout: float) -> re.Match:
+    def wait_for_line(self, pattern: re.Pattern, timeout: float, after: int = 0) -> re.Match:
+        """The first line matching `pattern` among those printed after the first `after`."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for line in list(self.lines):
+            for line in self.lines[after:]:
                 if match := pattern.search(line):
                     return match
             if self.proc.poll() is not None:
