@@ -2,16 +2,21 @@
 
     ./.venv/bin/python benchmarks/train_step_ablation.py [--examples 960] [--repeats 2] [--smoke]
 
-`--smoke`: a tiny random model on 12 synthetic rows, the `bertflow` and `tf_kernels` variants,
-one run each, results in a temporary folder (common.smoke_results_dir).
+`--smoke`: a tiny random model on 12 synthetic rows, the `bertflow`, `clip_pass` and
+`tf_kernels` variants, one run each, results in a temporary folder (common.smoke_results_dir).
 
 One in-process training step (GradientTape, the project's optimizer and layers on MiniLM
 under mixed_bfloat16) timed over the same length-grouped SST-2 batches as
 train_throughput.py, without Keras fit, tf.data or checkpoints, so the differences are the
 model and optimizer alone. Each variant runs in its own process, alternating, and the figure
-is the median examples/s. Variants, each one step further from the product:
+is the median examples/s. Every variant clips the gradient to the product's default global
+norm (tasks.config.DEFAULT_CLIP_NORM; the file's `clip_norm`). Variants, each one step further
+from the product:
     bertflow            the product on CPU: bertflow's CPU kernels (tasks/training/cpu_kernels) for
-                        AdamW, dropout, GELU and LayerNorm
+                        AdamW, dropout, GELU and LayerNorm; the AdamW kernel scales each
+                        gradient by the clipping factor as it reads it
+    clip_pass           the same, but clipping in a pass of its own before the kernel (Keras'
+                        tf.clip_by_global_norm, which writes a scaled copy of each gradient)
     tf_kernels          without them: tasks.training.model.AdamW on TensorFlow's fused kernels and
                         the GELU in float32 (the product where the kernels are not built)
     bf16_gelu           the same with the GELU in the compute dtype (bfloat16 under this policy)
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -33,7 +37,7 @@ from pathlib import Path
 import common
 import trainbench_data
 
-VARIANTS = ["bertflow", "tf_kernels", "bf16_gelu", "keras_adamw"]
+VARIANTS = ["bertflow", "clip_pass", "tf_kernels", "bf16_gelu", "keras_adamw"]
 
 
 def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
@@ -42,22 +46,24 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
     import tensorflow as tf
     import tf_keras
 
+    from tasks.config import DEFAULT_CLIP_NORM
     from tasks.training import checkpoint, cpu_kernels, model as model_lib
 
     tf_keras.mixed_precision.set_global_policy(precision)
     tf_keras.utils.set_random_seed(0)
-    kernels = variant == "bertflow"
+    kernels = variant in ("bertflow", "clip_pass")
     if kernels and not cpu_kernels.available():
         raise SystemExit("bertflow CPU kernels are not built: run `make install`")
-    gelu = {"bertflow": "kernel", "tf_kernels": "float32"}.get(variant, "native")
+    gelu = "kernel" if kernels else {"tf_kernels": "float32"}.get(variant, "native")
     model = checkpoint.load_classifier(model_dir, ["0", "1"], cpu_kernels=kernels, gelu=gelu)
     if variant == "keras_adamw":
         optimizer = tf_keras.optimizers.AdamW(learning_rate=2e-5, weight_decay=0.01,
-                                              epsilon=1e-6)
+                                              epsilon=1e-6, global_clipnorm=DEFAULT_CLIP_NORM)
     else:
-        optimizer = model_lib.AdamW(learning_rate=2e-5, weight_decay=0.01, epsilon=1e-6,
-                                    exclude_from_weight_decay=model_lib.NO_DECAY,
-                                    cpu_kernel=kernels)
+        adamw = ClipPass(model_lib.AdamW) if variant == "clip_pass" else model_lib.AdamW
+        optimizer = adamw(learning_rate=2e-5, weight_decay=0.01, epsilon=1e-6,
+                          exclude_from_weight_decay=model_lib.NO_DECAY, cpu_kernel=kernels,
+                          global_clipnorm=DEFAULT_CLIP_NORM)
     loss_fn = tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     spec = ({k: tf.TensorSpec([None, None], tf.int32)
              for k in ("input_ids", "attention_mask", "token_type_ids")},
@@ -84,11 +90,27 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
         float(loss)
         seconds = time.perf_counter() - t0
         result = {"examples_per_s": sum(int(y.shape[0]) for _, y in batches) / seconds,
-                  "seconds": seconds}
+                  "seconds": seconds, "clip_norm": DEFAULT_CLIP_NORM}
         if profile:
             tf.profiler.experimental.stop()
             result["op_ms_per_step"] = op_times(Path(trace_dir), len(batches))
     return result
+
+
+def ClipPass(adamw: type) -> type:
+    """tasks.training.model.AdamW with the clipping as Keras does it (tf.clip_by_global_norm
+    in apply_gradients) and a factor of 1 for the kernel: what the product did before its
+    kernel took the factor."""
+    import tensorflow as tf
+    import tf_keras
+
+    class ClipPassAdamW(adamw):
+        def _transform_gradients(self, grads_and_vars):
+            grads_and_vars = tf_keras.optimizers.legacy.Adam._transform_gradients(
+                self, grads_and_vars)
+            self._clip_factor = tf.ones([])
+            return grads_and_vars
+    return ClipPassAdamW
 
 
 def op_times(trace_dir: Path, steps: int) -> dict[str, float]:
@@ -139,11 +161,12 @@ def main() -> None:
         common.smoke_results_dir()
         args.repeats, args.examples = 1, 12
         if args.variants == ",".join(VARIANTS):
-            args.variants = "bertflow,tf_kernels"
+            args.variants = "bertflow,clip_pass,tf_kernels"
     else:
         common.require_data("sst2/train.tsv")  # before any work
     names = args.variants.split(",")
     runs: dict[str, list[float]] = {n: [] for n in names}
+    clip_norms = set()
     op_ms: dict[str, list[dict]] = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, bpath = trainbench_data.model_and_batches(Path(tmp), args.examples,
@@ -160,6 +183,7 @@ def main() -> None:
                     raise RuntimeError(f"{n} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
                 res = json.loads(lines[-1][len("RESULT "):])
                 runs[n].append(res["examples_per_s"])
+                clip_norms.add(res["clip_norm"])
                 work = ""
                 if "op_ms_per_step" in res:
                     op_ms[n].append(res["op_ms_per_step"])
@@ -180,7 +204,7 @@ def main() -> None:
         "_float32" if args.precision == "float32" else "")
     common.write_results("train_step_ablation" + suffix,
                          {"smoke": args.smoke, "examples": args.examples,
-                          "repeats": args.repeats,
+                          "repeats": args.repeats, "clip_norm": clip_norms.pop(),
                           "precision": args.precision, "summary": summary})
 
 

@@ -6,6 +6,7 @@ training on CPU would then silently take the slow path. BERTFLOW_CPU_KERNELS=0 (
 on purpose) skips them.
 """
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,27 +194,77 @@ def test_dropout_rejects_a_rate_outside_zero_to_one():
         cpu_kernels.dropout(tf.ones([4]), 1.0)
 
 
-@pytest.mark.parametrize("sparse", [False, True])
-def test_adamw_kernel_takes_the_same_steps_as_tensorflows_kernels(sparse):
-    """The whole AdamW rule itself is checked in test_train_plan; here the one-pass kernel
-    follows the two-kernel path step for step, decay on and off, sparse rows repeated."""
-    kwargs = dict(learning_rate=0.05, weight_decay=0.1, epsilon=1e-8,
-                  exclude_from_weight_decay=model_lib.NO_DECAY)
+def adamw_steps(kernel: bool, sparse: bool, clip: float | None) -> tuple[np.ndarray, ...]:
+    """A table and a bias after 3 AdamW steps on random gradients (the table's sparse, with
+    repeated rows, if `sparse`), decay on for the table and off for the bias."""
+    opt = model_lib.AdamW(cpu_kernel=kernel, learning_rate=0.05, weight_decay=0.1, epsilon=1e-8,
+                          exclude_from_weight_decay=model_lib.NO_DECAY, global_clipnorm=clip)
     init = np.random.default_rng(0).normal(size=[6, 4]).astype(np.float32)
-    results = []
-    for kernel in (False, True):
-        opt = model_lib.AdamW(cpu_kernel=kernel, **kwargs)
-        table = tf.Variable(init, name="word_embeddings/weight")
-        bias = tf.Variable(init[0], name="dense/bias")
-        for t in range(3):
-            rows = tf.random.stateless_normal([5, 4], [t, 0])
-            g = (tf.IndexedSlices(rows, tf.constant([1, 4, 1, 0, 5]), tf.constant([6, 4]))
-                 if sparse else tf.random.stateless_normal([6, 4], [t, 1]))
-            opt.apply_gradients([(g, table), (rows[0], bias)])
-        results.append((table.numpy(), bias.numpy()))
-    np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-6, atol=1e-7)
-    assert not np.allclose(results[1][0], init)
+    table = tf.Variable(init, name="word_embeddings/weight")
+    bias = tf.Variable(init[0], name="dense/bias")
+    for t in range(3):
+        rows = tf.random.stateless_normal([5, 4], [t, 0])
+        g = (tf.IndexedSlices(rows, tf.constant([1, 4, 1, 0, 5]), tf.constant([6, 4]))
+             if sparse else tf.random.stateless_normal([6, 4], [t, 1]))
+        opt.apply_gradients([(g, table), (rows[0], bias)])
+    assert not np.allclose(table.numpy(), init)
+    return table.numpy(), bias.numpy()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("clip", [None, 100.0, 1.5])
+def test_adamw_kernel_takes_the_same_steps_as_tensorflows_kernels(sparse, clip):
+    """The whole AdamW rule itself is checked in test_train_plan; here the one-pass kernel
+    follows the two-kernel path step for step, decay on and off, sparse rows repeated, and
+    with global-norm clipping that never acts (100) or acts every step (1.5: the gradients'
+    norm is 5-7), which the kernel applies itself and Keras by tf.clip_by_global_norm."""
+    ours = adamw_steps(True, sparse, clip)
+    for got, want in zip(ours, adamw_steps(False, sparse, clip)):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    if clip == 1.5:  # the clipping changed the steps
+        assert not np.allclose(ours[0], adamw_steps(True, sparse, None)[0], rtol=1e-4)
+
+
+MIRRORED_CLIPPED_STEPS = """
+import numpy as np, tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+from tasks.training import model as model_lib
+
+def run(kernel):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        w = tf.Variable(np.random.default_rng(0).normal(size=[6, 4]).astype(np.float32),
+                        name="dense/kernel")
+        opt = model_lib.AdamW(cpu_kernel=kernel, learning_rate=0.05, weight_decay=0.1,
+                              epsilon=1e-8, global_clipnorm=1.5)
+        model_lib.create_slots(opt, [w])
+
+    @tf.function
+    def step(t):
+        def replica_step():
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            opt.apply_gradients([(tf.random.stateless_normal([6, 4], [t, replica]) * 3, w)])
+        strategy.run(replica_step)
+    for t in range(3):
+        step(tf.constant(t))
+    return w.numpy()
+
+print(np.abs(run(True) - run(False)).max())
+"""
+
+
+def test_adamw_kernel_clips_like_keras_under_mirrored_strategy():
+    """Under MirroredStrategy each replica computes the clipping factor from the summed
+    gradients and one merge builds every replica's update: the kernel's steps on 2 replicas
+    (2 logical CPUs, so a fresh process) follow Keras' clip_by_global_norm path."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", MIRRORED_CLIPPED_STEPS], capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert float(out.stdout.split()[-1]) < 1e-6, out.stdout
 
 
 def test_adamw_kernel_leaves_a_value_read_before_the_step_alone():

@@ -96,6 +96,9 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
 
     With `cpu_kernel`, each variable takes one pass instead (tasks/training/cpu_kernels/adamw.cc): the
     same rule, and the sparse embedding gradient is applied without building a dense tensor.
+    The kernel also applies `global_clipnorm`: the factor tf.clip_by_global_norm would multiply
+    every gradient by is computed once per step (clip_factor) and each gradient is scaled as
+    the kernel reads it, which saves a pass that writes a scaled copy of every gradient.
 
     `epsilon` is torch's: added to the bias-corrected sqrt(v_hat). Both kernels add theirs to
     the uncorrected sqrt(v) (Keras' Adam passes its epsilon so), so they are given
@@ -113,6 +116,7 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
         self.weight_decay = weight_decay
         self._no_decay = [re.compile(pattern) for pattern in exclude_from_weight_decay]
         self.cpu_kernel = cpu_kernel
+        self._clip_factor = None  # this step's, between _transform_gradients and the updates
 
     def decays(self, var) -> bool:
         return bool(self.weight_decay) and not any(p.search(var.name) for p in self._no_decay)
@@ -131,12 +135,39 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
                      state["epsilon"]]
             state["kernel_decay"] = tf.stack(rates + [state["lr_t"] * self.weight_decay])
             state["kernel_no_decay"] = tf.stack(rates + [tf.zeros([], var_dtype)])
+            state["kernel_unscaled"] = tf.ones([], var_dtype)
+
+    def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+        try:
+            return super().apply_gradients(grads_and_vars, name, experimental_aggregate_gradients)
+        finally:
+            self._clip_factor = None  # a later trace must not find this one's tensor
+
+    def _transform_gradients(self, grads_and_vars):
+        """After the replicas' gradients are summed. With the kernel, global-norm clipping is
+        left to it: the factor is kept for the updates that follow in this apply_gradients.
+        Under MirroredStrategy each replica computes it from the same summed gradients, and
+        the updates, built once for all replicas, take the last one."""
+        if not (self.cpu_kernel and self.global_clipnorm):
+            return super()._transform_gradients(grads_and_vars)
+        if self.clipvalue is not None or self.clipnorm is not None or self.gradient_transformers:
+            raise ValueError("AdamW(cpu_kernel=True) clips by global norm only")
+        grads_and_vars = list(grads_and_vars)
+        self._clip_factor = clip_factor([g for g, _ in grads_and_vars], self.global_clipnorm)
+        return grads_and_vars
 
     def _apply_kernel(self, grad, var, apply_state, indices=None):
         c = self._coefficients(var, apply_state)
         coefficients = c["kernel_decay" if self.decays(var) else "kernel_no_decay"]
+        if self.global_clipnorm:
+            if self._clip_factor is None:
+                raise RuntimeError("AdamW: a kernel update outside apply_gradients would skip "
+                                   "the clipping")
+            scale = self._clip_factor
+        else:
+            scale = c["kernel_unscaled"]
         return cpu_kernels.apply_adamw(var, self.get_slot(var, "m"), self.get_slot(var, "v"),
-                                       grad, coefficients, indices)
+                                       grad, coefficients, scale, indices)
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
         if self.cpu_kernel:
@@ -159,6 +190,15 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
     def get_config(self) -> dict:
         return {**super().get_config(), "weight_decay": self.weight_decay,
                 "exclude_from_weight_decay": [p.pattern for p in self._no_decay]}
+
+
+def clip_factor(grads, clip_norm: float) -> tf.Tensor:
+    """What tf.clip_by_global_norm multiplies each gradient by (the same ops): 1 while the
+    global norm is at most `clip_norm`, clip_norm / norm above it, NaN if the norm is not
+    finite. IndexedSlices count their values, repeated rows separately, as it counts them."""
+    norm = tf.linalg.global_norm(grads)
+    clip = tf.constant(clip_norm, norm.dtype)
+    return clip * tf.minimum(1.0 / norm, tf.constant(1.0, norm.dtype) / clip) + (norm - norm)
 
 
 def create_optimizer(cfg, plan: TrainPlan, policy: str, cpu_kernel: bool = False,

@@ -136,15 +136,17 @@ def layer_norm(x: tf.Tensor, gamma: tf.Tensor, beta: tf.Tensor, epsilon: float) 
     return ops().bertflow_layer_norm(x, gamma, beta, epsilon=epsilon)[0]
 
 
-def apply_adamw(var, m, v, grad, coefficients, indices=None):
+def apply_adamw(var, m, v, grad, coefficients, grad_scale, indices=None):
     """One AdamW step on `var` and its moments; `coefficients` is
-    [lr_t, 1-beta1, 1-beta2, epsilon, lr*weight_decay]. With `indices`, grad holds those rows
+    [lr_t, 1-beta1, 1-beta2, epsilon, lr*weight_decay], and the gradient is multiplied by the
+    scalar `grad_scale` first (a clipping factor, or 1). With `indices`, grad holds those rows
     (repeats are summed) and every other row takes the zero-gradient update."""
     sparse = indices is not None
     if indices is None:
         indices = tf.zeros([0], tf.int32)
     return ops().bertflow_apply_adam_w(var.handle, m.handle, v.handle, grad,
-                                       tf.cast(indices, tf.int32), coefficients, sparse=sparse)
+                                       tf.cast(indices, tf.int32), coefficients, grad_scale,
+                                       sparse=sparse)
 
 
 def main(argv: list[str]) -> int:

@@ -6,6 +6,9 @@
 //   m += (g - m) * (1 - beta1);  v += (g * g - v) * (1 - beta2)
 //   var -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + epsilon)
 // Memory traffic decides the speed: one pass reads var, m, v, g and writes var, m, v once.
+// g is first multiplied by grad_scale: tf.clip_by_global_norm's factor (1 without clipping),
+// applied here as each gradient is read instead of in a pass of its own that writes a
+// scaled copy of every gradient.
 // A sparse gradient (embedding rows, repeats summed) takes the dense rule: every row of the
 // table is swept, and rows without a gradient still decay and move by their moments.
 #include <vector>
@@ -24,6 +27,7 @@ REGISTER_OP("BertflowApplyAdamW")
     .Input("grad: float")      // dense: var's shape; sparse: [len(indices), row width]
     .Input("indices: int32")   // sparse only: the row of each grad row (may repeat)
     .Input("coefficients: float")  // [lr_t, 1 - beta1, 1 - beta2, epsilon, lr * weight_decay]
+    .Input("grad_scale: float")    // scalar: each gradient is multiplied by it first
     .Attr("sparse: bool = false")
     .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext*) { return OkStatus(); });
@@ -36,9 +40,9 @@ struct Coefficients {
 
 BERTFLOW_CLONES
 void sweep(float* __restrict var, float* __restrict m, float* __restrict v,
-           const float* __restrict g, int64_t n, Coefficients c) {
+           const float* __restrict g, int64_t n, Coefficients c, float scale) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g ? g[i] : 0.0f;
+    const float gi = g ? g[i] * scale : 0.0f;
     const float mi = m[i] + (gi - m[i]) * c.one_minus_b1;
     const float vi = v[i] + (gi * gi - v[i]) * c.one_minus_b2;
     m[i] = mi;
@@ -79,6 +83,10 @@ class ApplyAdamWOp : public OpKernel {
     auto co = ctx->input(5).flat<float>();
     OP_REQUIRES(ctx, co.size() == 5, errors::InvalidArgument("5 coefficients expected"));
     const Coefficients c{co(0), co(1), co(2), co(3), 1.0f - co(4)};
+    const Tensor& scale_t = ctx->input(6);
+    OP_REQUIRES(ctx, scale_t.NumElements() == 1,
+                errors::InvalidArgument("BertflowApplyAdamW: grad_scale is one number"));
+    const float scale = scale_t.flat<float>()(0);
     float* pvar = var->tensor()->flat<float>().data();
     float* pm = m->tensor()->flat<float>().data();
     float* pv = v->tensor()->flat<float>().data();
@@ -89,7 +97,7 @@ class ApplyAdamWOp : public OpKernel {
       OP_REQUIRES(ctx, grad.NumElements() == n,
                   errors::InvalidArgument("BertflowApplyAdamW: grad and var differ in size"));
       bertflow::parallel_for(ctx, n, 16, [&](int64_t a, int64_t b) {
-        sweep(pvar + a, pm + a, pv + a, pg + a, b - a, c);
+        sweep(pvar + a, pm + a, pv + a, pg + a, b - a, c, scale);
       });
       return;
     }
@@ -100,7 +108,8 @@ class ApplyAdamWOp : public OpKernel {
     const int64_t k = idx.size();
     OP_REQUIRES(ctx, grad.NumElements() == k * width,
                 errors::InvalidArgument("BertflowApplyAdamW: grad rows != indices"));
-    // Sum repeated rows into a compact buffer; slot[r] is row r's place in it, or -1.
+    // Sum repeated rows, each scaled as clip_by_global_norm scales the slices' values, into
+    // a compact buffer; slot[r] is row r's place in it, or -1.
     std::vector<int64_t> slot(rows, -1);
     std::vector<float> summed;
     summed.reserve(k * width);
@@ -111,16 +120,15 @@ class ApplyAdamWOp : public OpKernel {
       const float* src = pg + j * width;
       if (slot[r] < 0) {
         slot[r] = summed.size() / width;
-        summed.insert(summed.end(), src, src + width);
-      } else {
-        float* dst = summed.data() + slot[r] * width;
-        for (int64_t q = 0; q < width; ++q) dst[q] += src[q];
+        summed.resize(summed.size() + width, 0.0f);
       }
+      float* dst = summed.data() + slot[r] * width;
+      for (int64_t q = 0; q < width; ++q) dst[q] += src[q] * scale;
     }
     bertflow::parallel_for(ctx, rows, 16 * width, [&](int64_t a, int64_t b) {
       for (int64_t r = a; r < b; ++r) {
         const float* g = slot[r] < 0 ? nullptr : summed.data() + slot[r] * width;
-        sweep(pvar + r * width, pm + r * width, pv + r * width, g, width, c);
+        sweep(pvar + r * width, pm + r * width, pv + r * width, g, width, c, 1.0f);
       }
     });
   }
