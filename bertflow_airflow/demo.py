@@ -538,13 +538,21 @@ def _hung_for(process, heartbeat_age: Callable[[], float | None]) -> float | Non
     return None
 
 
-def _kill_tree(process) -> None:
+def _descendants(process) -> list:
     import psutil
 
     with contextlib.suppress(psutil.Error):
-        for member in [process, *process.children(recursive=True)]:
-            with contextlib.suppress(psutil.Error):
-                member.kill()
+        return process.children(recursive=True)
+    return []
+
+
+def _kill_all(processes) -> None:
+    """SIGKILL each psutil process still running (psutil refuses a pid taken by another)."""
+    import psutil
+
+    for member in processes:
+        with contextlib.suppress(psutil.Error):
+            member.kill()
 
 
 def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
@@ -560,6 +568,8 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
     SCHEDULER_STALE_S (`heartbeat_age`: seconds since the newest heartbeat) and is then
     killed with its children, is followed by a new `airflow scheduler` in the same
     environment and log, unless the one started last ended within SCHEDULER_MIN_LIFE_S.
+    What an ended scheduler leaves (the descendants it had when last seen: executor
+    workers, task processes, its log server) is killed first.
     `command`: what starts one (`airflow scheduler` of this venv). Each one runs in a
     session of its own, whose id is appended to `sessions` for _stop_standalone."""
     import psutil
@@ -567,6 +577,7 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
     command = command or [os.path.join(os.path.dirname(sys.executable), "airflow"),
                           "scheduler"]
     scheduler = _standalone_scheduler(proc)
+    family: list = []  # the scheduler's descendants when last seen alive
     replacement: subprocess.Popen | None = None
     started = 0.0
     while proc.poll() is None:
@@ -579,10 +590,15 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
             ended = "exited" + ("" if replacement is None
                                 else f" (exit {replacement.returncode})")
         elif (silent := _hung_for(scheduler, heartbeat_age)) is not None:
-            _kill_tree(scheduler)
+            _kill_all([scheduler, *_descendants(scheduler)])
             ended = f"made no heartbeat for {silent:.0f}s; killed it"
         else:
+            family = _descendants(scheduler)
             continue
+        # A scheduler that was killed leaves its executor workers, task processes and log
+        # server (which keeps the log port from the next one's) running as orphans.
+        _kill_all(family)
+        family = []
         if replacement is not None and time.monotonic() - started < SCHEDULER_MIN_LIFE_S:
             print(f"Airflow's scheduler {ended}, within {SCHEDULER_MIN_LIFE_S:.0f}s of its "
                   f"restart; not starting it again: no run will move. See {log_path}; "

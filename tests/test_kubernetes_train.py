@@ -52,9 +52,13 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def free_port_block(count: int) -> int:
     """A base port with `count` free consecutive ports after it (the backend gives each
-    task base + position; all pods share this host)."""
+    task base + position; all pods share this host). Below the kernel's ephemeral range: a
+    port in it that is free now can become a connection's local port before the pod binds
+    it (a PS chief once failed so, 'Could not start gRPC server', beside a busy test run)."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        high = int(f.read().split()[0]) - count
     for _ in range(200):
-        base = random.randrange(20000, 60000)
+        base = random.randrange(10000, max(high, 10001))
         try:
             with ExitStack() as stack:
                 for port in range(base, base + count):

@@ -42,6 +42,33 @@ def test_a_scheduler_that_keeps_exiting_is_started_once_then_left(tmp_path, monk
     assert log.read_text() == "replacement scheduler ran\n"  # its output went to the log
 
 
+# A stand-in for standalone whose scheduler starts a child (as Airflow's starts executor
+# workers and a log server) and dies 1.5 s later without ending it; the child's pid goes to
+# the file given as argv[2].
+LEAVING = """
+import subprocess, sys, time
+child = "import subprocess, sys, time; open(sys.argv[1], 'w').write(str(subprocess.Popen(" \\
+        "[sys.executable, '-c', 'import time; time.sleep(60)']).pid)); time.sleep(1.5)"
+subprocess.Popen([sys.executable, "-c", child, sys.argv[2], "scheduler"])
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_what_an_ended_scheduler_leaves_is_killed(tmp_path, monkeypatch, capsys):
+    """A scheduler killed by a signal leaves its executor workers and log server running,
+    and the log server keeps the port that the next scheduler's must bind."""
+    monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 0.2)
+    pid_file = tmp_path / "child.pid"
+    standalone = subprocess.Popen([sys.executable, "-c", LEAVING, "4", str(pid_file)])
+    time.sleep(0.5)
+    rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path,
+                                          tmp_path / "standalone.log", lambda: None,
+                                          command=FAILING)
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("Airflow's scheduler exited; starting it again") == 1, err
+    assert _ended(int(pid_file.read_text()))
+
+
 def test_a_running_scheduler_is_left_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 0.2)
     standalone = subprocess.Popen([sys.executable, "-c", STANDALONE.replace(
@@ -78,4 +105,11 @@ def test_a_scheduler_without_heartbeat_is_killed_and_started_again(tmp_path, mon
     assert err.count("made no heartbeat for 300s; killed it, within 120s of its restart; "
                      "not starting it again") == 1, err
     for pid in (hung.pid, *sessions):
-        assert not psutil.pid_exists(pid) or demo._exited(psutil.Process(pid)), pid
+        assert _ended(pid), pid
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return demo._exited(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return True
