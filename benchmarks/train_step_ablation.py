@@ -60,7 +60,16 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
         optimizer = tf_keras.optimizers.AdamW(learning_rate=2e-5, weight_decay=0.01,
                                               epsilon=1e-6, global_clipnorm=DEFAULT_CLIP_NORM)
     else:
-        adamw = ClipPass(model_lib.AdamW) if variant == "clip_pass" else model_lib.AdamW
+        class ClipPassAdamW(model_lib.AdamW):
+            """The clipping as Keras does it (tf.clip_by_global_norm in apply_gradients) and
+            a factor of 1 for the kernel: what the product did before its kernel took it."""
+            def _transform_gradients(self, grads_and_vars):
+                grads_and_vars = tf_keras.optimizers.legacy.Adam._transform_gradients(
+                    self, grads_and_vars)
+                self._clip_factor = tf.ones([])
+                return grads_and_vars
+
+        adamw = ClipPassAdamW if variant == "clip_pass" else model_lib.AdamW
         optimizer = adamw(learning_rate=2e-5, weight_decay=0.01, epsilon=1e-6,
                           exclude_from_weight_decay=model_lib.NO_DECAY, cpu_kernel=kernels,
                           global_clipnorm=DEFAULT_CLIP_NORM)
@@ -95,22 +104,6 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
             tf.profiler.experimental.stop()
             result["op_ms_per_step"] = op_times(Path(trace_dir), len(batches))
     return result
-
-
-def ClipPass(adamw: type) -> type:
-    """tasks.training.model.AdamW with the clipping as Keras does it (tf.clip_by_global_norm
-    in apply_gradients) and a factor of 1 for the kernel: what the product did before its
-    kernel took the factor."""
-    import tensorflow as tf
-    import tf_keras
-
-    class ClipPassAdamW(adamw):
-        def _transform_gradients(self, grads_and_vars):
-            grads_and_vars = tf_keras.optimizers.legacy.Adam._transform_gradients(
-                self, grads_and_vars)
-            self._clip_factor = tf.ones([])
-            return grads_and_vars
-    return ClipPassAdamW
 
 
 def op_times(trace_dir: Path, steps: int) -> dict[str, float]:

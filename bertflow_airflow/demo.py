@@ -590,13 +590,14 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
             ended = "exited" + ("" if replacement is None
                                 else f" (exit {replacement.returncode})")
         elif (silent := _hung_for(scheduler, heartbeat_age)) is not None:
-            _kill_all([scheduler, *_descendants(scheduler)])
+            family = [scheduler, *_descendants(scheduler)]
             ended = f"made no heartbeat for {silent:.0f}s; killed it"
         else:
             family = _descendants(scheduler)
             continue
-        # A scheduler that was killed leaves its executor workers, task processes and log
-        # server (which keeps the log port from the next one's) running as orphans.
+        # A hung scheduler is killed with its children. One that was killed leaves its
+        # executor workers, task processes and log server (which keeps the log port from the
+        # next one's) running as orphans.
         _kill_all(family)
         family = []
         if replacement is not None and time.monotonic() - started < SCHEDULER_MIN_LIFE_S:
