@@ -1,5 +1,6 @@
 """The Airflow tasks that bert_finetune and bert_sweep share: the run's checks before any
-compute, provision and release around the workers, and gate -> approval -> promote.
+compute, provision and release around the workers, and gate_eval -> gate -> approval ->
+promote.
 
 Imported by DAG files at parse time: nothing heavy at module level (the tasks package and
 TensorFlow-free checks are imported inside the task functions).
@@ -9,7 +10,7 @@ from __future__ import annotations
 from airflow.sdk import Asset, AssetAlias, get_current_context, task
 
 from bertflow_airflow.approval import CandidateApproval
-from bertflow_airflow.worker_operator import load_run
+from bertflow_airflow.worker_operator import WorkerStepOperator, load_run
 
 PROMOTED = AssetAlias("bertflow-promoted-model")
 # A mapped task's label in the grid and logs (a sweep's trial values); unmapped tasks ignore it.
@@ -113,8 +114,10 @@ def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
 
 
 def gate_approve_promote(run_uri, export_manifest_uri) -> None:
-    """gate -> approval (a person, only with require_approval and a passed gate; skipped
+    """gate_eval (the candidate and the champion scored on the same test rows, in a worker)
+    -> gate -> approval (a person, only with require_approval and a passed gate; skipped
     otherwise) -> promote, for the run folder that exported the candidate."""
+    compared = WorkerStepOperator(task_id="gate_eval", step="gate_eval", run_uri=run_uri)
     gated = gate(run_uri, export_manifest_uri)
     approval = CandidateApproval(task_id="approval", gate_task_id="gate")
-    gated >> approval >> promote(run_uri, export_manifest_uri)
+    export_manifest_uri >> compared >> gated >> approval >> promote(run_uri, export_manifest_uri)

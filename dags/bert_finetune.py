@@ -1,5 +1,5 @@
 """bert_finetune: validate -> data -> tokenize -> [provision] train -> evaluate [release]
--> export -> gate -> [approval] -> promote.
+-> export -> gate_eval -> gate -> [approval] -> promote.
 
 Thin wiring only: every step is `tasks.<step>.run(cfg, ctx)`. Steps that read the data or
 import TensorFlow (data, tokenize, train, evaluate, export) run as `python -m tasks <step>`
@@ -17,7 +17,8 @@ experiment reuses it (and the tokenized-data cache). Data URIs may name the run'
 `gs://bucket/reviews/{ds}/*.jsonl`.
 Promoted models are asset events on the alias "bertflow-promoted-model" (schedule on it to
 react to a new champion); the event's extra holds the version's lineage.
-After export: gate (the quality gate's decision) -> approval (a person approves, only with
+After export: gate_eval (the candidate and the champion scored on the same test rows) ->
+gate (the quality gate's decision) -> approval (a person approves, only with
 require_approval and when the gate passed; skipped otherwise) -> promote.
 """
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 validate (every trial's config, before any compute) -> prepare_data (once) -> tokenize (once
 per distinct max_seq_length) -> trial[i] (mapped, labelled by its values: wait_for_slot ->
-[provision] train -> evaluate [release]) -> pick_best (by gate_metric) -> export -> gate ->
-[approval] -> promote.
+[provision] train -> evaluate [release]) -> pick_best (by gate_metric) -> export -> gate_eval
+-> gate -> [approval] -> promote.
 
 The trigger form holds every bert_finetune Param (the base config) plus `search_space` (a
 grid or a seeded random space over the training fields, tasks/runs/sweep_space.py) and

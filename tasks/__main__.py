@@ -31,6 +31,7 @@ STEPS = {
     "evaluate": "tasks.steps.evaluate",
     "release": "tasks.steps.release",
     "export": "tasks.steps.export",
+    "gate_eval": "tasks.steps.gate_eval",
     "promote": "tasks.steps.promote",
 }
 

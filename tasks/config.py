@@ -371,8 +371,12 @@ class RunConfig(BaseModel):
     gate_min_value: float = Field(default=0.0, ge=0, le=1, title="Minimum metric value",
                                   description="A model below this is not promoted.")
     gate_max_regression: float = Field(
-        default=0.02, ge=0, le=1, title="Maximum regression",
-        description="A model more than this below the current champion is not promoted.")
+        default=0.0, ge=0, le=1, title="Maximum regression",
+        description="The gate scores the candidate and the champion on the same test rows "
+                    "and promotes when the lower end of the 95% paired-bootstrap interval "
+                    "of (candidate - champion) on the gate metric is at least minus this. "
+                    "0: only a candidate not shown worse than the champion. "
+                    "docs/experiments.md, The quality gate.")
     require_approval: bool = Field(
         default=False, title="Require approval",
         description="After the gate passes, wait for a person to approve the model (the "

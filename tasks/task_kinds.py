@@ -392,8 +392,8 @@ def regression_metrics(truth, predicted) -> dict:
     card and the run page draw."""
     truth, predicted = np.asarray(truth, np.float64), np.asarray(predicted, np.float64)
     return {"mse": float(np.mean((predicted - truth) ** 2)) if len(truth) else 0.0,
-            "pearson": _pearson(truth, predicted),
-            "spearman": _pearson(_ranks(truth), _ranks(predicted)),
+            "pearson": pearson(truth, predicted),
+            "spearman": pearson(average_ranks(truth), average_ranks(predicted)),
             "num_examples": int(len(truth)),
             "binned": binned(truth, predicted)}
 
@@ -414,7 +414,7 @@ def binned(truth, predicted, bins: int = 10) -> dict:
     return {"edges": edges.tolist(), "rows": rows}
 
 
-def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+def pearson(x: np.ndarray, y: np.ndarray) -> float:
     if len(x) < 2:
         return 0.0
     x, y = x - x.mean(), y - y.mean()
@@ -422,7 +422,7 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     return float((x * y).sum() / denominator) if denominator else 0.0
 
 
-def _ranks(values: np.ndarray) -> np.ndarray:
+def average_ranks(values: np.ndarray) -> np.ndarray:
     """1-based ranks, tied values sharing their average rank."""
     order = np.argsort(values, kind="stable")
     sorted_values = values[order]

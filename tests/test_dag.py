@@ -42,7 +42,8 @@ def test_task_ids_and_dependencies(dag):
         "evaluate": {"train"},
         "release": {"evaluate", "provision"},
         "export": {"evaluate", "release"},
-        "gate": {"export"},
+        "gate_eval": {"export"},
+        "gate": {"export", "gate_eval"},
         "approval": {"gate"},
         "promote": {"export", "approval"},
     }

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("tasks.runs",),
     # tasks.model: bertflow's encoder (issue 32), beside training: its layers take the CPU
     # kernels from tasks.training, and the train step's checkpoint loading builds it.
-    ("tasks.training", "tasks.model"),
+    ("tasks.training", "tasks.model", "tasks.gate"),
     ("tasks.provision",),
     ("tasks.steps",),
     ("tasks.__main__",),

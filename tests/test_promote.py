@@ -1,13 +1,18 @@
-"""Quality gate and champion pointer, on local disk, the GCS emulator and moto's S3 server."""
+"""Quality gate and champion pointer, on local disk, the GCS emulator and moto's S3 server.
+
+The gate_eval step's comparisons here come from made-up predictions through the step's own
+record (gate_eval.compared); the step itself, on real SavedModels, is tests/test_gate_eval.py."""
 from __future__ import annotations
 
 import json
 import threading
 
+import numpy as np
 import pytest
 
 from storage_servers import connections, gcs_emulator, root, s3_server  # noqa: F401
-from tasks.steps import promote
+from tasks.gate import unit_scores
+from tasks.steps import gate_eval, promote
 from tasks.runs import runlayout
 from tasks.io import storage
 from tasks.config import parse_config
@@ -37,43 +42,105 @@ def promote_run(cfg, ctx):
     return runlayout.read_manifest(promote.run(cfg, ctx))
 
 
+def judged(cfg, ctx, candidate_right, champion_right, rows=500, **fields):
+    """Write the run's gate_eval manifest as the step does, against the current champion:
+    on `rows` test rows of class "a", the candidate right on the rows `candidate_right` (a
+    slice) and the champion on `champion_right`."""
+    truth = np.zeros(rows, np.int64)
+    scored = {}
+    for side, right in (("candidate", candidate_right), ("champion", champion_right)):
+        predicted = np.ones(rows, np.int64)
+        predicted[right] = 0
+        scored[side] = unit_scores.classification(truth, predicted, ["a", "b"])
+    current = champion(cfg)
+    record = {"version_uri": f"{cfg.export_uri}/m/x", "version": "x",
+              "champion": promote.without_history(current), "metric": cfg.gate_metric_name,
+              "test_sha256": "0" * 64,
+              **gate_eval.compared(scored, "classification", cfg.gate_metric_name, 0), **fields}
+    runlayout.write_manifest(ctx.step_uri("gate_eval"), record)
+    return record
+
+
 def champion(cfg):
     return storage.read_json(promote.champion_uri(cfg))
 
 
-def test_gate_promotes_within_tolerance_and_refuses_regressions(root, tmp_path):
+def test_gate_promotes_a_candidate_not_shown_worse_on_the_same_rows(root, tmp_path):
     cfg, ctx = exported_run(root, tmp_path, "v1", 0.80)
     first = promote_run(cfg, ctx)
     assert first["promoted"] and "no champion yet" in first["reason"]
     assert champion(cfg)["version"] == "v1" and champion(cfg)["previous"] is None
 
-    cfg, ctx = exported_run(root, tmp_path, "v2", 0.79)  # within gate_max_regression 0.02
+    # v2's own evaluation says 0.70, below v1's stored 0.80; on the same rows it is better.
+    cfg, ctx = exported_run(root, tmp_path, "v2", 0.70)
+    judged(cfg, ctx, slice(0, 450), slice(0, 400))
     second = promote_run(cfg, ctx)
     assert second["promoted"] and second["champion_before"]["version"] == "v1"
+    assert second["reason"] == ("accuracy 0.9000 vs champion v1 0.8000 on the same 500 rows: "
+                                "+0.1000 [+0.0760, +0.1280] (95% paired bootstrap)")
     assert champion(cfg)["version"] == "v2"
     assert champion(cfg)["previous"]["version"] == "v1"
 
-    cfg, ctx = exported_run(root, tmp_path, "v3", 0.70)
+    # v3's own evaluation says 0.95; on the same rows it is worse than v2.
+    cfg, ctx = exported_run(root, tmp_path, "v3", 0.95)
+    judged(cfg, ctx, slice(0, 400), slice(0, 450))
     third = promote_run(cfg, ctx)
-    assert not third["promoted"] and "regresses by more than" in third["reason"]
-    assert third["value"] == 0.70 and third["champion_before"]["version"] == "v2"
+    assert not third["promoted"] and "lower end is below -gate_max_regression" in third["reason"]
+    assert third["value"] == 0.95 and third["champion_before"]["version"] == "v2"
     assert champion(cfg)["version"] == "v2"
     assert storage.is_complete(third["version_uri"])  # kept, just not promoted
 
 
-def test_gate_minimum_and_metric_choice(tmp_path):
+def test_the_tolerance_applies_to_the_intervals_lower_end(tmp_path):
+    root = str(tmp_path / "store")
+    promote_run(*exported_run(root, tmp_path, "v1", 0.80))
+    # One row worse in 500: the interval is below 0, but not by 0.01.
+    for tolerance, promoted in ((0.0, False), (0.01, True)):
+        cfg, ctx = exported_run(root, tmp_path, f"v2-{tolerance}", 0.80,
+                                gate_max_regression=tolerance)
+        record = judged(cfg, ctx, slice(1, 400), slice(0, 400))
+        assert -0.01 < record["difference"]["low"] < 0
+        assert promote.check(cfg, ctx)["passed"] is promoted
+
+
+def test_a_champion_the_step_did_not_compare_is_not_replaced(tmp_path):
+    root = str(tmp_path / "store")
+    promote_run(*exported_run(root, tmp_path, "v1", 0.80))
+    cfg, ctx = exported_run(root, tmp_path, "v2", 0.90)
+    missing = promote_run(cfg, ctx)  # gate_eval never ran for v2
+    assert not missing["promoted"] and "gate_eval did not run" in missing["reason"]
+    judged(cfg, ctx, slice(0, 450), slice(0, 400))
+    other_cfg, other_ctx = exported_run(root, tmp_path, "v3", 0.90)
+    judged(other_cfg, other_ctx, slice(0, 450), slice(0, 400))
+    assert promote_run(other_cfg, other_ctx)["promoted"]  # v3 replaces v1 meanwhile
+    stale = promote_run(cfg, ctx)
+    assert not stale["promoted"] and stale["reason"] == (
+        "the champion is v3, but gate_eval compared with v1; run the gate_eval step again, "
+        "then the gate")
+    assert champion(cfg)["version"] == "v3"
+
+
+def test_a_champion_that_cannot_be_compared_falls_to_the_first_model_rule(tmp_path):
+    root = str(tmp_path / "store")
+    promote_run(*exported_run(root, tmp_path, "v1", 0.80))
+    cfg, ctx = exported_run(root, tmp_path, "v2", 0.60)
+    runlayout.write_manifest(ctx.step_uri("gate_eval"), {
+        "champion": promote.without_history(champion(cfg)), "metric": "accuracy",
+        "comparable": False, "reason": "the champion's labels (3) differ from this run's (2)"})
+    result = promote_run(cfg, ctx)
+    assert result["promoted"] and result["reason"] == (
+        "accuracy 0.6000; champion v1 is not comparable (the champion's labels (3) differ "
+        "from this run's (2)): judged by the first-model rule")
+
+
+def test_gate_minimum(tmp_path):
     root = str(tmp_path / "store")
     cfg, ctx = exported_run(root, tmp_path, "v1", 0.60, gate_min_value=0.65)
     result = promote_run(cfg, ctx)
     assert not result["promoted"] and "below gate_min_value" in result["reason"]
     assert not storage.exists(promote.champion_uri(cfg))
-
     cfg, ctx = exported_run(root, tmp_path, "v2", 0.60, gate_metric="macro_f1")
     assert promote_run(cfg, ctx)["value"] == pytest.approx(0.5)
-    # The next run gates on accuracy: the champion's accuracy is read from its metrics.json.
-    cfg, ctx = exported_run(root, tmp_path, "v3", 0.50)
-    result = promote_run(cfg, ctx)
-    assert not result["promoted"] and "champion v2 0.6000" in result["reason"]
 
 
 def test_retry_after_promotion_changes_nothing(tmp_path):
@@ -113,11 +180,15 @@ def test_concurrent_promotions_lose_nothing(root, tmp_path, monkeypatch):
     for t in threads:
         t.join()
 
-    assert all(r["promoted"] for r in results.values())
+    # The first write wins; the other re-reads the pointer and finds a champion its
+    # gate_eval never compared it with, so it is refused, not written over the winner.
     final = champion(runs[0][0])
     loser = {"v1": "v2", "v2": "v1"}[final["version"]]
-    assert final["previous"]["version"] == loser  # the first promotion is recorded, not lost
-    assert results[f"run-{final['version']}"]["champion_before"]["version"] == loser
+    assert results[f"run-{final['version']}"]["promoted"]
+    lost = results[f"run-{loser}"]
+    assert not lost["promoted"] and "gate_eval did not run" in lost["reason"]
+    assert lost["champion_before"]["version"] == final["version"]
+    assert final["previous"] is None
     assert storage.is_complete(f"{root}/models/m/v1") and storage.is_complete(
         f"{root}/models/m/v2")
 
@@ -133,22 +204,27 @@ def champion_then_candidate(tmp_path, accuracy, timeout_minutes):
     before = storage.read_bytes(promote.champion_uri(cfg))
     cfg, ctx = exported_run(root, tmp_path, "v2", accuracy, require_approval=True,
                             approval_timeout_minutes=timeout_minutes)
+    judged(cfg, ctx, slice(0, round(accuracy * 500)), slice(0, 400))
     return cfg, ctx, before, root
 
 
 def test_check_decides_without_moving_the_pointer_and_shows_both_sides(tmp_path):
-    cfg, ctx, before, root = champion_then_candidate(tmp_path, 0.79, 30)
+    cfg, ctx, before, root = champion_then_candidate(tmp_path, 0.9, 30)
     result = promote.check(cfg, ctx)
     assert result["passed"] and result["require_approval"] and result["version"] == "v2"
-    assert result["metrics"] == {"accuracy": 0.79, "macro_f1": pytest.approx(0.69)}
+    # Both models' figures on the same 500 test rows, not each one's own evaluation.
+    assert result["metrics"]["accuracy"] == 0.9 and result["champion_metrics"]["accuracy"] == 0.8
+    assert result["comparison"]["units"] == 500
     assert result["champion"]["version"] == "v1"
-    assert result["champion_metrics"] == {"accuracy": 0.80, "macro_f1": pytest.approx(0.70)}
     assert storage.read_bytes(promote.champion_uri(cfg)) == before
     assert runlayout.read_manifest(ctx.manifest_uri("gate")) == result
 
     subject, body = promote.approval_request(result, "/bertflow/runs/bert_finetune/run-v2")
-    assert subject == "Promote m v2? accuracy 0.7900 vs champion v1 0.8000"
-    assert "| accuracy | 0.7900 | 0.8000 |" in body and "| macro_f1 | 0.6900 | 0.7000 |" in body
+    difference = result["comparison"]["difference"]
+    assert subject == (f"Promote m v2? accuracy 0.9000 vs champion v1 0.8000, +0.1000 "
+                       f"[{difference['low']:+.4f}, {difference['high']:+.4f}]")
+    assert "| accuracy | 0.9000 | 0.8000 |" in body
+    assert "same 500 test rows" in body and "0" * 64 in body
     assert "(/bertflow/runs/bert_finetune/run-v2)" in body and "30 minutes" in body
     assert result["champion_run"] is None and "side by side" not in body  # v1 has no lineage
 
@@ -162,8 +238,9 @@ def test_check_decides_without_moving_the_pointer_and_shows_both_sides(tmp_path)
     assert f"[side by side with the champion's run]({compare})" in body
 
     cfg, ctx = exported_run(root, tmp_path, "v3", 0.50)
+    judged(cfg, ctx, slice(0, 250), slice(0, 400))
     refused = promote.check(cfg, ctx)
-    assert not refused["passed"] and "regresses" in refused["reason"]
+    assert not refused["passed"] and "lower end is below" in refused["reason"]
 
 
 @pytest.mark.parametrize("answer, reason", [
@@ -212,9 +289,22 @@ def test_the_approval_tables_the_tasks_own_metrics(tmp_path):
                             "require_approval": version == "v2"})
         runs.append((cfg, ctx))
     promote_run(*runs[0])
-    result = promote.check(*runs[1])
+    # 40 sentences with one person each: v2 finds 30 of them, the champion 20.
+    tags = ["B-PER", "O"], ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+    truth = [tags[0]] * 40
+    scored = {side: unit_scores.entities(truth, [{("PER", 0, 1)} if i < found else set()
+                                                 for i in range(40)], tags[1])
+              for side, found in (("candidate", 30), ("champion", 20))}
+    cfg, ctx = runs[1]
+    runlayout.write_manifest(ctx.step_uri("gate_eval"), {
+        "champion": promote.without_history(champion(cfg)), "test_sha256": "0" * 64,
+        "metric": "f1",
+        **gate_eval.compared(scored, "token_classification", "f1", 0)})
+    result = promote.check(cfg, ctx)
     assert result["metric"] == "f1" and result["passed"]
     assert list(result["metrics"]) == ["f1", "macro_f1", "precision", "recall"]
+    assert result["comparison"]["unit"] == "sentences"
     _, body = promote.approval_request(result, "/bertflow/runs/bert_finetune/run-v2")
-    assert "| f1 | 0.4500 | 0.4000 |" in body and "| recall | 0.4000 | 0.3500 |" in body
+    # f1 2*30/(40+30) and 2*20/(40+20); recall 30/40 and 20/40
+    assert "| f1 | 0.8571 | 0.6667 |" in body and "| recall | 0.7500 | 0.5000 |" in body
     assert "accuracy" not in body

@@ -46,7 +46,7 @@ FROM_BEST = ("learning_rate", "epochs", "per_replica_batch_size", "global_batch_
              "version", "export_location", "export_location_id", "promoted", "promote_reason")
 # Worker log files (tasks/provision/worker_logs.py): {run}/{step}/logs/{role}-{index}.log,
 # the newest attempt's, and {role}-{index}.attempt-{n}.log, each provisioning attempt's own.
-LOG_STEPS = ("data", "tokenize", "train", "evaluate", "export")
+LOG_STEPS = ("data", "tokenize", "train", "evaluate", "export", "gate_eval")
 LOG_NAME = re.compile(r"(?P<worker>(chief|worker|ps|evaluator)-\d{1,5})"
                       r"(\.attempt-(?P<attempt>\d{1,5}))?\.log")
 
@@ -351,7 +351,7 @@ def run_detail(root: str, dag_id: str, run_key: str, *,
         "gate": _dict(join_uri(run, "gate", "manifest.json")) or None,
         "goodput_detail": train_goodput(run),
         "steps_done": [s for s in ("data", "tokenize", "provision", "train", "evaluate",
-                                   "release", "export", "gate", "promote")
+                                   "release", "export", "gate_eval", "gate", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],
         "logs": worker_logs(root, dag_id, run_key),
         "sweep": None, "sweep_record": None, "best": None, "trial_of": None,

@@ -66,24 +66,26 @@ def check(cfg: RunConfig, ctx: RunContext) -> dict:
     value = float(metrics[cfg.gate_metric_name])
     current = storage.read_versioned(champion_uri(cfg))
     champion = json.loads(current[0]) if current else None
+    comparison = read_comparison(ctx)
     if champion and champion["version_uri"] == version_uri:
         passed, reason = True, f"{exported['version']} is already the champion"
     else:
-        passed, reason = gate(cfg, value, champion)
-    # What the approval task tables: the task's metrics (classification: accuracy, macro_f1).
+        passed, reason = gate(cfg, value, champion, comparison)
+    # What the approval task tables: the task's metrics (classification: accuracy, macro_f1),
+    # both models' on the same test rows when they could be compared.
     kind = task_kind(cfg.task)
     shown = kind.gate_metrics + kind.reported_metrics
-    champion_metrics, champion_run = None, None
+    ours, champion_metrics, champion_run = {k: metrics.get(k) for k in shown}, None, None
     if champion:
         champion_run = _run_of(champion["version_uri"])
-        stored = _metrics_or_none(champion["version_uri"])
-        champion_metrics = {k: (stored or {}).get(k) for k in shown}
-        champion_metrics[champion["metric"]] = champion["value"]
+    if _compared(comparison, champion):
+        ours = comparison["metrics"]["candidate"]
+        champion_metrics = comparison["metrics"]["champion"]
     result = {"passed": passed, "reason": reason, "version": exported["version"],
               "version_uri": version_uri, "model_name": cfg.model_name,
               "metric": cfg.gate_metric_name, "value": value,
-              "metrics": {k: metrics.get(k) for k in shown},
-              "champion": _without_history(champion), "champion_metrics": champion_metrics,
+              "metrics": ours, "comparison": comparison,
+              "champion": without_history(champion), "champion_metrics": champion_metrics,
               "champion_run": champion_run,
               "require_approval": cfg.require_approval,
               "approval_timeout_minutes": cfg.approval_timeout_minutes,
@@ -109,17 +111,29 @@ def approval_request(result: dict, run_page: str, compare_page: str = "") -> tup
     known, to the two runs side by side."""
     champion = result.get("champion") or {}
     ours, theirs = result["metrics"], result.get("champion_metrics") or {}
-    subject = (f"Promote {result['model_name']} {result['version']}? "
-               f"{result['metric']} {result['value']:.4f}" +
-               (f" vs champion {champion['version']} {champion['value']:.4f}"
-                if champion else " (no champion yet)"))
+    comparison = result.get("comparison")
+    compared = _compared(comparison, champion or None)
+    value = f"{result['metric']} {result['value']:.4f}"
+    if compared:
+        d = comparison["difference"]
+        value = (f"{result['metric']} {d['candidate']:.4f} vs champion {champion['version']} "
+                 f"{d['champion']:.4f}, {d['difference']:+.4f} [{d['low']:+.4f}, "
+                 f"{d['high']:+.4f}]")
+    elif champion:
+        value += f" (champion {champion['version']} not compared)"
+    else:
+        value += " (no champion yet)"
+    subject = f"Promote {result['model_name']} {result['version']}? {value}"
 
     def cell(value) -> str:
         return "–" if value is None else f"{float(value):.4f}"
 
     rows = "\n".join(f"| {name} | {cell(ours.get(name))} | {cell(theirs.get(name))} |"
                      for name in ours)
-    body = (f"The quality gate passed: {result['reason']}.\n\n"
+    rows_line = (f"Both models scored on the same {comparison['units']:,} test "
+                 f"{comparison['unit']} (test data sha256 `{comparison['test_sha256']}`).\n\n"
+                 if compared else "")
+    body = (f"The quality gate passed: {result['reason']}.\n\n{rows_line}"
             f"| metric | candidate {result['version']} | champion "
             f"{champion.get('version', '(none)')} |\n|---|---|---|\n{rows}\n\n"
             f"Gate metric: `{result['metric']}`. Run `{result['run_id']}`: "
@@ -144,20 +158,21 @@ def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> st
             "champion_uri": pointer, "approval": asdict(approval),
             "champion_before": json.loads(current[0]) if current else None})
 
+    comparison = read_comparison(ctx)
     for _ in range(ATTEMPTS):
         current = storage.read_versioned(pointer)
         champion = json.loads(current[0]) if current else None
         if champion and champion["version_uri"] == version_uri:  # a retry after promoting
             promoted, reason = True, f"{exported['version']} is already the champion"
             break
-        promoted, reason = gate(cfg, value, champion)
+        promoted, reason = gate(cfg, value, champion, comparison)
         if not promoted:
             break
         if approval is not None:
             reason = f"{reason}; {approval.reason(cfg)}"
         record = {"version": exported["version"], "version_uri": version_uri,
                   "metric": cfg.gate_metric_name, "value": value,
-                  "previous": _without_history(champion),
+                  "previous": without_history(champion),
                   "promoted_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "dag_id": ctx.dag_id, "run_id": ctx.run_id}
         body = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
@@ -173,35 +188,61 @@ def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> st
         **({"approval": asdict(approval)} if approval is not None else {})})
 
 
-def gate(cfg: RunConfig, value: float, champion: dict | None) -> tuple[bool, str]:
-    """(promote?, why) for a new model scoring `value` on cfg.gate_metric_name."""
+def read_comparison(ctx: RunContext) -> dict | None:
+    """The gate_eval step's manifest (tasks/steps/gate_eval.py), None if it did not run."""
+    uri = ctx.manifest_uri("gate_eval")
+    return runlayout.read_manifest(uri) if storage.exists(uri) else None
+
+
+def _compared(comparison: dict | None, champion: dict | None) -> bool:
+    """Whether `comparison` scored both models and its champion is `champion`."""
+    return bool(comparison and champion and comparison.get("comparable")
+                and (comparison.get("champion") or {}).get("version_uri")
+                == champion["version_uri"])
+
+
+def describe(comparison: dict) -> str:
+    """'f1 0.9120 vs champion v2 0.9050 on the same 2,000 rows: +0.0070 [-0.0020, +0.0160]'"""
+    d = comparison["difference"]
+    return (f"{d['metric']} {d['candidate']:.4f} vs champion "
+            f"{comparison['champion']['version']} {d['champion']:.4f} on the same "
+            f"{d['units']:,} {comparison['unit']}: {d['difference']:+.4f} "
+            f"[{d['low']:+.4f}, {d['high']:+.4f}] ({d['confidence']:.0%} paired bootstrap)")
+
+
+def gate(cfg: RunConfig, value: float, champion: dict | None,
+         comparison: dict | None) -> tuple[bool, str]:
+    """(promote?, why) for a candidate scoring `value` on cfg.gate_metric_name in its own
+    evaluation, given the gate_eval step's `comparison` with the champion (docs/experiments.md,
+    The quality gate).
+
+    Both models were scored on the same test rows: promote when the lower end of the paired
+    bootstrap's 95% interval of (candidate - champion) is at least -gate_max_regression.
+    No champion, or one that cannot be compared (another task, other labels): the first-model
+    rule, gate_min_value alone."""
     metric = cfg.gate_metric_name
     if value < cfg.gate_min_value:
         return False, f"{metric} {value:.4f} is below gate_min_value {cfg.gate_min_value}"
     if champion is None:
         return True, f"{metric} {value:.4f}; no champion yet"
-    best = _champion_value(champion, metric)
-    comparison = f"{metric} {value:.4f} vs champion {champion['version']} {best:.4f}"
-    if value < best - cfg.gate_max_regression:
-        return False, f"{comparison}: regresses by more than gate_max_regression " \
-                      f"{cfg.gate_max_regression}"
-    return True, comparison
+    seen = (comparison or {}).get("champion") or {}
+    if comparison is None or seen.get("version_uri") != champion["version_uri"]:
+        compared = f"compared with {seen['version']}" if seen else "did not run"
+        return False, (f"the champion is {champion['version']}, but gate_eval {compared}; "
+                       f"run the gate_eval step again, then the gate")
+    if not comparison["comparable"]:
+        return True, (f"{metric} {value:.4f}; champion {champion['version']} is not "
+                      f"comparable ({comparison['reason']}): judged by the first-model rule")
+    if comparison["metric"] != metric:
+        return False, (f"gate_eval compared {comparison['metric']}, the gate reads {metric}; "
+                       f"run gate_eval again")
+    low = comparison["difference"]["low"]
+    if low < -cfg.gate_max_regression:
+        return False, (f"{describe(comparison)}: the interval's lower end is below "
+                       f"-gate_max_regression ({-cfg.gate_max_regression:g})")
+    return True, describe(comparison)
 
 
-def _champion_value(champion: dict, metric: str) -> float:
-    # A champion promoted under another gate metric is compared on this run's metric.
-    if champion["metric"] == metric:
-        return float(champion["value"])
-    return float(storage.read_json(join_uri(champion["version_uri"], "metrics.json"))[metric])
-
-
-def _metrics_or_none(version_uri: str) -> dict | None:
-    try:
-        return storage.read_json(join_uri(version_uri, "metrics.json"))
-    except (StorageError, ValueError):
-        return None
-
-
-def _without_history(champion: dict | None) -> dict | None:
+def without_history(champion: dict | None) -> dict | None:
     # One level of history keeps the pointer small; older champions are in their manifests.
     return {k: v for k, v in champion.items() if k != "previous"} if champion else None

@@ -61,7 +61,7 @@ RUNTIME_ENV = frozenset({"TF_CONFIG"})
 PRELOAD = ("tensorflow", "tensorflow_text", "tasks.model.classifier",
            "tasks.provision.launcher", "tasks.runs.runlayout", "tasks.steps.data",
            "tasks.steps.tokenize", "tasks.steps.train", "tasks.steps.evaluate",
-           "tasks.steps.export")
+           "tasks.steps.export", "tasks.steps.gate_eval")
 
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
