@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({'reused from an earlier run' if tokenized['reused'] else 'new'})")
     print(f"Exported model: {exported['version_uri']}")
     print(f"Eval metrics:   {json.dumps(metrics)}")
-    print(f"Promoted:       {promoted['promoted']}")
+    print(f"Promoted:       {promoted['promoted']}: {promoted['reason']}")
     rows = sample_rows(run_uri)
     with storage.staged_local_dir(join_uri(exported["version_uri"], "saved_model")) as path:
         predictions = predict_in_fresh_process(str(path), rows)

@@ -109,6 +109,10 @@ def test_a_champion_the_step_did_not_compare_is_not_replaced(tmp_path):
     cfg, ctx = exported_run(root, tmp_path, "v2", 0.90)
     missing = promote_run(cfg, ctx)  # gate_eval never ran for v2
     assert not missing["promoted"] and "gate_eval did not run" in missing["reason"]
+    runlayout.write_manifest(ctx.step_uri("gate_eval"), {  # it ran before v1 was promoted
+        "champion": None, "metric": "accuracy", "comparable": False, "reason": "no champion yet"})
+    early = promote_run(cfg, ctx)
+    assert not early["promoted"] and "gate_eval found no champion" in early["reason"]
     judged(cfg, ctx, slice(0, 450), slice(0, 400))
     other_cfg, other_ctx = exported_run(root, tmp_path, "v3", 0.90)
     judged(other_cfg, other_ctx, slice(0, 450), slice(0, 400))

@@ -227,7 +227,8 @@ def gate(cfg: RunConfig, value: float, champion: dict | None,
         return True, f"{metric} {value:.4f}; no champion yet"
     seen = (comparison or {}).get("champion") or {}
     if comparison is None or seen.get("version_uri") != champion["version_uri"]:
-        compared = f"compared with {seen['version']}" if seen else "did not run"
+        compared = (f"compared with {seen['version']}" if seen else
+                    "found no champion" if comparison else "did not run")
         return False, (f"the champion is {champion['version']}, but gate_eval {compared}; "
                        f"run the gate_eval step again, then the gate")
     if not comparison["comparable"]:
