@@ -92,7 +92,7 @@ def process_env(environ, *updates: dict[str, str]) -> dict[str, str]:
 
 DISTRIBUTED_STEPS = ("train", "evaluate")
 # Steps that run as workers (they read the data or import TensorFlow), in pipeline order.
-WORKER_STEPS = ("data", "tokenize", "train", "evaluate", "export", "gate_eval")
+WORKER_STEPS = ("data", "tokenize", "train", "evaluate", "export")
 
 
 def step_spec(cfg: RunConfig, step: str, run_uri: str) -> WorkerSpec:
