@@ -491,11 +491,16 @@ def test_approval_shows_the_candidate_next_to_the_champion(server, approved):
     assert request["ti_state"] == "awaiting_input"  # no worker slot while it waits
     assert request["options"] == ["Approve", "Reject"] and request["defaults"] == ["Reject"]
     gate = storage.read_json(join_uri(approved["run_uri"], "gate", "manifest.json"))
+    # Both models scored on the same test rows by gate_eval, with the paired interval.
+    d = gate["comparison"]["difference"]
+    assert gate["comparison"]["champion"]["version"] == before["version"]
     assert request["subject"] == (
-        f"Promote bert-classifier {gate['version']}? accuracy {gate['value']:.4f} vs "
-        f"champion {before['version']} {before['value']:.4f}")
+        f"Promote bert-classifier {gate['version']}? accuracy {d['candidate']:.4f} vs "
+        f"champion {before['version']} {d['champion']:.4f}, {d['difference']:+.4f} "
+        f"[{d['low']:+.4f}, {d['high']:+.4f}]")
     body = request["body"]
-    assert f"| accuracy | {gate['metrics']['accuracy']:.4f} | {before['value']:.4f} |" in body
+    assert f"| accuracy | {d['candidate']:.4f} | {d['champion']:.4f} |" in body
+    assert f"same {gate['comparison']['units']:,} test rows" in body
     run_key = approved["run_uri"].rstrip("/").rsplit("/", 1)[1]
     assert f"/bertflow/runs/{DAG_ID}/{run_key})" in body  # the run's page
 
