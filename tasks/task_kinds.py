@@ -368,6 +368,29 @@ def _token_keras_accuracy(name: str):
 
 
 # --- evaluation ------------------------------------------------------------------------------
+def classification_metrics(matrix, labels: list[str]) -> dict:
+    """Accuracy, macro-F1 and per-class precision/recall/F1/support from a confusion matrix
+    (rows: true label, columns: predicted). A ratio with a zero denominator counts as 0."""
+    matrix = np.asarray(matrix, dtype=np.int64)
+    correct = np.diag(matrix).astype(float)
+    support = matrix.sum(axis=1)
+    predicted = matrix.sum(axis=0)
+    precision = ratio(correct, predicted)
+    recall = ratio(correct, support)
+    f1 = ratio(2 * precision * recall, precision + recall)
+    total = int(matrix.sum())
+    return {
+        "accuracy": float(correct.sum() / total) if total else 0.0,
+        "macro_f1": float(f1.mean()),
+        "per_class": {label: {"precision": float(precision[i]), "recall": float(recall[i]),
+                              "f1": float(f1[i]), "support": int(support[i])}
+                      for i, label in enumerate(labels)},
+        "confusion_matrix": matrix.tolist(),
+        "labels": list(labels),
+        "num_examples": total,
+    }
+
+
 def multi_label_metrics(counts, labels: list[str], threshold: float) -> dict:
     """From summed counts: tp, fp, fn per label [3, L] and (exact rows, rows)."""
     tp, fp, fn = (np.asarray(x, np.float64) for x in counts["per_label"])

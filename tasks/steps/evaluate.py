@@ -30,8 +30,8 @@ from tasks.io import storage
 from tasks.config import RunConfig
 from tasks.runs.runlayout import RunContext, read_manifest
 from tasks.steps import evaluation_publish
-from tasks.task_kinds import (IGNORED, TaskKind, kind as task_kind, multi_label_metrics,
-                              ratio, regression_metrics)
+from tasks.task_kinds import (IGNORED, TaskKind, classification_metrics, kind as task_kind,
+                              multi_label_metrics, regression_metrics)
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
@@ -256,27 +256,3 @@ def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False
         add_batch)().numpy()
     tags = tags[tags[:, 0, 0] != inputs.PAD_LABEL]
     return tags[:, 0], tags[:, 1]
-
-
-def classification_metrics(matrix, labels: list[str]) -> dict:
-    """Accuracy, macro-F1 and per-class precision/recall/F1/support from a confusion matrix
-    (rows: true label, columns: predicted). A ratio with a zero denominator counts as 0."""
-    matrix = np.asarray(matrix, dtype=np.int64)
-    correct = np.diag(matrix).astype(float)
-    support = matrix.sum(axis=1)
-    predicted = matrix.sum(axis=0)
-    precision = ratio(correct, predicted)
-    recall = ratio(correct, support)
-    f1 = ratio(2 * precision * recall, precision + recall)
-    total = int(matrix.sum())
-    return {
-        "accuracy": float(correct.sum() / total) if total else 0.0,
-        "macro_f1": float(f1.mean()),
-        "per_class": {label: {"precision": float(precision[i]), "recall": float(recall[i]),
-                              "f1": float(f1[i]), "support": int(support[i])}
-                      for i, label in enumerate(labels)},
-        "confusion_matrix": matrix.tolist(),
-        "labels": list(labels),
-        "num_examples": total,
-    }
-

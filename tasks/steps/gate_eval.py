@@ -76,11 +76,12 @@ def compared(scored: dict[str, unit_scores.UnitScores], task: str, metric: str,
     kind = task_kind(task)
     names = kind.gate_metrics + kind.reported_metrics
     difference = paired_difference(metric, scored["candidate"], scored["champion"], seed=seed)
+    reports = {side: s.report() for side, s in scored.items()}
     return {"comparable": True, "reason": "", "units": difference.units,
             "unit": "sentences" if kind.per_token else "rows",
-            "metrics": {side: {name: s.metric(name) for name in names}
-                        for side, s in scored.items()},
-            "per_class": {side: s.per_class_f1() for side, s in scored.items()},
+            "metrics": {side: {name: float(report[name]) for name in names}
+                        for side, report in reports.items()},
+            "per_class": {side: s.per_class_f1(reports[side]) for side, s in scored.items()},
             "difference": difference.as_dict()}
 
 

@@ -115,10 +115,7 @@ def approval_request(result: dict, run_page: str, compare_page: str = "") -> tup
     compared = _compared(comparison, champion or None)
     value = f"{result['metric']} {result['value']:.4f}"
     if compared:
-        d = comparison["difference"]
-        value = (f"{result['metric']} {d['candidate']:.4f} vs champion {champion['version']} "
-                 f"{d['champion']:.4f}, {d['difference']:+.4f} [{d['low']:+.4f}, "
-                 f"{d['high']:+.4f}]")
+        value = ", ".join(_figures(comparison))
     elif champion:
         value += f" (champion {champion['version']} not compared)"
     else:
@@ -194,20 +191,31 @@ def read_comparison(ctx: RunContext) -> dict | None:
     return runlayout.read_manifest(uri) if storage.exists(uri) else None
 
 
+def _compared_with(comparison: dict | None, champion: dict | None) -> bool:
+    """Whether gate_eval's `comparison` looked at `champion` (compared or not)."""
+    seen = (comparison or {}).get("champion") or {}
+    return bool(champion) and seen.get("version_uri") == champion["version_uri"]
+
+
 def _compared(comparison: dict | None, champion: dict | None) -> bool:
     """Whether `comparison` scored both models and its champion is `champion`."""
-    return bool(comparison and champion and comparison.get("comparable")
-                and (comparison.get("champion") or {}).get("version_uri")
-                == champion["version_uri"])
+    return _compared_with(comparison, champion) and bool(comparison.get("comparable"))
+
+
+def _figures(comparison: dict) -> tuple[str, str]:
+    """('f1 0.9120 vs champion v2 0.9050', '+0.0070 [-0.0020, +0.0160]')"""
+    d = comparison["difference"]
+    return (f"{d['metric']} {d['candidate']:.4f} vs champion "
+            f"{comparison['champion']['version']} {d['champion']:.4f}",
+            f"{d['difference']:+.4f} [{d['low']:+.4f}, {d['high']:+.4f}]")
 
 
 def describe(comparison: dict) -> str:
-    """'f1 0.9120 vs champion v2 0.9050 on the same 2,000 rows: +0.0070 [-0.0020, +0.0160]'"""
-    d = comparison["difference"]
-    return (f"{d['metric']} {d['candidate']:.4f} vs champion "
-            f"{comparison['champion']['version']} {d['champion']:.4f} on the same "
-            f"{d['units']:,} {comparison['unit']}: {d['difference']:+.4f} "
-            f"[{d['low']:+.4f}, {d['high']:+.4f}] ({d['confidence']:.0%} paired bootstrap)")
+    """'f1 0.9120 vs champion v2 0.9050 on the same 2,000 rows: +0.0070 [-0.0020, +0.0160]
+    (95% paired bootstrap)'"""
+    figures, interval = _figures(comparison)
+    return (f"{figures} on the same {comparison['units']:,} {comparison['unit']}: {interval} "
+            f"({comparison['difference']['confidence']:.0%} paired bootstrap)")
 
 
 def gate(cfg: RunConfig, value: float, champion: dict | None,
@@ -225,8 +233,8 @@ def gate(cfg: RunConfig, value: float, champion: dict | None,
         return False, f"{metric} {value:.4f} is below gate_min_value {cfg.gate_min_value}"
     if champion is None:
         return True, f"{metric} {value:.4f}; no champion yet"
-    seen = (comparison or {}).get("champion") or {}
-    if comparison is None or seen.get("version_uri") != champion["version_uri"]:
+    if not _compared_with(comparison, champion):
+        seen = (comparison or {}).get("champion")
         compared = (f"compared with {seen['version']}" if seen else
                     "found no champion" if comparison else "did not run")
         return False, (f"the champion is {champion['version']}, but gate_eval {compared}; "

@@ -50,12 +50,18 @@ def count_entities(true_tags: Iterable[Sequence[str]], predicted_tags: Iterable[
     for truth, predicted in zip(true_tags, predicted_tags, strict=True):
         if len(truth) != len(predicted):
             raise ValueError(f"{len(truth)} true tags but {len(predicted)} predicted")
-        true_chunks, predicted_chunks = set(chunks(truth)), set(chunks(predicted))
-        for column, found in ((TRUE, true_chunks), (PREDICTED, predicted_chunks),
-                              (CORRECT, true_chunks & predicted_chunks)):
-            for kind, _, _ in found:
-                counts[row[kind], column] += 1
+        add_chunk_counts(counts, set(chunks(truth)), set(chunks(predicted)), row)
     return counts
+
+
+def add_chunk_counts(counts: np.ndarray, true_chunks: set, predicted_chunks: set,
+                     row: dict[str, int]) -> None:
+    """Add one sentence's true, predicted and correct chunks (type, start, end) to `counts`
+    [types, 3], at the rows `row` gives each type."""
+    for column, found in ((TRUE, true_chunks), (PREDICTED, predicted_chunks),
+                          (CORRECT, true_chunks & predicted_chunks)):
+        for kind, _, _ in found:
+            counts[row[kind], column] += 1
 
 
 def count_entity_ids(label_ids: np.ndarray, predicted_ids: np.ndarray,
