@@ -2,9 +2,9 @@
 
 Scheduled on the asset `bertflow-training-data`. A producer announces data with an asset
 event whose extra names it: `{"train_uri": "s3://bucket/reviews/2024-06-01/"}` (a file, a
-prefix ending in `/` or a glob, as `train_uri` takes them) and optionally `"eval_uri"`; without
-one, bert_finetune holds out a split of the new data rather than evaluating on its default
-evaluation file. Every other setting is bert_finetune's default. When several events arrive
+prefix ending in `/` or a glob, as `train_uri` takes them) and optionally `"test_uri"` (or its
+former name `"eval_uri"`) and `"validation_uri"`; without a test file, bert_finetune holds out
+a split of the new data rather than evaluating on its default evaluation file. Every other setting is bert_finetune's default. When several events arrive
 before a run starts, the newest one wins.
 
 Producers:
@@ -39,7 +39,9 @@ def bert_retrain_on_data():
             raise ValueError(f"asset event {event.timestamp} of {TRAINING_DATA.name} has no "
                              f"'train_uri' in its extra (got keys {sorted(extra)}); see "
                              "this DAG's docs for how to announce data")
-        return {"train_uri": extra["train_uri"], "eval_uri": extra.get("eval_uri", "")}
+        return {"train_uri": extra["train_uri"],
+                "test_uri": extra.get("test_uri") or extra.get("eval_uri", ""),
+                "validation_uri": extra.get("validation_uri", "")}
 
     TriggerDagRunOperator(task_id="trigger_bert_finetune", trigger_dag_id=TARGET_DAG_ID,
                           conf=data_conf())

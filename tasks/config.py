@@ -45,6 +45,8 @@ TOLERATION = re.compile(r"^([A-Za-z0-9./_-]+)(?:=([A-Za-z0-9._-]*))?:"
 
 # transformers' Trainer's default max_grad_norm: bertflow's when the Param is empty.
 DEFAULT_CLIP_NORM = 1.0
+# The validation share of training rows when validation runs and validation_fraction is empty.
+DEFAULT_VALIDATION_FRACTION = 0.1
 
 
 class RunConfig(BaseModel):
@@ -65,11 +67,26 @@ class RunConfig(BaseModel):
                     "gs:// or s3:// URI; or a folder ending in / (all data files under "
                     "it) or a glob such as gs://bucket/data/part-*.csv. May hold the run's "
                     "date: gs://bucket/reviews/{ds}/*.jsonl (see README, Backfills).")
+    # Three roles (docs/experiments.md, Three roles for data): train fits the weights,
+    # validation steers the run, test is read once per version, by the gate's evaluation.
+    validation_uri: Optional[str] = Field(
+        default=None, title="Validation data",
+        description="Rows that steer a run: evaluation during training, the best "
+                    "checkpoint, early stopping, a sweep's winner. Same format as the "
+                    "training data. Empty: when the run uses validation, a seeded, "
+                    "stratified validation_fraction of the training rows left after the "
+                    "test split.")
+    test_uri: Optional[str] = Field(
+        default=None, title="Test data",
+        description="Rows read once per model version, by the reported evaluation and the "
+                    "quality gate. A fixed file here judges every scheduled, backfilled and "
+                    "swept run on the same rows. Empty: eval_uri, else a seeded, "
+                    "stratified eval_fraction of the training data.")
     # Empty by default: a train file given alone is split (the demo passes its eval file).
     eval_uri: Optional[str] = Field(
-        default=None, title="Evaluation data",
-        description="Same format as the training data. Empty: a seeded, stratified "
-                    "eval_fraction of the training data is held out for evaluation.")
+        default=None, title="Evaluation data (deprecated: test_uri)",
+        description="The former name of test_uri, still read: the test rows. Set test_uri "
+                    "instead; both set to different files is refused.")
     file_format: Literal["auto", "csv", "tsv", "jsonl", "conll"] = Field(
         default="auto", title="File format",
         description="auto picks from the file extension (.csv, .tsv/.tab, .jsonl/.json, "
@@ -95,9 +112,15 @@ class RunConfig(BaseModel):
         description="multi_label: a label is predicted when its probability is over this "
                     "(evaluation metrics and the served labels).")
     eval_fraction: float = Field(
-        default=0.1, gt=0.0, lt=0.5, title="Held-out fraction",
-        description="Fraction of the training data held out for evaluation when no "
-                    "evaluation file is given.")
+        default=0.1, gt=0.0, lt=0.5, title="Held-out test fraction",
+        description="Fraction of the training data held out as test rows when no test "
+                    "file is given.")
+    validation_fraction: Optional[float] = Field(
+        default=None, ge=0.0, lt=0.5, title="Held-out validation fraction",
+        description="Fraction of the training rows (after the test split) held out for "
+                    "validation when no validation file is given. Empty: 0.1 when the run "
+                    "uses validation (eval_every_steps, eval_every_epoch, a sweep), else 0: "
+                    "training keeps every row.")
     seed: int = Field(default=42, ge=0, title="Random seed",
                       description="Seeds the split, shuffling and weight initialisation.")
 
@@ -339,6 +362,26 @@ class RunConfig(BaseModel):
                     "publishes those metrics. Off: the evaluate step loads the saved model "
                     "in workers of its own (one more process start and model load or "
                     "download). parameter_server always evaluates in the evaluate step.")
+    eval_every_steps: int = Field(
+        default=0, ge=0, title="Validate every N steps",
+        description="Evaluate on the validation rows every this many optimizer steps, and "
+                    "at the last step (0: off). Exact and distributed, under the training "
+                    "strategy; the metrics go to TensorBoard and the run page's curves.")
+    eval_every_epoch: bool = Field(
+        default=False, title="Validate every epoch",
+        description="Evaluate on the validation rows at the end of every epoch.")
+    best_checkpoint: Optional[bool] = Field(
+        default=None, title="Export the best checkpoint",
+        description="Export the weights of the evaluation with the best validation "
+                    "gate_metric, not the last step's. Empty: on when the run validates "
+                    "during training.")
+    early_stopping_patience: int = Field(
+        default=0, ge=0, le=1000, title="Early-stopping patience",
+        description="End training after this many validation evaluations in a row without "
+                    "an improvement of more than early_stopping_min_delta (0: off).")
+    early_stopping_min_delta: float = Field(
+        default=0.0, ge=0, lt=1, title="Early-stopping minimum improvement",
+        description="How much the validation gate_metric must rise to count as better.")
 
     # --- storage, export, promotion -----------------------------------------------------------
     artifact_root: str = Field(
@@ -414,6 +457,7 @@ class RunConfig(BaseModel):
                              "token_classification")
         if self.labels is not None and self.task == "regression":
             raise ValueError("labels is for classification tasks; a regression run has none")
+        self._check_data_roles()
         if self.labels is not None:
             if len(self.labels) < 2:
                 raise ValueError("labels needs at least 2 classes (or leave it empty)")
@@ -421,7 +465,59 @@ class RunConfig(BaseModel):
                 raise ValueError("labels has duplicates")
         return self
 
+    def _check_data_roles(self) -> None:
+        """The three data roles and the settings that need validation rows."""
+        if self.test_uri and self.eval_uri and self.test_uri != self.eval_uri:
+            raise ValueError("test_uri and eval_uri (its former name) name different data; "
+                             "set test_uri only")
+        if self.validation_uri and self.validation_uri in (self.train_uri,
+                                                           self.test_data_uri):
+            raise ValueError("validation_uri must differ from train_uri and test_uri: "
+                             "validation steers the run, test judges it")
+        steered = [name for name, on in (
+            ("early_stopping_patience", self.early_stopping_patience),
+            ("best_checkpoint", self.best_checkpoint)) if on]
+        if steered and not self.validates_in_train:
+            raise ValueError(f"{steered[0]} needs evaluation during training: set "
+                             "eval_every_steps or eval_every_epoch")
+        if self.validates_in_train and self.validation_fraction == 0 and \
+                not self.validation_uri:
+            raise ValueError("evaluation during training needs validation rows: set "
+                             "validation_uri, or validation_fraction above 0")
+        if self.max_steps and self.eval_every_steps > self.max_steps:
+            raise ValueError(f"eval_every_steps {self.eval_every_steps} is more than "
+                             f"max_steps {self.max_steps}: no evaluation would run before "
+                             "the last step; lower it")
+
     # --- derived --------------------------------------------------------------------------
+    @property
+    def test_data_uri(self) -> Optional[str]:
+        """The test file(s): test_uri, else eval_uri (its former name); None: a split."""
+        return self.test_uri or self.eval_uri or None
+
+    @property
+    def validates_in_train(self) -> bool:
+        """Whether training evaluates on the validation rows as it goes."""
+        return self.eval_every_steps > 0 or self.eval_every_epoch
+
+    @property
+    def keeps_best_checkpoint(self) -> bool:
+        """best_checkpoint, or when it is empty: on whenever validation runs in training."""
+        if self.best_checkpoint is not None:
+            return self.best_checkpoint
+        return self.validates_in_train
+
+    @property
+    def validation_share(self) -> float:
+        """The fraction of training rows (after the test split) the data step holds out for
+        validation: 0 with a validation file; validation_fraction; when that is empty, 0.1
+        for a run that validates during training, else 0."""
+        if self.validation_uri:
+            return 0.0
+        if self.validation_fraction is not None:
+            return self.validation_fraction
+        return DEFAULT_VALIDATION_FRACTION if self.validates_in_train else 0.0
+
     @property
     def gate_metric_name(self) -> str:
         """The metric promote's gate reads: gate_metric, or for auto the task's first."""

@@ -17,10 +17,13 @@ from tasks.config import RunConfig
 # and "(advanced)" ones can stay at their defaults.
 FIRST_SECTION = "Run Parameters"
 SECTIONS: dict[str, tuple[str, ...]] = {
-    FIRST_SECTION: ("experiment", "task", "train_uri", "eval_uri", "labels", "epochs",
+    FIRST_SECTION: ("experiment", "task", "train_uri", "test_uri", "labels", "epochs",
                    "accelerator", "num_workers", "provisioner"),
     "Data": ("file_format", "text_column", "text_pair_column", "label_column", "tag_column",
-             "label_delimiter", "multi_label_threshold", "eval_fraction", "seed"),
+             "label_delimiter", "multi_label_threshold", "eval_fraction", "seed", "eval_uri"),
+    "Validation and early stopping": (
+        "validation_uri", "validation_fraction", "eval_every_steps", "eval_every_epoch",
+        "best_checkpoint", "early_stopping_patience", "early_stopping_min_delta"),
     "Model": ("base_model", "max_seq_length", "lower_case", "num_shards"),
     "Workers": ("strategy", "devices_per_worker", "num_ps", "tpu_address", "tpu_zone",
                 "tpu_project"),

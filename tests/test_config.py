@@ -92,7 +92,7 @@ def test_form_sections_keep_their_fields_together_first_steps_first(monkeypatch)
     runs = [s for i, s in enumerate(sections) if i == 0 or sections[i - 1] != s]
     assert runs == list(form.SECTIONS) and runs[0] == form.FIRST_SECTION
     first = [name for name, schema in param_schemas().items() if "section" not in schema]
-    assert {"train_uri", "eval_uri", "labels", "epochs", "accelerator",
+    assert {"train_uri", "test_uri", "labels", "epochs", "accelerator",
             "num_workers"} <= set(first)
     # A field left out of SECTIONS would vanish from the form: refused loudly instead.
     monkeypatch.setitem(form.SECTIONS, "Data", form.SECTIONS["Data"][1:])
@@ -123,7 +123,7 @@ def test_params_reference_is_the_generated_one_and_documents_every_param():
 def test_params_reference_shows_titles_types_defaults_and_ranges():
     page = (PROJECT_ROOT / "docs" / "params.md").read_text()
     assert ("| `epochs` | integer | `3` | Epochs. Range: >= 1, <= 1000. |" in page)
-    assert "| `eval_fraction` | number | `0.1` | Held-out fraction." in page
+    assert "| `eval_fraction` | number | `0.1` | Held-out test fraction." in page
     assert "Range: > 0.0, < 0.5. |" in page
     assert "| `accelerator` | `auto` \\| `cpu` \\| `gpu` \\| `tpu` | `auto` |" in page
     # no path of this machine: the demo file as the checkout names it, the root as a rule
@@ -159,3 +159,31 @@ def test_a_train_file_alone_is_split_in_the_cli_the_form_and_the_dag_alike(tmp_p
     assert parse_config({**defaults, "train_uri": str(tmp_path / "mine.tsv")}).eval_uri is None
     assert DEMO_CONF["eval_uri"] == str(DEMO_DIR / "eval.tsv")
     assert parse_config(DEMO_CONF).train_uri == str(DEMO_DIR / "train.tsv")
+
+
+# --- the three data roles and what needs validation ---------------------------------------
+@pytest.mark.parametrize("values, field, words", [
+    ({"test_uri": "/d/test.tsv", "eval_uri": "/d/other.tsv"}, "(config)", "set test_uri only"),
+    ({"validation_uri": "/d/t.tsv", "test_uri": "/d/t.tsv"}, "(config)", "validation steers"),
+    ({"early_stopping_patience": 2}, "(config)", "set eval_every_steps or eval_every_epoch"),
+    ({"best_checkpoint": True}, "(config)", "needs evaluation during training"),
+    ({"eval_every_steps": 50, "validation_fraction": 0}, "(config)", "set validation_uri"),
+    ({"eval_every_steps": 50, "max_steps": 20}, "(config)", "more than max_steps 20"),
+])
+def test_settings_that_cannot_work_are_refused_with_the_fix(values, field, words):
+    with pytest.raises(ConfigError) as err:
+        parse_config(values)
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_eval_uri_is_the_test_role_and_validation_is_held_out_only_when_used():
+    assert parse_config({"eval_uri": "/d/t.tsv"}).test_data_uri == "/d/t.tsv"
+    assert parse_config({"test_uri": "/d/t.tsv", "eval_uri": "/d/t.tsv"}).test_data_uri
+    plain = parse_config({})
+    assert plain.validation_share == 0 and not plain.keeps_best_checkpoint
+    validated = parse_config({"eval_every_epoch": True})
+    assert validated.validation_share == 0.1 and validated.keeps_best_checkpoint
+    assert not parse_config({"eval_every_steps": 10, "best_checkpoint": False}) \
+        .keeps_best_checkpoint
+    assert parse_config({"eval_every_steps": 10, "validation_uri": "/d/v.tsv"}) \
+        .validation_share == 0

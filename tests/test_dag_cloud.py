@@ -245,8 +245,12 @@ def test_retrain_conf_comes_from_the_newest_event(dagbag):
             for day, extra in enumerate(extras, start=1)][::-1]}}  # order must not matter
 
     assert conf_of(**events({"train_uri": "s3://b/old/"}, {"train_uri": "s3://b/new/"})) == {
-        "train_uri": "s3://b/new/", "eval_uri": ""}
+        "train_uri": "s3://b/new/", "test_uri": "", "validation_uri": ""}
     assert conf_of(**events({"train_uri": "gs://b/*.csv", "eval_uri": "gs://b/e.csv"})) == {
-        "train_uri": "gs://b/*.csv", "eval_uri": "gs://b/e.csv"}
+        "train_uri": "gs://b/*.csv", "test_uri": "gs://b/e.csv", "validation_uri": ""}
+    assert conf_of(**events({"train_uri": "gs://b/t/", "test_uri": "gs://b/golden.csv",
+                             "validation_uri": "gs://b/dev.csv"})) == {
+        "train_uri": "gs://b/t/", "test_uri": "gs://b/golden.csv",
+        "validation_uri": "gs://b/dev.csv"}
     with pytest.raises(ValueError, match="no 'train_uri'"):
         conf_of(**events({"path": "s3://b/x/"}))

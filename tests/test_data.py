@@ -421,3 +421,72 @@ def test_data_step_memory_does_not_grow_with_rows(tmp_path, monkeypatch):
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 1.2 * peaks[0] and peaks[1] < 1 << 20, peaks
+
+
+# --- three roles: train, validation, test (the eval split) ---------------------------------
+def test_validation_rows_are_drawn_after_test_and_leave_the_test_rows_unchanged(tmp_path):
+    sizes = {"a": 500, "b": 120, "c": 9, "d": 2}
+    train = _classes_tsv(tmp_path, sizes)
+    two = _run_on(tmp_path, train, eval_fraction=0.2, seed=3)
+    assert "validation" not in two["splits"] and two["validation_source"] is None
+    two_rows = {name: _split_rows(two, name) for name in ("train", "eval")}  # one run folder
+    three = _run_on(tmp_path, train, eval_fraction=0.2, seed=3, validation_fraction=0.25)
+    # Turning validation on moves training rows only: the test rows stay the same.
+    assert _split_rows(three, "eval") == two_rows["eval"]
+    # Per class: round(left * 0.25) of the rows test left, at least 1, one kept for train.
+    test_counts = three["splits"]["eval"]["label_counts"]
+    assert test_counts == {"a": 100, "b": 24, "c": 2, "d": 1}
+    assert three["splits"]["validation"]["label_counts"] == {"a": 100, "b": 24, "c": 2, "d": 0}
+    rows = {name: [json.dumps(r) for r in _split_rows(three, name)]
+            for name in ("train", "validation", "eval")}
+    assert sum(map(len, rows.values())) == sum(sizes.values())
+    assert not set(rows["validation"]) & (set(rows["train"]) | set(rows["eval"]))
+    assert len(rows["train"]) + len(rows["validation"]) == len(two_rows["train"])
+    assert three["validation_source"] == "split" and three["eval_source"] == "split"
+    assert three["split_rule"]["validation_fraction"] == 0.25
+
+
+def test_evaluating_in_training_holds_out_a_tenth_for_validation_by_default(tmp_path):
+    train = _classes_tsv(tmp_path, {"a": 100, "b": 100})
+    manifest = _run_on(tmp_path, train, eval_every_epoch=True)
+    assert manifest["splits"]["validation"]["num_examples"] == 18  # 0.1 of the 90 left, x2
+    plain = _run_on(tmp_path, train)  # no validation in the run: training keeps every row
+    assert set(plain["splits"]) == {"train", "eval"}
+
+
+def test_validation_and_test_files_fill_their_roles(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))
+    dev = _write(tmp_path, "dev.tsv", _tsv([("fine", "pos")]))
+    test = _write(tmp_path, "test.tsv", _tsv([("awful", "neg"), ("superb", "pos")]))
+    manifest = _run_on(tmp_path, train, test_uri=test, validation_uri=dev,
+                       eval_every_steps=1)
+    assert [r["text"] for r in _split_rows(manifest, "validation")] == ["fine"]
+    assert [r["text"] for r in _split_rows(manifest, "eval")] == ["awful", "superb"]
+    assert manifest["splits"]["train"]["num_examples"] == len(GOOD)
+    assert manifest["sources"]["validation"]["uri"] == dev
+    assert manifest["sources"]["eval"]["uri"] == test
+    assert (manifest["eval_source"], manifest["validation_source"]) == ("file", "file")
+    assert "split_rule" not in manifest
+
+
+def test_eval_uri_still_names_the_test_rows(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))
+    test = _write(tmp_path, "test.tsv", _tsv([("awful", "neg")]))
+    manifest = _run_on(tmp_path, train, test)  # the eval_uri Param
+    assert [r["text"] for r in _split_rows(manifest, "eval")] == ["awful"]
+
+
+def test_validation_label_unseen_in_training_names_file_line_and_label(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))
+    dev = _write(tmp_path, "dev.tsv", _tsv([("fine", "pos"), ("meh", "neutral")]))
+    err = _error(tmp_path, train, validation_uri=dev, eval_every_epoch=True)
+    assert err.path == dev and err.line == 3
+    assert "'neutral' never appears in the training data" in str(err)
+    assert not storage.exists(str(tmp_path / "artifacts" / "runs"))  # nothing written
+
+
+def test_too_few_rows_for_validation_says_which_file_to_give(tmp_path):
+    train = _write(tmp_path, "train.tsv", _tsv(GOOD))  # 2 per class: 1 test, 1 train each
+    err = _error(tmp_path, train, eval_every_epoch=True)
+    assert "too few rows to hold out validation rows" in str(err)
+    assert "add rows, or give a validation_uri" in str(err)

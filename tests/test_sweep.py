@@ -15,6 +15,8 @@ from tasks.runs import runlayout, sweep
 from tasks.runs.runlayout import RunContext
 
 BASE = {"epochs": 1, "max_steps": 3, "learning_rate": 5e-5}
+# What a sweep adds to its base: trials are ranked on validation rows held out of train.
+SWEPT = {**BASE, "validation_fraction": 0.1}
 
 
 def test_each_trial_is_the_base_with_its_values_and_shared_fields_join_the_base():
@@ -22,17 +24,25 @@ def test_each_trial_is_the_base_with_its_values_and_shared_fields_join_the_base(
     assert [t.values for t in plan.trials] == [{"learning_rate": 3e-5, "seed": 7},
                                               {"learning_rate": 1e-4, "seed": 7}]
     assert [t.cfg for t in plan.trials] == [
-        parse_config({**BASE, "learning_rate": 3e-5, "seed": 7}),
-        parse_config({**BASE, "learning_rate": 1e-4, "seed": 7})]
+        parse_config({**SWEPT, "learning_rate": 3e-5, "seed": 7}),
+        parse_config({**SWEPT, "learning_rate": 1e-4, "seed": 7})]
     # seed is the same in every trial, so the data split uses it, as a plain run would.
-    assert plan.shared == parse_config({**BASE, "seed": 7})
+    assert plan.shared == parse_config({**SWEPT, "seed": 7})
     assert [t.label for t in plan.trials] == ["learning_rate=3e-05 seed=7",
                                              "learning_rate=0.0001 seed=7"]
 
 
 def test_a_sweep_over_one_value_is_the_plain_run_of_that_config():
     plan = sweep.plan(BASE, {"grid": {"learning_rate": [3e-5]}})
-    assert plan.shared == plan.trials[0].cfg == parse_config({**BASE, "learning_rate": 3e-5})
+    assert plan.shared == plan.trials[0].cfg == parse_config({**SWEPT, "learning_rate": 3e-5})
+
+
+def test_a_sweep_holds_out_validation_rows_unless_the_user_chose_them():
+    assert sweep.plan(BASE, {"grid": {"seed": [1, 2]}}).shared.validation_share == 0.1
+    chosen = sweep.plan({**BASE, "validation_fraction": 0.2}, {"grid": {"seed": [1, 2]}})
+    assert chosen.shared.validation_share == 0.2
+    given = sweep.plan({**BASE, "validation_uri": "/data/dev.tsv"}, {"grid": {"seed": [1, 2]}})
+    assert given.shared.validation_fraction is None and given.shared.validation_share == 0
 
 
 def test_a_trial_whose_whole_config_is_invalid_is_named_with_the_field():

@@ -68,6 +68,13 @@ def test_a_train_file_alone_is_split_by_sentence(tmp_path):
     assert (manifest["splits"]["train"]["num_examples"],
             manifest["splits"]["eval"]["num_examples"]) == (36, 4)
     assert manifest["split_rule"]["rule"].startswith("by sentence")
+    # With validation, the test sentences stay; validation comes from the 36 left.
+    test_rows = storage.read_text(manifest["splits"]["eval"]["shards"][0])
+    _, _, three = run_data(tmp_path, train_uri=str(tmp_path / "t.conll"), eval_fraction=0.1,
+                           validation_fraction=0.25)
+    assert [three["splits"][s]["num_examples"] for s in ("train", "validation", "eval")] == [
+        27, 9, 4]
+    assert storage.read_text(three["splits"]["eval"]["shards"][0]) == test_rows
 
 
 @pytest.mark.parametrize("name,text,overrides,line,reason", [

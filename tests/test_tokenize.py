@@ -252,6 +252,20 @@ def test_run_writes_manifest_and_shards(tmp_path):
     assert first["label"].int64_list.value[0] == first_row["label"]
 
 
+def test_a_validation_split_is_tokenized_and_keyed_apart(tmp_path):
+    cfg, ctx = _prepare(tmp_path / "two", max_seq_length=16)
+    two = storage.read_json(tokenize.run(cfg, ctx))
+    cfg, ctx = _prepare(tmp_path / "three", max_seq_length=16, validation_fraction=0.3)
+    three = storage.read_json(tokenize.run(cfg, ctx))
+    data_manifest = storage.read_json(ctx.manifest_uri("data"))
+    assert set(two["splits"]) == {"train", "eval"}
+    records = _records(three["splits"]["validation"]["shards"])
+    assert len(records) == data_manifest["splits"]["validation"]["num_examples"] > 0
+    assert two["content_hash"] != three["content_hash"]
+    # The test rows are the same, so are their records.
+    assert _records(two["splits"]["eval"]["shards"]) == _records(three["splits"]["eval"]["shards"])
+
+
 def test_shards_are_byte_identical_across_runs(tmp_path):
     shards = []
     for root in (tmp_path / "a", tmp_path / "b"):

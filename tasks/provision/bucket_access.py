@@ -38,7 +38,7 @@ S3_LIST = "s3:ListBucket"
 
 @dataclass
 class Place:
-    label: str  # "artifact_root", "export_uri", "train_uri", "eval_uri"
+    label: str  # "artifact_root", "export_uri", or the data field: "train_uri", ...
     uri: str
     write: bool
 
@@ -50,8 +50,9 @@ def places(cfg: RunConfig, scheme: str, only: tuple[str, ...] = ()) -> list[Plac
     found = [Place("artifact_root", cfg.artifact_root, True),
              Place("export_uri", cfg.resolved_export_uri(), True),
              Place("train_uri", cfg.train_uri, False)]
-    if cfg.eval_uri:
-        found.append(Place("eval_uri", cfg.eval_uri, False))
+    for label in ("validation_uri", "test_uri", "eval_uri"):
+        if getattr(cfg, label):
+            found.append(Place(label, getattr(cfg, label), False))
     return [p for p in found if storage.scheme_of(p.uri) == scheme
             and (not only or p.label in only) and "{" not in split(p.uri)[0]]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.config import RunConfig, parse_config
+from tasks.config import DEFAULT_VALIDATION_FRACTION, RunConfig, parse_config
 from tasks.params_form import SECTIONS
 
 from tasks.io.uris import join_uri
@@ -65,6 +65,9 @@ def plan(values: dict[str, Any], space: Any) -> Plan:
                 raise ConfigError(f"search_space.{kind}.{name}",
                                   "not sweepable: every trial shares the data, checkpoint, "
                                   f"backend and export; sweep one of {sorted(SWEEPABLE)}")
+    if not values.get("validation_uri") and values.get("validation_fraction") in (None, ""):
+        # Trials are ranked on validation rows, never on the test rows the gate reads.
+        values = {**values, "validation_fraction": DEFAULT_VALIDATION_FRACTION}
     overrides = sweep_space.trials(space)
     trials = []
     for index, override in enumerate(overrides, start=1):

@@ -1,7 +1,10 @@
 """Data step: read, validate and split the labelled text, write the prepared rows as shards.
 
-Inputs are CSV, TSV or JSON Lines, read by `tasks.io.text_readers` from any URI
-`tasks.io.storage` reads. `train_uri` / `eval_uri` name one file, a prefix ending in `/`
+Three roles (docs/experiments.md): train, validation (steers a run: in-train evaluation,
+the best checkpoint, early stopping, a sweep's winner) and test (the `eval` split, read once
+per version by the evaluation the gate uses). Inputs are CSV, TSV or JSON Lines, read by
+`tasks.io.text_readers` from any URI `tasks.io.storage` reads. `train_uri`, `validation_uri`
+and `test_uri` (`eval_uri`, its former name) name one file, a prefix ending in `/`
 (every data file under it) or a glob (`*`, `?` within one path segment); several files are
 read in sorted order and concatenated. Every problem is raised as a `DataError` naming the
 file and the line as an editor shows it (the header is line 1) before any output is written.
@@ -15,13 +18,14 @@ pass; no list of rows is ever built. Two passes over the inputs:
 The state kept is one counter per distinct label (at most MAX_LABELS), so memory depends on
 the block size, not on the number of rows.
 
-Split (no eval_uri): within each class of n >= 2 rows exactly k = min(n - 1, max(1,
+Split (no test file): within each class of n >= 2 rows exactly k = min(n - 1, max(1,
 round(n * eval_fraction))) rows are held out, so each class lands within half a row of its
 exact fraction (and keeps a training row). Which rows: selection sampling (Knuth's Algorithm S)
 driven by a keyed hash of the row: row i of its class goes to eval when
 hash(seed, label, text, pair) / 2**64 < (k - taken) / (n - i). The draw depends only on the
 row's content and the seed, the quota only on counts, so the split is deterministic, needs no
-list of rows, and identical rows draw the same number.
+list of rows, and identical rows draw the same number. Validation rows, when the run uses
+them and gives no file, are drawn by the same rule from the rows left (split_rule.Router).
 
 Outputs, under the run's `data/` folder: `{split}-{i:05d}.jsonl` shards
 (tasks/steps/prepared.py), one `{"text", "text_pair", "label"}` per line (label indexes the
@@ -42,9 +46,9 @@ from tasks.config import RunConfig
 from tasks.io.uris import combined_sha256
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
-from tasks.steps import token_data
+from tasks.steps import data_roles, token_data
 from tasks.steps.prepared import PreparedRow, SplitWriter
-from tasks.steps.split_rule import Splitter
+from tasks.steps.split_rule import Router, Splitter
 from tasks.task_kinds import LabelError, TaskKind, kind as task_kind
 
 MAX_LABELS = 100_000  # distinct labels: bounds the per-label counters
@@ -174,37 +178,36 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         return token_data.run(cfg, ctx)
     train_scan = _scan(cfg, cfg.train_uri)
     labels = _vocabulary(cfg, train_scan)
-    eval_scan = _scan(cfg, cfg.eval_uri, seen=train_scan.counts) if cfg.eval_uri else None
-    splitter = None
-    if eval_scan is None:
-        splitter = Splitter(train_scan.strata, cfg.eval_fraction, cfg.seed)
-        if not sum(splitter.quotas.values()):
-            raise DataError(cfg.train_uri, "too few rows to hold out an evaluation split",
-                            hint="add rows, or give an eval_uri")
+    # Test and validation files: every label must be one training has.
+    given = {split: _scan(cfg, uri, seen=train_scan.counts)
+             for split, uri in data_roles.role_files(cfg).items()}
+    router = Router(train_scan.strata, None if "eval" in given else cfg.eval_fraction,
+                    0.0 if "validation" in given else cfg.validation_share, cfg.seed)
+    data_roles.check_quotas(cfg, router, "rows")
 
     step = ctx.step_uri("data")
     storage.delete_prefix(step)  # a retry rewrites the folder: no shard of an earlier try
     index = {label: i for i, label in enumerate(labels)}
     counted = labels if task_kind(cfg.task).names_labels else []  # no counts of scores
-    writers = {name: SplitWriter(step, name, counted) for name in ("train", "eval")}
-    _write_rows(cfg, train_scan, index, writers["train"],
-                writers["eval"] if splitter else None, splitter)
-    if eval_scan is not None:
-        _write_rows(cfg, eval_scan, index, writers["eval"])
+    writers = {name: SplitWriter(step, name, counted)
+               for name in data_roles.split_names(cfg)}
+    _write_rows(cfg, train_scan, index, writers, router)
+    for split, scan in given.items():
+        _write_rows(cfg, scan, index, writers, split=split)
     splits = {name: writer.close() for name, writer in writers.items()}
     manifest = {
         "task": cfg.task,
         "labels": labels,
         "has_pair": cfg.text_pair_column is not None,
-        "eval_source": "file" if eval_scan else "split",
+        **data_roles.role_sources(cfg, "validation" in writers),
         "splits": splits,
         "sources": {"train": _describe(train_scan),
-                    "eval": _describe(eval_scan) if eval_scan else None},
+                    **{split: _describe(given[split]) if split in given else None
+                       for split in writers if split != "train"}},
     }
-    if splitter is not None:
-        manifest["split_rule"] = {
-            "eval_fraction": cfg.eval_fraction, "seed": cfg.seed,
-            "rule": task_kind(cfg.task).split_rule}
+    rule = data_roles.split_rule(cfg, router, task_kind(cfg.task).split_rule)
+    if rule:
+        manifest["split_rule"] = rule
     return runlayout.write_manifest(step, manifest)
 
 
@@ -248,20 +251,19 @@ def _count_name(cfg: RunConfig, scan: _Scan, seen: Optional[Counter], file_uri: 
     counts[label] += 1
 
 
-def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: SplitWriter,
-                held_out: Optional[SplitWriter] = None,
-                splitter: Optional[Splitter] = None) -> None:
-    """Pass 2: read the files of `scan` again and append each row to its split."""
+def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int],
+                writers: dict[str, SplitWriter], router: Optional[Router] = None,
+                split: str = "train") -> None:
+    """Pass 2: read the files of `scan` again and append each row to `split`, or with a
+    `router` to the split of the row's role."""
     kind = task_kind(cfg.task)
     for file_uri, sha256 in scan.files:
         table, rows = iter_rows(cfg, file_uri)
         for _, text, pair, value in rows:
             row = PreparedRow(text, pair, kind.prepare(value, index))
             names = [index[n] for n in kind.names(value)]
-            if splitter is not None and splitter.to_eval(text, pair, kind.stratum(value)):
-                held_out.add(row, names)
-            else:
-                out.add(row, names)
+            to = router.role(text, pair, kind.stratum(value)) if router else split
+            writers[to].add(row, names)
         if table.stream.sha256 != sha256:
             raise DataError(file_uri, "the file changed while it was being read",
                             hint="run the step again once the file is complete")
@@ -269,7 +271,7 @@ def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: SplitWr
 
 # --- reading -----------------------------------------------------------------------------
 def _input_uris(cfg: RunConfig) -> list[str]:
-    return [cfg.train_uri] + ([cfg.eval_uri] if cfg.eval_uri else [])
+    return [cfg.train_uri] + list(data_roles.role_files(cfg).values())
 
 
 def _wanted_columns(cfg: RunConfig) -> list[str]:

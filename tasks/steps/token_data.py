@@ -31,8 +31,9 @@ from tasks.io.token_readers import Sentence
 from tasks.io.uris import combined_sha256
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
+from tasks.steps import data_roles
 from tasks.steps.prepared import SplitWriter, TokenRow
-from tasks.steps.split_rule import Splitter
+from tasks.steps.split_rule import Router, Splitter
 
 SPLIT_RULE = ("by sentence: exactly min(n-1, max(1, round(n*eval_fraction))) sentences, "
               "chosen by selection sampling on a seeded hash of each sentence")
@@ -94,7 +95,7 @@ def _files(cfg: RunConfig, uri: str) -> list[str]:
 def check_inputs(cfg: RunConfig, block_size: int, max_sentences: int) -> None:
     """validate's pre-flight: each input file exists, is tagged text, and its first
     `max_sentences` sentences read (about the first `block_size` bytes)."""
-    for pattern in [cfg.train_uri] + ([cfg.eval_uri] if cfg.eval_uri else []):
+    for pattern in [cfg.train_uri] + list(data_roles.role_files(cfg).values()):
         for uri in _files(cfg, pattern):
             _, found = sentences(cfg, uri, block_size)
             if not list(itertools.islice(found, max_sentences)):
@@ -105,32 +106,32 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     """Validate and split the sentences, write the prepared shards; return the manifest."""
     train = _scan(cfg, cfg.train_uri)
     labels = _vocabulary(cfg, train)
-    evals = _scan(cfg, cfg.eval_uri, known=set(labels)) if cfg.eval_uri else None
-    splitter = None
-    if evals is None:
-        splitter = sentence_splitter(train.sentences, cfg.eval_fraction, cfg.seed)
-        if not splitter.quotas[""]:
-            raise DataError(cfg.train_uri, "too few sentences to hold out an evaluation split",
-                            hint="add sentences, or give an eval_uri")
+    given = {split: _scan(cfg, uri, known=set(labels))
+             for split, uri in data_roles.role_files(cfg).items()}
+    router = Router({"": train.sentences}, None if "eval" in given else cfg.eval_fraction,
+                    0.0 if "validation" in given else cfg.validation_share, cfg.seed)
+    data_roles.check_quotas(cfg, router, "sentences")
 
     step = ctx.step_uri("data")
     storage.delete_prefix(step)  # a retry rewrites the folder
     index = {tag: i for i, tag in enumerate(labels)}
-    writers = {name: SplitWriter(step, name, labels) for name in ("train", "eval")}
-    _write(cfg, train, index, writers["train"], writers["eval"] if splitter else None,
-           splitter)
-    if evals is not None:
-        _write(cfg, evals, index, writers["eval"])
+    writers = {name: SplitWriter(step, name, labels)
+               for name in data_roles.split_names(cfg)}
+    _write(cfg, train, index, writers, router)
+    for split, scan in given.items():
+        _write(cfg, scan, index, writers, split=split)
     manifest = {
         "task": cfg.task, "labels": labels, "has_pair": False,
         "tag_scheme": "BIO",
-        "eval_source": "file" if evals else "split",
+        **data_roles.role_sources(cfg, "validation" in writers),
         "splits": {name: writer.close() for name, writer in writers.items()},
-        "sources": {"train": _describe(train), "eval": _describe(evals) if evals else None},
+        "sources": {"train": _describe(train),
+                    **{split: _describe(given[split]) if split in given else None
+                       for split in writers if split != "train"}},
     }
-    if splitter is not None:
-        manifest["split_rule"] = {"eval_fraction": cfg.eval_fraction, "seed": cfg.seed,
-                                  "rule": SPLIT_RULE}
+    rule = data_roles.split_rule(cfg, router, SPLIT_RULE)
+    if rule:
+        manifest["split_rule"] = rule
     return runlayout.write_manifest(step, manifest)
 
 
@@ -199,18 +200,17 @@ def _vocabulary(cfg: RunConfig, scan: _Scan) -> list[str]:
     return labels
 
 
-def _write(cfg: RunConfig, scan: _Scan, index: dict[str, int], out: SplitWriter,
-           held_out: Optional[SplitWriter] = None, splitter: Optional[Splitter] = None) -> None:
-    """Pass 2: read the files again, append each sentence to its split."""
+def _write(cfg: RunConfig, scan: _Scan, index: dict[str, int],
+           writers: dict[str, SplitWriter], router: Optional[Router] = None,
+           split: str = "train") -> None:
+    """Pass 2: read the files again, append each sentence to `split`, or with a `router`
+    to the split of its role."""
     for file_uri, expected in scan.files:
         sha256, found = sentences(cfg, file_uri)
         for _, words, tags in found:
             ids = [index[tag] for tag in tags]
-            row = TokenRow(words, ids)
-            if splitter is not None and to_eval(splitter, words, tags):
-                held_out.add(row, ids)
-            else:
-                out.add(row, ids)
+            to = router.role(" ".join(words), " ".join(tags), "") if router else split
+            writers[to].add(TokenRow(words, ids), ids)
         if sha256() != expected:
             raise DataError(file_uri, "the file changed while it was being read",
                             hint="run the step again once the file is complete")

@@ -58,7 +58,8 @@ from tasks.model.text_encoder import BertTextEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"
-SPLITS = ("train", "eval")
+SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
+OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"
 _CHUNK_ROWS = 8192  # rows per chunk: bounds memory, gives the threads work to share
 _READ_BLOCK = 4 << 20  # bytes per read of the prepared shards
@@ -114,11 +115,14 @@ def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "class
                 "lower_case": cfg.lower_case, "num_shards": cfg.num_shards}
     if task != "classification":
         settings.update(task=task, num_labels=num_labels)
+    names = split_names(splits)
+    if names != SPLITS:  # two-split runs keep the key they had before validation existed
+        settings["splits"] = list(names)
     for part in (json.dumps(settings, sort_keys=True).encode(), vocab):
         # Length-prefixed so that moving bytes between parts changes the hash.
         digest.update(len(part).to_bytes(8, "big"))
         digest.update(part)
-    for name in SPLITS:
+    for name in names:
         digest.update(splits[name]["num_bytes"].to_bytes(8, "big"))
         size = 0
         for uri in splits[name]["shards"]:
@@ -129,6 +133,11 @@ def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "class
             raise BertflowError(f"{name} split: the data manifest says {splits[name]['num_bytes']}"
                                 f" bytes, its shards hold {size}; run the data step again")
     return digest.hexdigest()
+
+
+def split_names(splits: dict) -> tuple[str, ...]:
+    """The data manifest's splits in the tokenizer's order: train, eval, then validation."""
+    return SPLITS + tuple(name for name in OPTIONAL_SPLITS if name in splits)
 
 
 def _complete_cache_manifest(cache: str) -> dict | None:
@@ -257,7 +266,7 @@ def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
     record arrays (_RowCodec, the default, or _TokenCodec)."""
     codec = codec or _RowCodec(encoder)
     out = {}
-    for split in SPLITS:
+    for split in split_names(splits):
         total = splits[split]["num_examples"]
         names = [f"{split}-{k:05d}-of-{num_shards:05d}.tfrecord" for k in range(num_shards)]
         for name in names:
