@@ -130,11 +130,22 @@ def test_distributed_evaluation_counts_exactly_what_one_device_counts(trained):
 
 
 def test_parameter_server_trains_with_fit(tmp_path, tiny_model):
+    # With validation every 3 steps: the chief evaluates inline between fit calls, which
+    # end at each validation step as at each checkpoint (every 4).
     cfg, ctx = make_run(tmp_path, tiny_model, NUM_TRAIN, NUM_EVAL, FIXED,
                         strategy="parameter_server", num_workers=2, num_ps=1,
-                        **{**COMMON, "epochs": 2})
+                        num_validation=24, eval_every_steps=3, **{**COMMON, "epochs": 2})
     lines = run_cluster(cfg, ctx, "train")
     manifest = read_manifest(ctx.manifest_uri("train"))
+    evaluated = [int(ln.split("validation at step ")[1].split(":")[0]) for ln in lines
+                 if ln.startswith("[chief:0] validation at step")]
+    assert evaluated == [3, 6, 9, 12, 15, 16]  # and the last step
+    assert not any("validation at" in ln for ln in lines if not ln.startswith("[chief:0]"))
+    # The best step's weights were exported: one device scores them to the recorded best.
+    matrix = single_device_matrix(Path(manifest["model_dir"]), ctx, split="validation")
+    assert matrix.sum() == 24
+    assert np.trace(matrix) / 24 == manifest["validation"]["best_value"]
+    assert manifest["validation"]["exported"] == "best"
     assert manifest["strategy"] == "parameter_server" and manifest["training_loop"] == "fit"
     assert manifest["global_batch_size"] == 8 * manifest["num_replicas"]
     assert manifest["steps"] == manifest["total_steps"] > 0

@@ -103,6 +103,28 @@ def test_run_page_draws_curves_and_confusion_matrix_as_svg(logged_in, tree):
     assert "href='../../models/bert-classifier/v20240101T000500-aaaaaaaa/card'" in text
 
 
+def test_run_page_draws_the_validation_curve_with_its_best_step(logged_in, tree):
+    import json
+    from pathlib import Path
+
+    history_file = Path(tree) / "runs" / DAG_ID / RUN_KEY / "train" / "history.json"
+    history = json.loads(history_file.read_text())
+    history["validation"] = [{"step": s, "epoch": s / 10, "accuracy": a, "seconds": 0.1}
+                             for s, a in ((2, 0.5), (4, 0.8), (6, 0.75))]
+    history["best"] = {"metric": "accuracy", "best_step": 4, "best_value": 0.8,
+                       "exported": "best", "stopped_early": True}
+    history_file.write_text(json.dumps(history))
+    text = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text
+    chart = re.search(r"<svg class='chart' data-series='validation'.*?</svg>", text,
+                      flags=re.S)[0]
+    assert ">validation accuracy</text>" in chart
+    xs = [float(p.split(",")[0]) for p in
+          re.search(r"<polyline class='validation' points='([^']+)'", chart)[1].split()]
+    mark = re.search(r"<line class='mark' x1='([\d.]+)'.*?<title>([^<]+)</title>", chart)
+    assert float(mark[1]) == xs[1]  # the mark stands on step 4, the best
+    assert mark[2] == "best: step 4, accuracy 0.8 (exported)"
+
+
 def test_run_page_of_a_run_still_training(logged_in, artifact_root):
     """A run folder without history or metrics yet still renders, saying what is missing."""
     from tasks.io import storage

@@ -28,7 +28,7 @@ from test_preemption import attempt, preemption_records, signal_at
 from train_helpers import (TAGS, make_run, run_cluster, run_steps_in_subprocess, saved_weights,
                            write_tiny_model)
 
-NUM_TRAIN, NUM_EVAL = 64, 41
+NUM_TRAIN, NUM_EVAL, NUM_VALIDATION = 64, 41, 24
 FIXED = (10, 10)  # words per training row: one batch shape, one trace
 COMMON = dict(task="token_classification", training_loop="custom", grad_accum_steps=2,
               per_replica_batch_size=4, epochs=4, eval_batch_size=8, learning_rate=1e-2,
@@ -41,9 +41,9 @@ def tiny_model(tmp_path_factory) -> Path:
                             attention_probs_dropout_prob=0.1)
 
 
-def one_device_tags(ctx, model_dir: Path, static_shapes: bool = False):
-    """The reference: the checkpoint's (true, predicted) tags of every eval sentence on one
-    device in this process."""
+def one_device_tags(ctx, model_dir: Path, static_shapes: bool = False, split: str = "eval"):
+    """The reference: the checkpoint's (true, predicted) tags of every sentence of `split` on
+    one device in this process."""
     import tensorflow as tf
     import tf_keras
 
@@ -55,7 +55,7 @@ def one_device_tags(ctx, model_dir: Path, static_shapes: bool = False):
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = checkpoint.load_classifier(model_dir, TAGS, head="token_classification")
-    with inputs.local_shards(tok, "eval") as files:
+    with inputs.local_shards(tok, split) as files:
         return evaluate.gathered_tags(strategy, model, files, 8, static_shapes,
                                       tok["max_seq_length"], tok["label_spec"])
 
@@ -63,10 +63,12 @@ def one_device_tags(ctx, model_dir: Path, static_shapes: bool = False):
 def test_mwms_with_accumulation_trains_and_counts_as_mirrored(tmp_path, tiny_model):
     from tasks.training import entity_metrics
 
+    # Validation every 4 steps, the best checkpoint exported (tasks/training/validation.py).
+    validated = dict(num_validation=NUM_VALIDATION, eval_every_steps=4, **COMMON)
     mirrored = make_run(tmp_path / "mirrored", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED,
-                        strategy="mirrored", devices_per_worker=2, **COMMON)
+                        strategy="mirrored", devices_per_worker=2, **validated)
     mwms = make_run(tmp_path / "mwms", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED,
-                    strategy="multi_worker_mirrored", num_workers=2, **COMMON)
+                    strategy="multi_worker_mirrored", num_workers=2, **validated)
     done = {}
     thread = threading.Thread(target=lambda: done.setdefault(
         "mirrored", run_steps_in_subprocess(mirrored[1].run_uri, "train", "evaluate")))
@@ -99,6 +101,19 @@ def test_mwms_with_accumulation_trains_and_counts_as_mirrored(tmp_path, tiny_mod
         assert metrics["per_type"]["UP"]["correct"] == int(counts[0, 2])
         assert metrics["f1"] == pytest.approx(
             entity_metrics.entity_scores(counts, ["UP"])["f1"])
+    # Both evaluated the validation sentences at the same steps, to the same figures, and
+    # exported the best step's weights: one device scores them to the recorded best.
+    curves = [json.loads((Path(ctx.step_uri("train")) / "history.json").read_text())
+              ["validation"] for _, ctx in (mirrored, mwms)]
+    assert [r["step"] for r in curves[0]] == [r["step"] for r in curves[1]] == [4, 8, 12, 16]
+    for ra, rb in zip(*curves):
+        assert ra["f1"] == pytest.approx(rb["f1"], abs=1e-9)
+    assert a["validation"]["best_step"] == b["validation"]["best_step"]
+    truth, predicted = one_device_tags(mwms[1], Path(b["model_dir"]), split="validation")
+    assert len(truth) == NUM_VALIDATION
+    f1 = entity_metrics.entity_scores(entity_metrics.count_entity_ids(truth, predicted, TAGS),
+                                      ["UP"])["f1"]
+    assert f1 == pytest.approx(b["validation"]["best_value"], abs=1e-9)
     # The TPU input path (rows padded to max_seq_length, filler rows) counts the same.
     static = one_device_tags(mwms[1], Path(b["model_dir"]), static_shapes=True)
     dynamic = one_device_tags(mwms[1], Path(b["model_dir"]))
@@ -108,7 +123,10 @@ def test_mwms_with_accumulation_trains_and_counts_as_mirrored(tmp_path, tiny_mod
 
 
 def test_sigterm_mid_epoch_resumes_bitwise(tmp_path, tiny_model):
-    settings = dict(strategy="multi_worker_mirrored", num_workers=2,
+    # With validation every 4 steps: the best-so-far state (value, step, weights) resumes
+    # too, so the best checkpoint exported is the uninterrupted run's.
+    settings = dict(strategy="multi_worker_mirrored", num_workers=2, eval_every_steps=4,
+                    num_validation=NUM_VALIDATION,
                     **{**COMMON, "epochs": 2, "grad_accum_steps": 1})
     ref = make_run(tmp_path / "ref", tiny_model, 128, 16, FIXED, **settings)
     run = make_run(tmp_path / "run", tiny_model, 128, 16, FIXED, **settings)
@@ -128,10 +146,16 @@ def test_sigterm_mid_epoch_resumes_bitwise(tmp_path, tiny_model):
     assert err is None and ref_result[0][1] is None, str(err or ref_result[0][1])
     manifest = read_manifest(run[1].manifest_uri("train"))
     assert manifest["resumed_from_step"] == min(step) and manifest["steps"] == 32
+    reference = read_manifest(ref[1].manifest_uri("train"))
     a = saved_weights(Path(manifest["model_dir"]))
-    b = saved_weights(Path(read_manifest(ref[1].manifest_uri("train"))["model_dir"]))
+    b = saved_weights(Path(reference["model_dir"]))
     for key in a:
         np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    best = {k: manifest["validation"][k] for k in ("best_step", "best_value")}
+    assert best == {k: reference["validation"][k] for k in best}
+    curves = [json.loads((Path(ctx.step_uri("train")) / "history.json").read_text())
+              ["validation"] for ctx in (run[1], ref[1])]
+    assert [(r["step"], r["f1"]) for r in curves[0]] == [(r["step"], r["f1"]) for r in curves[1]]
 
 
 def test_parameter_server_trains_tokens_with_fit(tmp_path, tiny_model):

@@ -149,17 +149,21 @@ def write_tfrecords(path: Path, rows: list[tuple]) -> None:
 
 def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: int = 2,
                     max_seq_length: int = 32, train_lengths: tuple[int, int] = (3, 20),
-                    task: str = "classification") -> str:
+                    task: str = "classification", num_validation: int = 0) -> str:
     """Shards under the cache folder plus tokenize/manifest.json, as CONTRACTS.md describes.
     `train_lengths`: (min, max) words per training row; equal values give every batch the same
-    shape, so a training function is traced once (faster multi-process tests)."""
+    shape, so a training function is traced once (faster multi-process tests).
+    `num_validation`: rows of a validation split (none when 0)."""
     from tasks.task_kinds import kind as task_kind
 
     labels = {"multi_label": MULTI_LABELS, "regression": ["score"],
               "token_classification": TAGS}.get(task, LABELS)
     cache = Path(ctx.artifact_root) / "cache" / "tfrecords" / "tiny"
     splits = {}
-    for split, n, seed in (("train", num_train, 1), ("eval", num_eval, 2)):
+    for split, n, seed in (("train", num_train, 1), ("eval", num_eval, 2),
+                           ("validation", num_validation, 3)):
+        if not n:
+            continue
         rows = tiny_rows(n, seed, *(train_lengths if split == "train" else (3, 20)), task=task)
         shards = []
         for k in range(num_shards):
@@ -176,7 +180,7 @@ def write_tokenized(ctx: RunContext, num_train: int, num_eval: int, num_shards: 
 
 
 def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 41,
-             train_lengths: tuple[int, int] = (3, 20),
+             train_lengths: tuple[int, int] = (3, 20), num_validation: int = 0,
              **overrides) -> tuple[RunConfig, RunContext]:
     """A run folder with config.json, context.json and tokenized data, ready for train.
     float32 unless a test asks otherwise: tests compare weights to tight tolerances, and
@@ -191,7 +195,7 @@ def make_run(root: Path, model_dir: Path, num_train: int = 128, num_eval: int = 
     write_run_config(ctx, cfg)
     storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())
     write_tokenized(ctx, num_train, num_eval, max_seq_length=cfg.max_seq_length,
-                    train_lengths=train_lengths, task=cfg.task)
+                    train_lengths=train_lengths, task=cfg.task, num_validation=num_validation)
     return cfg, ctx
 
 

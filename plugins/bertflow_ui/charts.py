@@ -2,8 +2,8 @@
 the axes, ticks, polylines and heat-map cells go. No markup here; the template draws it and
 escapes every text.
 
-- `line_chart`: one or more series (a run's loss, accuracy or learning rate against step) on
-  shared axes, 5 ticks on each.
+- `line_chart`: one or more series (a run's loss, accuracy, learning rate or validation metric
+  against step) on shared axes, 5 ticks on each, and an optional marked step.
 - `confusion`: a confusion matrix as a heat map (rows: true label, columns: predicted),
   shaded by the share of each true label's examples.
 - `predicted_vs_true`: a regression's evaluation as points (mean true, mean predicted) per
@@ -31,6 +31,8 @@ RUN_SERIES = (("loss", "training loss", "#e7000b"),
               ("mse", "training MSE", "#155dfc"),
               ("learning_rate", "learning rate", "#007a33"))
 
+VALIDATION_COLOR = "#9810fa"  # Airflow's purple.600, beside the training series
+
 # Tableau 10: distinct hues for the runs' curves and legend on the compare page (cycled
 # beyond 10 runs).
 RUN_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -45,9 +47,11 @@ Line = tuple[str | None, str, list[tuple[float, float]]]  # (run, colour, points
 
 
 def line_chart(lines: list[Line], title: str, series: str, width: int = 420,
-               height: int = 240) -> dict[str, Any] | None:
+               height: int = 240, mark: tuple[float, str] | None = None
+               ) -> dict[str, Any] | None:
     """One polyline per (run, colour, points) on shared axes; None when no line has a point.
-    A named run's line carries its name (the template writes it as `data-run`)."""
+    A named run's line carries its name (the template writes it as `data-run`). `mark`:
+    (step, what it is) drawn as a vertical line, e.g. the best validation step."""
     lines = [line for line in lines if line[2]]
     if not lines:
         return None
@@ -87,6 +91,8 @@ def line_chart(lines: list[Line], title: str, series: str, width: int = 420,
         "x_ticks": [{"x": f"{sx(x0 + (x1 - x0) * t):.1f}", "label": f"{x0 + (x1 - x0) * t:.0f}"}
                     for t in steps],
         "lines": drawn,
+        "mark": ({"x": f"{sx(mark[0]):.1f}", "tip": mark[1]}
+                 if mark is not None and x0 <= mark[0] <= x1 else None),
     }
 
 
@@ -98,10 +104,25 @@ def history_points(history: list[dict], key: str) -> list[tuple[float, float]]:
             and math.isfinite(r[key])]
 
 
-def run_charts(history: list[dict]) -> list[dict[str, Any]]:
-    """The run page's charts: loss, accuracy and learning rate against step."""
-    charts = (line_chart([(None, color, history_points(history, key))], title, key)
-              for key, title, color in RUN_SERIES)
+def run_charts(history: list[dict], meta: dict | None = None) -> list[dict[str, Any]]:
+    """The run page's charts: loss, accuracy and learning rate against step, then the
+    validation metric (history.json's `validation`, `best`: tasks/training/validation.py)
+    with its best step marked."""
+    charts = [line_chart([(None, color, history_points(history, key))], title, key)
+              for key, title, color in RUN_SERIES]
+    meta = meta if isinstance(meta, dict) else {}
+    best = meta.get("best") if isinstance(meta.get("best"), dict) else {}
+    metric = best.get("metric")
+    validation = meta.get("validation")
+    if isinstance(metric, str) and isinstance(validation, list):
+        step = best.get("best_step")
+        mark = None
+        if isinstance(step, int) and step >= 0:
+            mark = (float(step), f"best: step {step}, {metric} {fmt(best.get('best_value'))}"
+                                 + (" (exported)" if best.get("exported") == "best" else ""))
+        charts.append(line_chart([(None, VALIDATION_COLOR,
+                                   history_points(validation, metric))],
+                                 f"validation {metric}", "validation", mark=mark))
     return [c for c in charts if c is not None]
 
 

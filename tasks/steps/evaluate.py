@@ -76,20 +76,32 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
                                       seconds=time.perf_counter() - started)
 
 
-def evaluate_model(cfg: RunConfig, tok: dict, strategy, name: str, model) -> dict:
-    """metrics.json's content: every row of the eval shards that `tok` (the tokenize
-    manifest) lists, through `model` under `strategy` (`name`). Every worker calls it; the
-    counts are summed or gathered across all of them."""
+def evaluate_model(cfg: RunConfig, tok: dict, strategy, name: str, model,
+                   split: str = "eval") -> dict:
+    """metrics.json's content: every row of the `split` shards that `tok` (the tokenize
+    manifest) lists (eval: the test rows), through `model` under `strategy` (`name`). Every
+    worker calls it; the counts are summed or gathered across all of them."""
+    with inputs.local_shards(tok, split) as files:
+        return split_metrics(cfg, tok, strategy, name, model, files, split)()
+
+
+def split_metrics(cfg: RunConfig, tok: dict, strategy, name: str, model, files: list[str],
+                  split: str = "eval"):
+    """A function of no arguments returning evaluate_model's metrics of `files` (the local
+    shards of `split`) for the model's current weights. Its graphs are traced once, at the
+    first call: evaluation during training calls it again at every evaluation."""
     kind = task_kind(tok.get("task", "classification"))
-    with inputs.local_shards(tok, "eval") as files:
-        metrics = task_metrics(kind, strategy, model, files, tok["labels"],
+    compute = metrics_function(kind, strategy, model, files, tok["labels"],
                                cfg.eval_batch_size * strategy.num_replicas_in_sync,
                                cfg.multi_label_threshold, static_shapes=name == "tpu",
                                max_seq_length=cfg.max_seq_length,
                                label_spec=tok.get("label_spec"))
-    metrics = {"task": kind.name, **metrics}
-    if kind.per_token:  # words past max_seq_length have no piece: they are not scored
-        metrics["truncated_sentences"] = tok["splits"]["eval"].get("num_truncated", 0)
+
+    def metrics() -> dict:
+        out = {"task": kind.name, **compute()}
+        if kind.per_token:  # words past max_seq_length have no piece: they are not scored
+            out["truncated_sentences"] = tok["splits"][split].get("num_truncated", 0)
+        return out
     return metrics
 
 
@@ -97,32 +109,48 @@ def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list
                  global_batch_size: int, threshold: float, static_shapes: bool = False,
                  max_seq_length: int = 0, label_spec: dict | None = None) -> dict:
     """metrics.json's content (without "task") for the task's evaluation kind."""
+    return metrics_function(kind, strategy, model, files, labels, global_batch_size,
+                            threshold, static_shapes, max_seq_length, label_spec)()
+
+
+def metrics_function(kind: TaskKind, strategy, model, files: list[str], labels: list[str],
+                     global_batch_size: int, threshold: float, static_shapes: bool = False,
+                     max_seq_length: int = 0, label_spec: dict | None = None):
+    """task_metrics as a function of no arguments, its input and graphs built once."""
     args = (strategy, model, files, global_batch_size, static_shapes, max_seq_length,
             label_spec)
     if kind.eval_kind == "confusion":
-        return classification_metrics(_summed(*args, confusion_counts(len(labels))), labels)
+        counts = summing(*args, confusion_counts(len(labels)))
+        return lambda: classification_metrics(counts(), labels)
     if kind.eval_kind == "label_counts":
-        counts = _summed(*args, multi_label_counts(len(labels), threshold))
-        n = len(labels)
-        return multi_label_metrics({"per_label": counts[:3 * n].reshape(3, n),
-                                    "exact": counts[3 * n], "rows": counts[3 * n + 1]},
-                                   labels, threshold)
+        counts, n = summing(*args, multi_label_counts(len(labels), threshold)), len(labels)
+
+        def multi_label() -> dict:
+            total = counts()
+            return multi_label_metrics({"per_label": total[:3 * n].reshape(3, n),
+                                        "exact": total[3 * n], "rows": total[3 * n + 1]},
+                                       labels, threshold)
+        return multi_label
     if kind.eval_kind == "entities":
-        truth, predicted = gathered_tags(*args)
+        tags = tag_gathering(*args)
         types = entity_metrics.entity_types(labels)
-        counts = entity_metrics.count_entity_ids(truth, predicted, labels)
-        return {**entity_metrics.entity_scores(counts, types), "labels": list(labels),
-                "num_examples": len(truth)}
-    truth, predicted = gathered_pairs(*args)
-    return regression_metrics(truth, predicted)
+
+        def entities() -> dict:
+            truth, predicted = tags()
+            counted = entity_metrics.count_entity_ids(truth, predicted, labels)
+            return {**entity_metrics.entity_scores(counted, types), "labels": list(labels),
+                    "num_examples": len(truth)}
+        return entities
+    pairs = pair_gathering(*args)
+    return lambda: regression_metrics(*pairs())
 
 
 def confusion_matrix(strategy: tf.distribute.Strategy, model, files: list[str],
                      num_labels: int, global_batch_size: int, static_shapes: bool = False,
                      max_seq_length: int = 0) -> np.ndarray:
     """[true label, predicted label] counts over every row of `files`."""
-    return _summed(strategy, model, files, global_batch_size, static_shapes, max_seq_length,
-                   None, confusion_counts(num_labels))
+    return summing(strategy, model, files, global_batch_size, static_shapes, max_seq_length,
+                   None, confusion_counts(num_labels))()
 
 
 def confusion_counts(num_labels: int):
@@ -158,18 +186,31 @@ def eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
 
 def _real_rows(model, features, labels):
     """(labels, logits) of a batch's real rows (filler rows dropped)."""
+    features, labels = tf.nest.map_structure(_one_position_at_least, (features, labels))
     real = inputs.is_real(labels)
     logits = model(features, training=False)
     return tf.boolean_mask(labels, real), tf.boolean_mask(logits, real)
 
 
-def _summed(strategy, model, files, global_batch_size, static_shapes, max_seq_length,
-            label_spec, counter) -> np.ndarray:
-    """counter = (counts(labels, logits) -> tensor, zeros): the counts of every row of
-    `files`, summed over batches, replicas and workers."""
+def _one_position_at_least(tensor: tf.Tensor) -> tf.Tensor:
+    """A replica left without rows at the end of the data (its share of the batches is one
+    short) gets tf.distribute's dummy batch, whose unknown dimensions are all 0: a sequence of
+    length 0, which the model cannot attend over. One padded position makes it a batch of
+    0 rows of length 1 (no row, so nothing is counted); real batches are unchanged."""
+    if tensor.shape.rank is None or tensor.shape.rank < 2 or tensor.shape[1] is not None:
+        return tensor  # a known length (the TPU's padded path) is never 0
+    missing = tf.maximum(0, 1 - tf.shape(tensor)[1])
+    return tf.pad(tensor, [[0, 0], [0, missing]] + [[0, 0]] * (tensor.shape.rank - 2))
+
+
+def summing(strategy, model, files, global_batch_size, static_shapes, max_seq_length,
+            label_spec, counter):
+    """counter = (counts(labels, logits) -> tensor, zeros): a function returning the counts
+    of every row of `files`, summed over batches, replicas and workers."""
     data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                      label_spec)
-    return count_loop(strategy, model, data, counter)().numpy()
+    loop = count_loop(strategy, model, data, counter)
+    return lambda: loop().numpy()
 
 
 def fold(data, initial, add_batch):
@@ -202,6 +243,13 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
                    max_seq_length=0, label_spec=None) -> tuple[np.ndarray, np.ndarray]:
     """(true scores, predicted scores) of every row of `files`, gathered from every replica
     and worker (each row once; the order does not matter to the metrics)."""
+    return pair_gathering(strategy, model, files, global_batch_size, static_shapes,
+                          max_seq_length, label_spec)()
+
+
+def pair_gathering(strategy, model, files, global_batch_size, static_shapes=False,
+                   max_seq_length=0, label_spec=None):
+    """gathered_pairs as a function of no arguments, its graph traced once."""
     data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                      label_spec)
     # Each replica hands over a block of the per-replica batch size, its rows padded with
@@ -220,10 +268,14 @@ def gathered_pairs(strategy, model, files, global_batch_size, static_shapes=Fals
         return tf.concat([pairs, strategy.gather(per_replica, axis=0)], 0)
 
     # A loop variable that grows: its static shape must say so from the start.
-    pairs = fold(data, lambda: tf.compat.v1.placeholder_with_default(
-        tf.zeros([0, 2]), shape=[None, 2]), add_batch)().numpy()
-    pairs = pairs[~np.isnan(pairs[:, 0])]
-    return pairs[:, 0], pairs[:, 1]
+    loop = fold(data, lambda: tf.compat.v1.placeholder_with_default(
+        tf.zeros([0, 2]), shape=[None, 2]), add_batch)
+
+    def pairs() -> tuple[np.ndarray, np.ndarray]:
+        found = loop().numpy()
+        found = found[~np.isnan(found[:, 0])]
+        return found[:, 0], found[:, 1]
+    return pairs
 
 
 def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False,
@@ -232,6 +284,13 @@ def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False
     sentence of `files`, gathered from every replica and worker (each sentence once): the
     entity counts need whole sentences, which no per-batch sum gives. Positions that score
     nothing hold IGNORED in the truth (tasks/training/entity_metrics.py skips them)."""
+    return tag_gathering(strategy, model, files, global_batch_size, static_shapes,
+                         max_seq_length, label_spec)()
+
+
+def tag_gathering(strategy, model, files, global_batch_size, static_shapes=False,
+                  max_seq_length=0, label_spec=None):
+    """gathered_tags as a function of no arguments, its graph traced once."""
     data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
                      label_spec)
     block = global_batch_size // strategy.num_replicas_in_sync
@@ -251,8 +310,12 @@ def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False
         per_replica = strategy.run(replica_tags, args=batch)
         return tf.concat([tags, strategy.gather(per_replica, axis=0)], 0)
 
-    tags = fold(data, lambda: tf.compat.v1.placeholder_with_default(
+    loop = fold(data, lambda: tf.compat.v1.placeholder_with_default(
         tf.zeros([0, 2, max_seq_length], tf.int32), shape=[None, 2, max_seq_length]),
-        add_batch)().numpy()
-    tags = tags[tags[:, 0, 0] != inputs.PAD_LABEL]
-    return tags[:, 0], tags[:, 1]
+        add_batch)
+
+    def tags() -> tuple[np.ndarray, np.ndarray]:
+        found = loop().numpy()
+        found = found[found[:, 0, 0] != inputs.PAD_LABEL]
+        return found[:, 0], found[:, 1]
+    return tags

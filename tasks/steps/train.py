@@ -16,24 +16,25 @@ import functools
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Iterator
 
 import tensorflow as tf
 import tf_keras
-from tensorflow.core.framework import summary_pb2
 
 from tasks.model.hf_weights import save_hf_checkpoint
 from tasks.steps import evaluate
 from tasks.training import (checkpoint, checkpoint_publish, determinism, inputs, memory,
-                            preemption, seeded_dropout, token_loss)
+                            preemption, seeded_dropout, token_loss, validation)
 from tasks.training import model as model_lib
 from tasks.training import strategy as strategy_lib
+from tasks.training.summaries import SCALAR
 from tasks.training.goodput_clock import (GoodputClock, attempt_number, parts_uri,
                                           previous_high_water, process_started_at)
 from tasks.io import storage
 from tasks.config import DEFAULT_CLIP_NORM, RunConfig, check_training_loop
+from tasks.errors import ConfigError
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 from tasks.task_kinds import TaskKind, kind as task_kind
@@ -81,6 +82,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     kind = task_kind(tok.get("task", "classification"))
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
                                strategy.num_replicas_in_sync)
+    check_validation(cfg, tok, plan, name)
     resolved = checkpoint.resolve_base_checkpoint(cfg)
     base = resolved.path
     # A run that would not fit this worker's memory stops here, not in the kernel's OOM killer.
@@ -97,7 +99,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
           f"{resolved.location} {resolved.revision} (weights sha256 {resolved.sha256[:12]})",
           flush=True)
 
-    with _output_dir(step_uri, chief) as out, inputs.local_shards(tok, "train") as files:
+    with _output_dir(step_uri, chief) as out, inputs.local_shards(tok, "train") as files, \
+            validation_shards(tok) as validation_files:
         with strategy.scope():
             model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels,
                                                head=kind.head)
@@ -107,8 +110,18 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
             model.seed_dropout(seeded_dropout.DropoutSeeds(
                 cfg.seed, optimizer.iterations, plan.grad_accum_steps))
+        tracked = {"model": model, "optimizer": optimizer}
+        validator = None
+        if validation_files is not None:
+            validator = validation.build(
+                cfg, strategy, name, model, lambda on, as_name: evaluate.split_metrics(
+                    cfg, tok, on, as_name, model, validation_files, "validation"),
+                plan.total_steps, plan.steps_per_epoch, writer=tf.summary.create_file_writer(
+                    str(out / "tensorboard" / "validation")))
+            tracked["validation"] = validator.best  # the best-so-far state resumes too
+        with strategy.scope():
             manager = tf.train.CheckpointManager(
-                tf.train.Checkpoint(model=model, optimizer=optimizer), out / "checkpoints",
+                tf.train.Checkpoint(**tracked), out / "checkpoints",
                 max_to_keep=KEEP_CHECKPOINTS)
             if manager.latest_checkpoint:
                 manager.checkpoint.restore(manager.latest_checkpoint)
@@ -119,6 +132,9 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         progress = Progress(plan, out / "tensorboard", History(
             join_uri(step_uri, "history.json"), plan, start_step) if chief else None,
             clock=clock, metric=kind.train_metric)
+        if validator is not None:
+            validator.history = progress.history
+            progress.paused = lambda: sum(validator.seconds)
 
         def dataset_fn(input_context, seed_offset=0, skip_batches=0):
             return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
@@ -128,7 +144,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                                         label_spec=tok.get("label_spec"),
                                         group_by_length=groups_by_length(cfg, kind))
 
-        if start_step < plan.total_steps:
+        if start_step < plan.total_steps and not (validator and validator.stopped):
             loop = {"fit": _fit, "custom": _custom_loop}[cfg.training_loop]
             if name == "parameter_server":
                 loop = _fit_in_chunks
@@ -141,7 +157,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                                            out / "checkpoints",
                                            join_uri(step_uri, "checkpoints"))
             saver = Saver(manager, cfg.checkpoint_every_steps, upload, clock,
-                          preemption.Agreement(strategy, name, watcher))
+                          preemption.Agreement(strategy, name, watcher), validator)
             if name == "parameter_server":  # fit's step loop checks stop_training
                 watcher.on_notice = lambda: setattr(model, "stop_training", True)
             clock.loop_started(start_step)
@@ -155,17 +171,24 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             # and the weights with both Adam slots cost 3x its bytes to write (and upload)
             # on every run. A retry after the end resumes from the last periodic checkpoint
             # and runs the steps after it again. (The Trainer, too, saves the model only.)
+        validated = None
+        if validator is not None:
+            validated = validator.finish()  # best_checkpoint: the best weights from here on
+            if progress.history is not None:
+                progress.history.best = validated
+                progress.history.write()
         if chief:
             with clock.checkpoint():
                 save_hf_checkpoint(model, labels, out / "model", kind.problem_type)
             shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
         evaluation = None
         if evaluates_here(cfg, name):  # after the save: the model is safe whatever happens
+            validating_s = clock.evaluation_s  # the validation evaluations' share
             with clock.evaluation():
                 metrics = evaluate.evaluate_model(cfg, tok, strategy, name, model)
             evaluation = {"metrics_uri": join_uri(step_uri, EVAL_METRICS),
                           "num_examples": metrics["num_examples"],
-                          "seconds": round(clock.evaluation_s, 3)}  # its only evaluation
+                          "seconds": round(clock.evaluation_s - validating_s, 3)}
             if chief:
                 storage.write_json(evaluation["metrics_uri"], metrics)
     clock.write()
@@ -197,6 +220,10 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "reference_batch_size": cfg.reference_batch_size,
         "steps": int(optimizer.iterations.numpy()),
         "resumed_from_step": start_step,
+        # Evaluation on the validation rows: the best step, its value, whether training
+        # stopped early and which weights were saved ("best" or "last"); None: no
+        # validation rows.
+        "validation": validated,
         "examples_per_second": progress.examples_per_second,
         "final_loss": progress.epoch_loss,
         "train_seconds": progress.train_seconds,
@@ -204,6 +231,27 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         # evaluates the saved model itself.
         "evaluation": evaluation,
     })
+
+
+def check_validation(cfg: RunConfig, tok: dict, plan: model_lib.TrainPlan, name: str) -> None:
+    """Refuse, before any model is loaded, validation settings this run cannot honour."""
+    if cfg.validates_in_train and "validation" not in tok["splits"]:
+        raise ConfigError("eval_every_steps", "this run's data has no validation split; run "
+                                              "the data step again with this config")
+    if cfg.eval_every_steps > plan.total_steps:
+        raise ConfigError("eval_every_steps", f"{cfg.eval_every_steps} is more than the "
+                                              f"run's {plan.total_steps} steps: no evaluation "
+                                              "would run before the last step; lower it")
+
+
+@contextmanager
+def validation_shards(tok: dict) -> Iterator[list[str] | None]:
+    """The local validation shards when the run has validation rows (else None)."""
+    if "validation" not in tok["splits"]:
+        yield None
+        return
+    with inputs.local_shards(tok, "validation") as files:
+        yield files
 
 
 def evaluates_here(cfg: RunConfig, name: str) -> bool:
@@ -282,8 +330,11 @@ class Progress(tf_keras.callbacks.Callback):
         self.started = time.perf_counter()
         self.every = max(1, min(100, plan.total_steps // 10))
         self.writer = tf.summary.create_file_writer(str(tb_dir / "train"))
-        self.first: tuple[int, float] | None = None
-        self.last: tuple[int, float] | None = None
+        self.first: tuple[int, float, float] | None = None  # (step, time, paused())
+        # Seconds spent outside training steps (validation evaluations), left out of the
+        # throughput: a function returning their running total.
+        self.paused = lambda: 0.0
+        self.last: tuple[int, float, float] | None = None
         self.epoch_loss: float | None = None
 
     def step_done(self, step: int, metrics: dict[str, float]) -> None:
@@ -292,8 +343,8 @@ class Progress(tf_keras.callbacks.Callback):
             self.clock.step_done(step)
         now = time.perf_counter()
         if self.first is None:
-            self.first = (step, now)
-        self.last = (step, now)
+            self.first = (step, now, self.paused())
+        self.last = (step, now, self.paused())
         if self.history is not None:
             self.history.step_done(step, metrics, now - self.started)
         if step % self.every and step < self.plan.total_steps:
@@ -303,7 +354,7 @@ class Progress(tf_keras.callbacks.Callback):
               f"{metrics[self.metric]:.3f} {speed:.1f} examples/s", flush=True)
         with self.writer.as_default(step=step):
             for tag, value in {**metrics, "examples_per_second": speed}.items():
-                tf.summary.write(tag, tf.constant(value, tf.float32), metadata=_SCALAR)
+                tf.summary.write(tag, tf.constant(value, tf.float32), metadata=SCALAR)
         self.writer.flush()
 
     @property
@@ -311,7 +362,8 @@ class Progress(tf_keras.callbacks.Callback):
         if self.first is None or self.last[0] == self.first[0]:
             return None
         steps = self.last[0] - self.first[0]
-        return round(steps * self.plan.global_batch_size / (self.last[1] - self.first[1]), 2)
+        seconds = (self.last[1] - self.first[1]) - (self.last[2] - self.first[2])
+        return round(steps * self.plan.global_batch_size / seconds, 2)
 
     @property
     def train_seconds(self) -> float | None:
@@ -335,7 +387,9 @@ class History:
     place of accuracy: label_accuracy for multi-label, mse for regression). About `POINTS`
     records per run (every `every` steps, the first and the last step), buffered and written
     whole (it is small, and gs:// / s3:// objects cannot be appended to) at each epoch end and
-    at the last step. A resumed run keeps the records up to the step it resumes from."""
+    at the last step. With validation rows, `"validation": [{"step", "epoch", the metrics,
+    "seconds"}]` (one per evaluation, written as it ends) and `"best"` (the Validator's
+    summary). A resumed run keeps the records up to the step it resumes from."""
 
     POINTS = 200
 
@@ -343,10 +397,19 @@ class History:
         self.uri, self.plan = uri, plan
         self.every = max(1, plan.total_steps // self.POINTS)
         self.records: list[dict] = []
+        self.validation: list[dict] = []
+        self.best: dict | None = None
         if start_step and storage.exists(uri):
-            self.records = [r for r in storage.read_json(uri).get("records", [])
-                            if r["step"] <= start_step]
+            written = storage.read_json(uri)
+            self.records = [r for r in written.get("records", []) if r["step"] <= start_step]
+            self.validation = [r for r in written.get("validation", [])
+                               if r["step"] <= start_step]
         self.written_epoch = start_step // plan.steps_per_epoch
+
+    def validation_done(self, record: dict, best: dict) -> None:
+        self.validation.append(record)
+        self.best = best
+        self.write()
 
     def step_done(self, step: int, metrics: dict[str, float], elapsed: float) -> None:
         last = step >= self.plan.total_steps
@@ -359,30 +422,38 @@ class History:
             self.write()
 
     def write(self) -> None:
-        storage.write_json(self.uri, {
-            "total_steps": self.plan.total_steps, "steps_per_epoch": self.plan.steps_per_epoch,
-            "every": self.every, "records": self.records})
+        written = {"total_steps": self.plan.total_steps,
+                   "steps_per_epoch": self.plan.steps_per_epoch, "every": self.every,
+                   "records": self.records}
+        if self.validation:
+            written.update(validation=self.validation, best=self.best)
+        storage.write_json(self.uri, written)
 
 
-# tf.summary.scalar lives in the tensorboard package, which is not a dependency; this is the
-# metadata it attaches, so TensorBoard shows these tensors as scalar charts.
-_SCALAR = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-    data_class=summary_pb2.DATA_CLASS_SCALAR).SerializeToString()
 
 
 class Saver:
-    """Checkpoints at every multiple of `every` optimizer steps (then calls `after_save`), and
-    at the step the cluster agrees to stop at when preempted (then raises Preempted)."""
+    """The end of each optimizer step: the validation evaluation when one is due (first, so
+    a checkpoint of this step holds its result), a checkpoint at every multiple of `every`
+    steps (then `after_save`), and at the step the cluster agrees to stop at when preempted
+    (then raises Preempted)."""
 
     def __init__(self, manager: tf.train.CheckpointManager, every: int, after_save=None,
                  clock: GoodputClock | None = None,
-                 agreement: preemption.Agreement | None = None):
+                 agreement: preemption.Agreement | None = None,
+                 validator: validation.Validator | None = None):
         self.manager, self.every, self.after_save = manager, every, after_save
-        self.clock, self.agreement = clock, agreement
+        self.clock, self.agreement, self.validator = clock, agreement, validator
         self.last_saved: int | None = None
 
+    @property
+    def early_stopped(self) -> bool:
+        return self.validator is not None and self.validator.stopped
+
     def step_done(self, step: int) -> None:
+        if self.validator is not None and self.validator.pending(step):
+            with self.clock.evaluation() if self.clock else nullcontext():
+                self.validator.step_done(step)
         if step % self.every == 0:
             self.save(step)
         if self.agreement is not None and self.agreement.should_stop():
@@ -416,7 +487,7 @@ class _StepCallbacks(tf_keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
         self.saver.step_done(step)
-        if step >= self.total_steps:
+        if step >= self.total_steps or self.saver.early_stopped:
             self.model.stop_training = True
 
 
@@ -448,7 +519,7 @@ def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress, ki
                   steps_per_epoch=plan.steps_per_epoch - start % plan.steps_per_epoch,
                   verbose=0, callbacks=callbacks)
         start = int(optimizer.iterations.numpy())
-        if start >= plan.total_steps:
+        if start >= plan.total_steps or saver.early_stopped:
             return
     data = distribute(strategy, name, dataset_fn, start)
     model.fit(data, epochs=plan.epochs, initial_epoch=start // plan.steps_per_epoch,
@@ -472,8 +543,10 @@ def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, pr
     _compile(strategy, model, optimizer, kind)
     progress.every = saver.every
     step = int(optimizer.iterations.numpy())
-    while step < plan.total_steps:
+    while step < plan.total_steps and not saver.early_stopped:
         chunk = min(saver.every - step % saver.every, plan.total_steps - step)
+        if saver.validator is not None:  # a chunk ends at each validation step too
+            chunk = min(chunk, saver.validator.next_due(step) - step)
         # Each call starts the workers' input pipelines afresh: a new seed gives new rows. A
         # chunk cut short by a preemption resumes in its own stream, that many batches in.
         first = step - step % saver.every
@@ -501,9 +574,12 @@ def _custom_loop(strategy, name, model, optimizer, plan, dataset_fn, saver, prog
         progress.step_done(step, {"loss": loss, progress.metric: metric,
                                   "learning_rate": model_lib.current_learning_rate(optimizer)})
         saver.step_done(step)
-        if step % plan.steps_per_epoch == 0 or step >= plan.total_steps:
+        if step % plan.steps_per_epoch == 0 or step >= plan.total_steps or \
+                saver.early_stopped:
             progress.epoch_loss = epoch_loss / epoch_steps
             epoch_loss, epoch_steps = 0.0, 0
+        if saver.early_stopped:
+            break
 
 
 def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
