@@ -118,6 +118,14 @@ class WorkerStepOperator(BaseOperator):
         manifest_uri = ctx.manifest_uri(self.step)
         if not storage.exists(manifest_uri):
             raise WorkerError(f"{self.step} workers finished but wrote no {manifest_uri}")
+        if self.step == "train":
+            pruned = (storage.read_json(manifest_uri).get("validation") or {}).get("pruned")
+            if pruned:
+                # A sweep's trial stopped by its pruning rule ends as a success whose name in
+                # the grid says so: Airflow has no "pruned" state, and a skipped trial would
+                # skip pick_best (all_done_min_one_success counts a skip as not done).
+                self.map_label = f"{self.map_label} (pruned)".strip()
+                self.log.info("trial %s; its model is kept, never chosen", pruned)
         return manifest_uri
 
     def on_kill(self) -> None:

@@ -2,8 +2,14 @@
 
 validate (every trial's config, before any compute) -> prepare_data (once) -> tokenize (once
 per distinct max_seq_length) -> trial[i] (mapped, labelled by its values: wait_for_slot ->
-[provision] train -> evaluate [release]) -> pick_best (by gate_metric) -> export -> gate_eval
--> gate -> [approval] -> promote.
+[provision] train [release]) -> pick_best (by the validation gate_metric) -> evaluate (the
+best trial, on the test rows: the only trial that reads them) -> export -> gate_eval -> gate ->
+[approval] -> promote.
+
+Trials are ranked on validation rows (docs/experiments.md, Three roles for data). With
+`sweep_pruning` (median or asha, tasks/runs/pruning.py) a trial that validates worse than the
+others at an evaluation stops there; its train task succeeds, named "(pruned)" in the grid,
+with the reason in its log and on the sweep's page.
 
 The trigger form holds every bert_finetune Param (the base config) plus `search_space` (a
 grid or a seeded random space over the training fields, tasks/runs/sweep_space.py) and
@@ -22,6 +28,7 @@ from airflow.sdk import Param, dag, task, task_group
 from bertflow_airflow import run_tasks
 from bertflow_airflow.worker_operator import LABEL_TEMPLATE, WorkerStepOperator
 from tasks.params_form import param_schemas  # pydantic only; no TensorFlow
+from tasks.runs.pruning import RULES as PRUNING_RULES
 from tasks.runs.sweep_space import MAX_TRIALS
 
 DAG_ID = "bert_sweep"
@@ -41,6 +48,12 @@ SWEEP_PARAMS = {
     "max_parallel_trials": Param(
         2, type="integer", minimum=1, maximum=MAX_TRIALS, title="Trials at once",
         description="How many trials hold workers at the same time; the others wait."),
+    "sweep_pruning": Param(
+        "none", enum=list(PRUNING_RULES), title="Pruning",
+        description="Stop a trial early when it validates worse than the others at an "
+                    "evaluation during training: median (below the median of the trials at "
+                    "that step) or asha (not in the top third at a rung). Needs "
+                    "eval_every_steps or eval_every_epoch. See docs/experiments.md."),
 }
 
 
@@ -67,7 +80,7 @@ def bert_sweep():
 
         params = context["params"]
         plan = sweep.plan(run_tasks.run_values(context, exclude=tuple(SWEEP_PARAMS)),
-                          params["search_space"])
+                          params["search_space"], params["sweep_pruning"])
         shared, ctx = run_tasks.checked_run(context, plan.shared)
         model_config = memory.readable_config(shared)
         for trial in plan.trials:
@@ -123,25 +136,22 @@ def bert_sweep():
         trained = WorkerStepOperator(task_id="train", step="train", run_uri=run_uri,
                                      map_label=label, distributed=True,
                                      map_index_template=LABEL_TEMPLATE)
-        evaluated = WorkerStepOperator(task_id="evaluate", step="evaluate", run_uri=run_uri,
-                                       map_label=label, distributed=True,
-                                       map_index_template=LABEL_TEMPLATE)
         released = run_tasks.release.override(
             map_index_template=run_tasks.LABEL_TEMPLATE)(run_uri, label)
-        slot >> provisioned >> trained >> evaluated >> released
+        slot >> provisioned >> trained >> released
         released.as_teardown(setups=provisioned)
 
-    # The best of the trials that were evaluated, whatever happened to the others (it fails
-    # if none was); not after a failed validate (no success upstream at all).
+    # The best of the trials that trained to their end, whatever happened to the others (it
+    # fails if none did); not after a failed validate (no success upstream at all).
     @task(trigger_rule="all_done_min_one_success", retries=0)
     def pick_best(sweep_uri: str) -> str:
         from tasks.runs import sweep
 
         result = sweep.pick_best(sweep_uri)
         for row in result["trials"]:
-            metrics = row["metrics"] or {}
-            print(f"trial {row['index']} ({row['label']}): "
-                  f"{result['metric']} {metrics.get(result['metric'], 'not evaluated')}")
+            value = row["validation"] if row["validation"] is not None else "not trained"
+            print(f"trial {row['index']} ({row['label']}): validation {result['metric']} "
+                  f"{value}{'; ' + row['pruned'] if row['pruned'] else ''}")
         best = result["best"]
         print(f"best: trial {best['index']} ({best['label']}), {best['run_uri']}")
         return best["run_uri"]
@@ -159,7 +169,11 @@ def bert_sweep():
     data_manifest >> leads
     tokenized >> trial_args
     trials >> best_run
+    # The best trial's test evaluation, in one process of its own (its trial's workers are
+    # released): the sweep's only read of the test rows before the gate's.
+    evaluated = WorkerStepOperator(task_id="evaluate", step="evaluate", run_uri=best_run)
     exported = WorkerStepOperator(task_id="export", step="export", run_uri=best_run)
+    evaluated >> exported
     run_tasks.gate_approve_promote(best_run, exported.output)
 
 

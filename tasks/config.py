@@ -121,6 +121,11 @@ class RunConfig(BaseModel):
                     "validation when no validation file is given. Empty: 0.1 when the run "
                     "uses validation (eval_every_steps, eval_every_epoch, a sweep), else 0: "
                     "training keeps every row.")
+    fail_on_leakage: bool = Field(
+        default=False, title="Refuse test rows found in training",
+        description="The data step counts the test rows whose text (after BERT's "
+                    "normalization) is also a training row's, and warns with three "
+                    "examples. On: it refuses the data instead.")
     seed: int = Field(default=42, ge=0, title="Random seed",
                       description="Seeds the split, shuffling and weight initialisation.")
 

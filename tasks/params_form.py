@@ -20,7 +20,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     FIRST_SECTION: ("experiment", "task", "train_uri", "test_uri", "labels", "epochs",
                    "accelerator", "num_workers", "provisioner"),
     "Data": ("file_format", "text_column", "text_pair_column", "label_column", "tag_column",
-             "label_delimiter", "multi_label_threshold", "eval_fraction", "seed", "eval_uri"),
+             "label_delimiter", "multi_label_threshold", "eval_fraction", "fail_on_leakage", "seed",
+             "eval_uri"),
     "Validation and early stopping": (
         "validation_uri", "validation_fraction", "eval_every_steps", "eval_every_epoch",
         "best_checkpoint", "early_stopping_patience", "early_stopping_min_delta"),

@@ -613,7 +613,7 @@ def test_no_answer_in_time_counts_as_a_rejection(server, second_wave, approved, 
 
 # --- a sweep: 4 trials, at most 2 at once --------------------------------------------------
 
-TRIAL_STEPS = ("wait_for_slot", "provision", "train", "evaluate", "release")
+TRIAL_STEPS = ("wait_for_slot", "provision", "train", "release")
 
 
 @pytest.fixture(scope="module")
@@ -675,8 +675,8 @@ def test_sweep_never_runs_more_trials_at_once_than_its_cap(sweep_run):
 def test_sweep_exports_the_best_trial_and_its_first_trial_is_the_plain_run(server, sweep_run,
                                                                            finished_run):
     best = storage.read_json(join_uri(sweep_run["sweep_uri"], "best", "manifest.json"))
-    ranked = sorted(best["trials"], key=lambda r: (-r["metrics"]["accuracy"], r["index"]))
-    assert best["best"]["index"] == ranked[0]["index"]
+    ranked = sorted(best["trials"], key=lambda r: (-r["validation"], r["index"]))
+    assert best["best"]["index"] == ranked[0]["index"] and best["ranked_on"] == "validation"
     trial = best["best"]["run_uri"]
     exported = storage.read_json(join_uri(trial, "export", "manifest.json"))
     assert exported["version_uri"].startswith(join_uri(str(server.artifact_root), "models",
@@ -685,10 +685,20 @@ def test_sweep_exports_the_best_trial_and_its_first_trial_is_the_plain_run(serve
         "run_key"] == best["best"]["run_key"]
     first, plain = best["trials"][0]["run_uri"], _run_uri(server, finished_run)
     ours, theirs = (storage.read_json(join_uri(r, "config.json")) for r in (first, plain))
-    assert {k for k in ours if ours[k] != theirs[k]} == {"model_name"}
-    for step, key in (("tokenize", "content_hash"), ("evaluate", "metrics")):
-        assert storage.read_json(join_uri(first, step, "manifest.json"))[key] == \
-            storage.read_json(join_uri(plain, step, "manifest.json"))[key], step
+    # A sweep holds out validation rows and its trials never read the test rows.
+    assert {k for k in ours if ours[k] != theirs[k]} == {"model_name", "validation_fraction",
+                                                        "evaluate_in_train"}
+    # Validation comes out of the training rows only: the test rows are the plain run's.
+    splits = [storage.read_json(join_uri(r, "data", "manifest.json"))["splits"]
+              for r in (first, plain)]
+    assert splits[0]["eval"]["label_counts"] == splits[1]["eval"]["label_counts"]
+    assert splits[0]["validation"]["num_examples"] > 0 and "validation" not in splits[1]
+    # Only the chosen trial was evaluated on test, in a process of its own.
+    for row in best["trials"]:
+        evaluated = join_uri(row["run_uri"], "evaluate", "manifest.json")
+        assert storage.exists(evaluated) == (row["index"] == best["best"]["index"])
+    assert storage.read_json(join_uri(trial, "evaluate", "manifest.json"))[
+        "evaluated_in"] == "evaluate"
 
 
 def test_sweep_trigger_form_opens_on_the_search_space_and_submits_with_the_defaults(

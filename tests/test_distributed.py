@@ -31,7 +31,7 @@ import pytest
 from tasks.errors import WorkerError
 from tasks.provision.local.cluster import LocalCluster
 from tasks.provision.spec import distributed_spec
-from tasks.runs.runlayout import read_manifest
+from tasks.runs.runlayout import read_manifest, write_run_config
 from train_helpers import (saved_weights, make_run, run_cluster, run_steps_in_subprocess,
                            single_device_matrix, write_tiny_model)
 
@@ -127,6 +127,19 @@ def test_distributed_evaluation_counts_exactly_what_one_device_counts(trained):
     np.testing.assert_array_equal(mwms["confusion_matrix"], reference)
     assert mwms["num_examples"] == NUM_EVAL
     assert any(ln.startswith("[worker:0] evaluate: accuracy") for ln in lines)
+
+    # The same model evaluated in one process of its own, outside its cluster (how bert_sweep
+    # evaluates its best trial once the trial's workers are released): the same counts.
+    write_run_config(ctx, cfg.model_copy(update={"evaluate_in_train": False}))
+    try:
+        done = run_steps_in_subprocess(ctx.run_uri, "evaluate")
+    finally:
+        write_run_config(ctx, cfg)
+    assert done.returncode == 0, done.stderr[-3000:]
+    alone = read_manifest(ctx.manifest_uri("evaluate"))
+    assert (alone["strategy"], alone["evaluated_in"]) == ("one_device", "evaluate")
+    np.testing.assert_array_equal(
+        json.loads(Path(alone["metrics_uri"]).read_text())["confusion_matrix"], reference)
 
 
 def test_parameter_server_trains_with_fit(tmp_path, tiny_model):

@@ -106,6 +106,12 @@ def test_a_sweep_s_page_shows_its_best_trial_s_evaluation_model_and_gate(logged_
     assert text.count(f"Of the best trial, <a href='{TRIAL_2}'>{LABEL_2}</a>.") == 3
     accuracy, f1 = SWEEP_METRICS[2]
     assert f"accuracy <b>{accuracy:g}</b>, macro-F1 <b>{f1:g}</b> on 34 examples" in text
+    # The trials table: the validation figure each was ranked by, its steps and its end.
+    rows = re.findall(r"<tr class='trial'>.*?<td class='validation'>([^<]*)</td><td "
+                      r"class='steps'>([^<]*)</td><td class='l outcome'>([^<]*)</td>", text)
+    assert rows == [(f"{SWEEP_METRICS[i][0] - 0.0625:g}", str(10 * i), "trained to the end")
+                    for i in (1, 2)]
+    assert "Best trial by validation accuracy" in text
     matrix = re.search(r"<svg class='confusion'.*?</svg>", text, flags=re.S)[0]
     assert ">9</text>" in matrix  # the best trial's matrix: [[10,1,1],[2,9,1],[0,1,9]]
     # The best trial's curves (20 history records), and its TensorBoard folder.

@@ -15,8 +15,9 @@ from tasks.runs import runlayout, sweep
 from tasks.runs.runlayout import RunContext
 
 BASE = {"epochs": 1, "max_steps": 3, "learning_rate": 5e-5}
-# What a sweep adds to its base: trials are ranked on validation rows held out of train.
-SWEPT = {**BASE, "validation_fraction": 0.1}
+# What a sweep adds to its base: trials are ranked on validation rows held out of train, and
+# never read the test rows (the sweep evaluates its best trial on them, once).
+SWEPT = {**BASE, "validation_fraction": 0.1, "evaluate_in_train": False}
 
 
 def test_each_trial_is_the_base_with_its_values_and_shared_fields_join_the_base():
@@ -111,27 +112,52 @@ def test_data_is_shared_with_every_trial_and_tokens_within_a_length(sweep_folder
             for r in trials] == [32, 32, 16, 16]
 
 
-def _evaluated(run_uri: str, accuracy: float) -> None:
-    runlayout.write_manifest(join_uri(run_uri, "evaluate"),
-                             {"metrics": {"accuracy": accuracy, "macro_f1": accuracy / 2}})
+def _trained(run_uri: str, value: float, metric: str = "accuracy", **validation) -> None:
+    """A trial's train manifest with the validation figure of the weights it saved."""
+    runlayout.write_manifest(join_uri(run_uri, "train"), {"steps": 10, "validation": {
+        "metric": metric, "exported_value": value, "best_step": 10, "stopped_early": False,
+        "pruned": None, **validation}})
 
 
-def test_the_best_evaluated_trial_wins_and_a_tie_goes_to_the_first(sweep_folders):
+def test_the_best_validated_trial_wins_and_a_tie_goes_to_the_first(sweep_folders):
     ctx, out = sweep_folders
     runs = [t["run_uri"] for t in out["trials"]]
-    _evaluated(runs[1], 0.8)
-    _evaluated(runs[2], 0.9)
-    _evaluated(runs[3], 0.9)  # trial 1 failed: not evaluated
+    _trained(runs[1], 0.8)
+    _trained(runs[2], 0.9, stopped_early=True)  # early stopping ends a trial normally
+    _trained(runs[3], 0.9)  # trial 1 failed: no train manifest
+    # A test figure never decides: even a higher one on a trial that validates worse.
+    runlayout.write_manifest(join_uri(runs[1], "evaluate"), {"metrics": {"accuracy": 0.99}})
     result = sweep.pick_best(ctx.run_uri)
     assert result["best"]["index"] == 3 and result["best"]["run_uri"] == runs[2]
-    assert [r["evaluated"] for r in result["trials"]] == [False, True, True, True]
+    assert result["ranked_on"] == "validation"
+    assert [r["ranked"] for r in result["trials"]] == [False, True, True, True]
     assert storage.read_json(join_uri(ctx.run_uri, "best", "manifest.json")) == result
 
 
-def test_no_evaluated_trial_is_an_error_naming_the_sweep(sweep_folders):
+def test_a_pruned_trial_never_wins(sweep_folders):
+    ctx, out = sweep_folders
+    runs = [t["run_uri"] for t in out["trials"]]
+    _trained(runs[0], 0.95, pruned="pruned at step 4: accuracy 0.95 is below the median")
+    _trained(runs[1], 0.7)
+    result = sweep.pick_best(ctx.run_uri)
+    assert result["best"]["index"] == 2
+    assert result["trials"][0]["pruned"].startswith("pruned at step 4")
+
+
+def test_no_ranked_trial_is_an_error_naming_the_sweep(sweep_folders):
     ctx, _ = sweep_folders
-    with pytest.raises(BertflowError, match="no trial of the sweep .* was evaluated"):
+    with pytest.raises(BertflowError, match="no trial of the sweep .* trained to its end"):
         sweep.pick_best(ctx.run_uri)
+
+
+def test_pruning_needs_validation_during_training_in_every_trial():
+    with pytest.raises(ConfigError) as err:
+        sweep.plan(BASE, {"grid": {"seed": [1, 2]}}, pruning="median")
+    assert err.value.field == "sweep_pruning" and "set eval_every_steps" in str(err.value)
+    plan = sweep.plan({**BASE, "eval_every_steps": 1}, {"grid": {"seed": [1, 2]}}, "asha")
+    assert plan.pruning == "asha"
+    with pytest.raises(ConfigError, match="not one of none, median, asha"):
+        sweep.plan(BASE, {"grid": {"seed": [1, 2]}}, pruning="hyperband")
 
 
 @pytest.mark.parametrize("cap", [1, 2, 3])
@@ -180,9 +206,8 @@ def test_a_sweep_of_any_task_picks_its_best_by_the_tasks_gate_metric(artifact_ro
     out = sweep.init_sweep(plan, ctx, max_parallel_trials=1)
     assert sweep.read_sweep(ctx.run_uri)["metric"] == metric
     for trial, value in zip(out["trials"], (0.7, 0.8)):
-        runlayout.write_manifest(join_uri(trial["run_uri"], "evaluate"), {"metrics": {
-            metric: value, other: 0.9 - value}})
+        _trained(trial["run_uri"], value, metric)
     best = sweep.pick_best(ctx.run_uri)["best"]
-    assert best["index"] == 2 and best["metrics"][metric] == 0.8
+    assert best["index"] == 2 and best["validation"] == 0.8
     with pytest.raises(ConfigError, match="not sweepable"):
         sweep.plan(BASE, {"grid": {"task": ["regression"]}})

@@ -430,23 +430,34 @@ def trial_of(root: str, dag_id: str, run_key: str) -> dict[str, Any] | None:
 
 def sweep_trials(root: str, dag_id: str, run_key: str,
                  record: dict[str, Any] | None = None) -> list[dict[str, Any]] | None:
-    """A sweep folder's trials (label, run_key, metrics, whether it is the chosen one) from
-    its sweep.json and best/manifest.json (`record`: read_sweep's, if already read); None
+    """A sweep folder's trials (label, run_key, the validation figure of the weights each
+    saved, how it ended, whether it is the chosen one) from its sweep.json, best/manifest.json
+    and the trials' train manifests (`record`: read_sweep's, if already read); None
     for a folder that is not a sweep."""
     record = record or read_sweep(root, dag_id, run_key)
     if record is None:
         return None
     rows = []
     for trial in record["trials"]:
-        evaluation = _dict(join_uri(runs_uri(root), dag_id, trial["run_key"], "evaluate",
-                                    "manifest.json"))
-        metrics = evaluation.get("metrics") if isinstance(evaluation.get("metrics"), dict) \
-            else {}
+        trained = _dict(join_uri(runs_uri(root), dag_id, trial["run_key"], "train",
+                                 "manifest.json"))
+        validated = trained.get("validation") if isinstance(trained.get("validation"),
+                                                            dict) else {}
         rows.append({"run_key": trial["run_key"], "index": trial["index"],
-                     "label": trial["label"], "accuracy": metrics.get("accuracy"),
-                     "macro_f1": metrics.get("macro_f1"),
+                     "label": trial["label"], "validation": validated.get("exported_value"),
+                     "steps": trained.get("steps"), "outcome": trial_outcome(validated),
                      "best": trial["run_key"] == record["best"]})
     return rows
+
+
+def trial_outcome(validated: dict) -> str:
+    """How a trial's training ended, in words for the sweep table."""
+    pruned = validated.get("pruned")
+    if isinstance(pruned, str):
+        return pruned
+    if validated.get("stopped_early"):
+        return f"stopped early (best at step {validated.get('best_step')})"
+    return "trained to the end" if validated else ""
 
 
 def models(root: str, locations: list[str] | None = None) -> list[dict[str, Any]]:

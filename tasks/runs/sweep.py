@@ -27,6 +27,7 @@ from tasks.io.uris import join_uri
 from tasks.errors import BertflowError, ConfigError
 from tasks.io import storage
 from tasks.runs import runlayout, sweep_space
+from tasks.runs.pruning import RULES
 from tasks.runs.runlayout import RunContext
 
 SWEEP_FILE = "sweep.json"
@@ -34,7 +35,7 @@ SWEEP_FILE = "sweep.json"
 # runs or where its model goes (every trial shares the data, the tokenizer, the workers'
 # backend and the export location).
 SWEEPABLE = frozenset(SECTIONS["Training"] + SECTIONS["Training (advanced)"]
-                      + ("epochs", "seed", "max_seq_length"))
+                      + ("epochs", "seed", "max_seq_length")) - {"evaluate_in_train"}
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,19 @@ class Plan:
     shared: RunConfig
     trials: list[Trial]
     space: dict
+    pruning: str = "none"  # tasks/runs/pruning.py
 
 
-def plan(values: dict[str, Any], space: Any) -> Plan:
+def plan(values: dict[str, Any], space: Any, pruning: str = "none") -> Plan:
     """The trials of `space` over the base `values` (Params), each config checked whole;
-    ConfigError names the search-space entry or the trial and field."""
+    ConfigError names the search-space entry or the trial and field.
+
+    Trials are ranked on validation rows (held out of train unless validation_uri is given)
+    and never read the test rows: they do not evaluate after training (evaluate_in_train
+    off); the sweep evaluates its best trial on test, once. `pruning` (sweep_pruning) needs
+    evaluation during training in every trial."""
+    if pruning not in RULES:
+        raise ConfigError("sweep_pruning", f"{pruning!r} is not one of {', '.join(RULES)}")
     for kind in ("grid", "random"):
         dims = space.get(kind) if isinstance(space, dict) else None
         for name in dims if isinstance(dims, dict) else ():
@@ -68,6 +77,7 @@ def plan(values: dict[str, Any], space: Any) -> Plan:
     if not values.get("validation_uri") and values.get("validation_fraction") in (None, ""):
         # Trials are ranked on validation rows, never on the test rows the gate reads.
         values = {**values, "validation_fraction": DEFAULT_VALIDATION_FRACTION}
+    values = {**values, "evaluate_in_train": False}
     overrides = sweep_space.trials(space)
     trials = []
     for index, override in enumerate(overrides, start=1):
@@ -76,10 +86,15 @@ def plan(values: dict[str, Any], space: Any) -> Plan:
         except ConfigError as err:
             raise ConfigError(err.field, f"trial {index} ({sweep_space.label(override)}): "
                                          f"{err.reason}") from None
+        if pruning != "none" and not cfg.validates_in_train:
+            raise ConfigError("sweep_pruning", f"{pruning} pruning compares the trials' "
+                                               "evaluations during training: set "
+                                               "eval_every_steps or eval_every_epoch (trial "
+                                               f"{index} has neither), or sweep_pruning none")
         trials.append(Trial(index, override, cfg))
     common = {name: overrides[0][name] for name in overrides[0]
               if all(trial.get(name) == overrides[0][name] for trial in overrides)}
-    return Plan(parse_config({**values, **common}), trials, space)
+    return Plan(parse_config({**values, **common}), trials, space, pruning)
 
 
 def trial_context(sweep: RunContext, index: int) -> RunContext:
@@ -98,7 +113,7 @@ def init_sweep(p: Plan, ctx: RunContext, max_parallel_trials: int) -> dict[str, 
                        "run_uri": tctx.run_uri, "run_key": tctx.run_key,
                        "max_seq_length": trial.cfg.max_seq_length})
     record = {"space": p.space, "max_parallel_trials": max_parallel_trials,
-              "metric": p.shared.gate_metric_name, "trials": trials}
+              "metric": p.shared.gate_metric_name, "pruning": p.pruning, "trials": trials}
     storage.write_json(join_uri(ctx.run_uri, SWEEP_FILE), record)
     return {"sweep_uri": ctx.run_uri,
             "trials": [{"run_uri": t["run_uri"], "label": t["label"]} for t in trials]}
@@ -153,25 +168,30 @@ def may_start(index: int, finished_before: int, max_parallel: int) -> bool:
 
 
 def pick_best(sweep_uri: str) -> dict[str, Any]:
-    """The trial with the best gate metric (ties: the lower index) among those that were
-    evaluated; writes `best/manifest.json` with every trial's outcome. BertflowError when no
-    trial was evaluated."""
+    """The trial whose saved weights validate best on the gate metric (the train manifest's
+    `validation.exported_value`; ties: the lower index) among those that trained to their
+    end, early stopping included; pruned trials never win. Writes `best/manifest.json` with
+    every trial's outcome. BertflowError when no trial can be ranked."""
     record = read_sweep(sweep_uri)
     metric = record["metric"]
     rows = []
     for trial in record["trials"]:
-        uri = join_uri(trial["run_uri"], "evaluate", runlayout.MANIFEST)
-        metrics = storage.read_json(uri)["metrics"] if storage.exists(uri) else None
+        uri = join_uri(trial["run_uri"], "train", runlayout.MANIFEST)
+        trained = storage.read_json(uri) if storage.exists(uri) else {}
+        validated = trained.get("validation") or {}
+        value = validated.get("exported_value")
         rows.append({"index": trial["index"], "label": trial["label"],
                      "run_uri": trial["run_uri"], "run_key": trial["run_key"],
-                     "evaluated": metrics is not None,
-                     # the task's gate metrics, as evaluate's manifest lists them
-                     "metrics": dict(metrics) if metrics else None})
-    done = [r for r in rows if r["evaluated"]]
-    if not done:
-        raise BertflowError(f"no trial of the sweep {sweep_uri} was evaluated; see the "
-                            "trials' train and evaluate task logs")
-    best = max(done, key=lambda r: (r["metrics"][metric], -r["index"]))
-    manifest = {"metric": metric, "best": best, "trials": rows}
+                     "trained": bool(trained), "validation": value,
+                     "best_step": validated.get("best_step"),
+                     "stopped_early": bool(validated.get("stopped_early")),
+                     "pruned": validated.get("pruned"),
+                     "ranked": value is not None and not validated.get("pruned")})
+    ranked = [r for r in rows if r["ranked"]]
+    if not ranked:
+        raise BertflowError(f"no trial of the sweep {sweep_uri} trained to its end with a "
+                            "validation figure; see the trials' train task logs")
+    best = max(ranked, key=lambda r: (r["validation"], -r["index"]))
+    manifest = {"metric": metric, "ranked_on": "validation", "best": best, "trials": rows}
     runlayout.write_manifest(join_uri(sweep_uri, "best"), manifest)
     return manifest

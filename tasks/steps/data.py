@@ -16,7 +16,8 @@ pass; no list of rows is ever built. Two passes over the inputs:
 2. read again, assign each row to its split and append it to the split's current shard
    (prepared.SHARD_ROWS rows each, written to a local temporary file and moved/uploaded when full).
 The state kept is one counter per distinct label (at most MAX_LABELS), so memory depends on
-the block size, not on the number of rows.
+the block size, not on the number of rows, but for the leakage check's 8-byte key per row
+(tasks/steps/leakage.py: test rows that are also training rows).
 
 Split (no test file): within each class of n >= 2 rows exactly k = min(n - 1, max(1,
 round(n * eval_fraction))) rows are held out, so each class lands within half a row of its
@@ -46,7 +47,7 @@ from tasks.config import RunConfig
 from tasks.io.uris import combined_sha256
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
-from tasks.steps import data_roles, token_data
+from tasks.steps import data_roles, leakage, token_data
 from tasks.steps.prepared import PreparedRow, SplitWriter
 from tasks.steps.split_rule import Router, Splitter
 from tasks.task_kinds import LabelError, TaskKind, kind as task_kind
@@ -191,16 +192,20 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     counted = labels if task_kind(cfg.task).names_labels else []  # no counts of scores
     writers = {name: SplitWriter(step, name, counted)
                for name in data_roles.split_names(cfg)}
-    _write_rows(cfg, train_scan, index, writers, router)
+    check = leakage.LeakageCheck(cfg.lower_case)
+    _write_rows(cfg, train_scan, index, writers, router, check=check)
     for split, scan in given.items():
-        _write_rows(cfg, scan, index, writers, split=split)
+        _write_rows(cfg, scan, index, writers, split=split, check=check)
     splits = {name: writer.close() for name, writer in writers.items()}
+    leaked = leakage.report(check, splits["eval"]["shards"], PreparedRow, cfg.fail_on_leakage,
+                            cfg.test_data_uri or cfg.train_uri)
     manifest = {
         "task": cfg.task,
         "labels": labels,
         "has_pair": cfg.text_pair_column is not None,
         **data_roles.role_sources(cfg, "validation" in writers),
         "splits": splits,
+        "leakage": leaked,
         "sources": {"train": _describe(train_scan),
                     **{split: _describe(given[split]) if split in given else None
                        for split in writers if split != "train"}},
@@ -253,9 +258,9 @@ def _count_name(cfg: RunConfig, scan: _Scan, seen: Optional[Counter], file_uri: 
 
 def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int],
                 writers: dict[str, SplitWriter], router: Optional[Router] = None,
-                split: str = "train") -> None:
+                split: str = "train", check: Optional[leakage.LeakageCheck] = None) -> None:
     """Pass 2: read the files of `scan` again and append each row to `split`, or with a
-    `router` to the split of the row's role."""
+    `router` to the split of the row's role; `check` sees every row written."""
     kind = task_kind(cfg.task)
     for file_uri, sha256 in scan.files:
         table, rows = iter_rows(cfg, file_uri)
@@ -264,6 +269,8 @@ def _write_rows(cfg: RunConfig, scan: _Scan, index: dict[str, int],
             names = [index[n] for n in kind.names(value)]
             to = router.role(text, pair, kind.stratum(value)) if router else split
             writers[to].add(row, names)
+            if check is not None:
+                check.add(to, text, pair)
         if table.stream.sha256 != sha256:
             raise DataError(file_uri, "the file changed while it was being read",
                             hint="run the step again once the file is complete")

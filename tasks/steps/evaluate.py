@@ -57,6 +57,10 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         # small next to the training set, so one process is fast enough; and the chief never
         # connects to the cluster here, so evaluation needs no live workers or ps.
         strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    elif name == "multi_worker_mirrored" and not strategy_lib.in_cluster():
+        # One process of its own (bert_sweep's evaluation of its best trial, whose workers
+        # are released): this process's devices.
+        strategy, name = strategy_lib.local_strategy(cfg)
     else:
         strategy, name = strategy_lib.build_strategy(cfg)
     device = strategy_lib.device_kind(cfg, name)

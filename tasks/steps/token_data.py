@@ -31,7 +31,7 @@ from tasks.io.token_readers import Sentence
 from tasks.io.uris import combined_sha256
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
-from tasks.steps import data_roles
+from tasks.steps import data_roles, leakage
 from tasks.steps.prepared import SplitWriter, TokenRow
 from tasks.steps.split_rule import Router, Splitter
 
@@ -117,14 +117,19 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     index = {tag: i for i, tag in enumerate(labels)}
     writers = {name: SplitWriter(step, name, labels)
                for name in data_roles.split_names(cfg)}
-    _write(cfg, train, index, writers, router)
+    check = leakage.LeakageCheck(cfg.lower_case)
+    _write(cfg, train, index, writers, router, check=check)
     for split, scan in given.items():
-        _write(cfg, scan, index, writers, split=split)
+        _write(cfg, scan, index, writers, split=split, check=check)
+    splits = {name: writer.close() for name, writer in writers.items()}
+    leaked = leakage.report(check, splits["eval"]["shards"], TokenRow, cfg.fail_on_leakage,
+                            cfg.test_data_uri or cfg.train_uri)
     manifest = {
         "task": cfg.task, "labels": labels, "has_pair": False,
         "tag_scheme": "BIO",
         **data_roles.role_sources(cfg, "validation" in writers),
-        "splits": {name: writer.close() for name, writer in writers.items()},
+        "splits": splits,
+        "leakage": leaked,
         "sources": {"train": _describe(train),
                     **{split: _describe(given[split]) if split in given else None
                        for split in writers if split != "train"}},
@@ -202,15 +207,17 @@ def _vocabulary(cfg: RunConfig, scan: _Scan) -> list[str]:
 
 def _write(cfg: RunConfig, scan: _Scan, index: dict[str, int],
            writers: dict[str, SplitWriter], router: Optional[Router] = None,
-           split: str = "train") -> None:
+           split: str = "train", check: Optional[leakage.LeakageCheck] = None) -> None:
     """Pass 2: read the files again, append each sentence to `split`, or with a `router`
-    to the split of its role."""
+    to the split of its role; `check` sees every sentence written."""
     for file_uri, expected in scan.files:
         sha256, found = sentences(cfg, file_uri)
         for _, words, tags in found:
             ids = [index[tag] for tag in tags]
             to = router.role(" ".join(words), " ".join(tags), "") if router else split
             writers[to].add(TokenRow(words, ids), ids)
+            if check is not None:
+                check.add(to, " ".join(words), None)
         if sha256() != expected:
             raise DataError(file_uri, "the file changed while it was being read",
                             hint="run the step again once the file is complete")

@@ -36,6 +36,7 @@ from tasks.io import storage
 from tasks.config import DEFAULT_CLIP_NORM, RunConfig, check_training_loop
 from tasks.errors import ConfigError
 from tasks.io.uris import join_uri
+from tasks.runs import pruning
 from tasks.runs.runlayout import RunContext, read_manifest, write_manifest
 from tasks.task_kinds import TaskKind, kind as task_kind
 
@@ -119,6 +120,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                 plan.total_steps, plan.steps_per_epoch, writer=tf.summary.create_file_writer(
                     str(out / "tensorboard" / "validation")))
             tracked["validation"] = validator.best  # the best-so-far state resumes too
+            validator.prune = pruning_hook(cfg, ctx, strategy, name, chief, validator)
         with strategy.scope():
             manager = tf.train.CheckpointManager(
                 tf.train.Checkpoint(**tracked), out / "checkpoints",
@@ -242,6 +244,26 @@ def check_validation(cfg: RunConfig, tok: dict, plan: model_lib.TrainPlan, name:
         raise ConfigError("eval_every_steps", f"{cfg.eval_every_steps} is more than the "
                                               f"run's {plan.total_steps} steps: no evaluation "
                                               "would run before the last step; lower it")
+
+
+def pruning_hook(cfg: RunConfig, ctx: RunContext, strategy, name: str, chief: bool,
+                 validator: validation.Validator):
+    """A sweep trial's pruning decision (tasks/runs/pruning.py) as the Validator calls it:
+    the chief reads the other trials' figures and decides, and every worker of a lockstep
+    cluster learns the decision through one collective (they must all stop at one step).
+    None: this run is no trial of a pruning sweep."""
+    pruner = pruning.for_run(ctx.run_uri, cfg.gate_metric_name,
+                             validator.every or validator.epoch)
+    if pruner is None:
+        return None
+    agree = strategy_lib.any_worker(strategy, name)
+
+    def decide(step: int, value: float) -> str | None:
+        reason = pruner.check(step, value) if chief else None
+        if agree(reason is not None):
+            return reason or f"pruned at step {step} (the chief's decision)"
+        return None
+    return decide
 
 
 @contextmanager

@@ -162,23 +162,13 @@ class Agreement:
     lockstep strategy, the chief's own answer under parameter_server."""
 
     def __init__(self, strategy, name: str, watcher: Watcher):
+        from tasks.training.strategy import any_worker
+
         self.watcher = watcher
-        self._any = None
-        if name == "multi_worker_mirrored":
-            import tensorflow as tf
-
-            @tf.function
-            def any_noticed(flag):
-                per_replica = strategy.run(lambda: tf.identity(flag))
-                return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
-
-            self._any = any_noticed
+        self._any = any_worker(strategy, name)
 
     def should_stop(self) -> bool:
-        if self._any is None:
-            return self.watcher.noticed
-        import tensorflow as tf
-        stop = bool(self._any(tf.constant(1.0 if self.watcher.noticed else 0.0)) > 0)
+        stop = self._any(self.watcher.noticed)
         if stop:
             # Told by a peer: recorded as such, even if this process's own SIGTERM (the
             # controller stopping the rest of the cluster) arrives before its record is written.

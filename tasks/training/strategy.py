@@ -81,6 +81,21 @@ def build_strategy(cfg) -> tuple[tf.distribute.Strategy, str]:
     raise BertflowError(f"strategy {name}: not supported")
 
 
+def in_cluster() -> bool:
+    """Whether this process is one task of a TF_CONFIG cluster."""
+    return bool(json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster"))
+
+
+def local_strategy(cfg) -> tuple[tf.distribute.Strategy, str]:
+    """(strategy, name) over this process's own devices, for a step the configured cluster
+    strategy does not run (a sweep's best trial evaluated alone): Mirrored over its devices,
+    or one device."""
+    devices = _local_devices(cfg)
+    if len(devices) > 1:
+        return tf.distribute.MirroredStrategy(devices), "mirrored"
+    return tf.distribute.OneDeviceStrategy(devices[0]), "one_device"
+
+
 def device_kind(cfg, name: str) -> str:
     """"tpu", "gpu" or "cpu": what the replicas of this process compute on."""
     if name == "tpu":
@@ -148,3 +163,19 @@ def _connect_tpu(cfg) -> tf.distribute.cluster_resolver.TPUClusterResolver:
             f"Param to the TPU name or grpc:// address (and tpu_zone / tpu_project if it is "
             f"not in this VM's zone and project), or 'local' on a TPU VM") from None
     return resolver
+
+
+def any_worker(strategy, name: str):
+    """A function of a flag returning whether any worker passed True: the same answer on
+    every worker of multi_worker_mirrored (a summing collective; every worker must call it at
+    the same point), the process's own flag under the single-process strategies and
+    parameter_server (whose chief alone decides)."""
+    if name != "multi_worker_mirrored":
+        return bool
+
+    @tf.function
+    def summed(flag):
+        per_replica = strategy.run(lambda: tf.identity(flag))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+    return lambda flag: bool(summed(tf.constant(1.0 if flag else 0.0)) > 0)

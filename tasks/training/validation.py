@@ -69,12 +69,17 @@ class Validator:
         self.total_steps, self.steps_per_epoch = total_steps, steps_per_epoch
         self.writer, self.history = writer, history  # TensorBoard, history.json (chief)
         self.seconds: list[float] = []  # this attempt's evaluations
+        # A sweep's pruning (tasks/runs/pruning.py): a function of (step, value) returning
+        # the reason to stop, the same on every worker; `pruned` holds that reason.
+        self.prune = None
+        self.pruned: str | None = None
 
     @property
     def stopped(self) -> bool:
-        """Early stopping's verdict (read from the checkpointed state, so a run resumed
-        after it stopped stops again at once)."""
-        return bool(self.patience) and int(self.best.stale.numpy()) >= self.patience
+        """Pruned, or early stopping's verdict (read from the checkpointed state, so a run
+        resumed after it stopped stops again at once)."""
+        return self.pruned is not None or (
+            bool(self.patience) and int(self.best.stale.numpy()) >= self.patience)
 
     def due(self, step: int) -> bool:
         return bool((self.every and step % self.every == 0)
@@ -109,9 +114,13 @@ class Validator:
             self.best.keep(self.model)
         else:
             self.best.stale.assign_add(1)
+        if self.prune is not None and step < self.total_steps and not self.stopped:
+            self.pruned = self.prune(step, value)
         print(f"validation at step {step}: {self.metric} {value:.4f} (best "
               f"{float(self.best.value.numpy()):.4f} at step {int(self.best.step.numpy())}"
               f"{'; early stop' if self.stopped else ''}; {seconds:.2f} s)", flush=True)
+        if self.pruned:
+            print(f"validation: {self.pruned}", flush=True)
         self._record(step, metrics, seconds)
 
     def finish(self) -> dict:
@@ -143,6 +152,7 @@ class Validator:
         return {"metric": self.metric, "best_step": int(self.best.step.numpy()),
                 "best_value": best_value,
                 "stopped_early": self.stopped,
+                "pruned": self.pruned,
                 "exported": exported,
                 # the validation figure of the weights the run saves (a sweep ranks by it)
                 "exported_value": best_value if exported == "best" else last,
