@@ -425,6 +425,16 @@ class RunConfig(BaseModel):
                     "of (candidate - champion) on the gate metric is at least minus this. "
                     "0: only a candidate not shown worse than the champion. "
                     "docs/experiments.md, The quality gate.")
+    gate_per_class_max_regression: Optional[float] = Field(
+        default=None, ge=0, le=1, title="Maximum regression per class",
+        description="A slice check, as TFMA's: refuse a candidate whose F1 on any class "
+                    "(multi-label: label; entities: entity type) with at least "
+                    "gate_per_class_min_support test units is below the champion's on the "
+                    "same rows by more than this. Empty: off.")
+    gate_per_class_min_support: int = Field(
+        default=20, ge=1, title="Minimum support per class",
+        description="Classes with fewer test units than this are not checked (their F1 "
+                    "moves by chance).")
     require_approval: bool = Field(
         default=False, title="Require approval",
         description="After the gate passes, wait for a person to approve the model (the "

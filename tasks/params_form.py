@@ -32,7 +32,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                  "warmup_ratio", "weight_decay", "mixed_precision", "deterministic",
                  "group_by_length"),
     "Export and quality gate": ("export_uri", "model_name", "gate_metric", "gate_min_value",
-                                "gate_max_regression", "require_approval",
+                                "gate_max_regression", "gate_per_class_max_regression",
+                                "gate_per_class_min_support", "require_approval",
                                 "approval_timeout_minutes"),
     "Remote workers (advanced)": (
         "worker_image", "image_registry", "accelerator_type", "tpu_topology", "machine_type",

@@ -125,6 +125,34 @@ def test_run_page_draws_the_validation_curve_with_its_best_step(logged_in, tree)
     assert mark[2] == "best: step 4, accuracy 0.8 (exported)"
 
 
+def test_run_page_tables_both_models_on_the_same_rows(logged_in, tree):
+    import numpy as np
+
+    from tasks.gate import unit_scores
+    from tasks.io import storage
+    from tasks.steps import gate_eval
+
+    truth = np.array([0] * 60 + [1] * 30 + [2] * 10)
+    champ, cand = truth.copy(), truth.copy()
+    champ[60:75] = 0  # the champion misses 15 of class 1, the candidate 5 of class 2
+    cand[90:95] = 0
+    scored = {side: unit_scores.classification(truth, p, ["x", "y", "z"])
+              for side, p in (("candidate", cand), ("champion", champ))}
+    run = f"{tree}/runs/{DAG_ID}/{RUN_KEY}"
+    storage.write_json(f"{run}/gate_eval/manifest.json", {
+        "champion": {"version": "v0"}, "metric": "accuracy",
+        **gate_eval.compared(scored, "classification", "accuracy", 0)})
+    text = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text
+    table = re.search(r"<table class='comparison'>.*?</table>", text, flags=re.S)[0]
+    assert "champion v0 on the same 100 test rows" in table
+    cells = re.findall(r"<tr class='metric'><td class='l'>accuracy</td><td>([^<]+)</td>"
+                       r"<td>([^<]+)</td><td>([^<]+)</td>", table)
+    assert cells[0][:2] == ("0.95", "0.85") and cells[0][2].startswith("+0.1000 [+")
+    # The classes the candidate lowered most come first: z (5 of 10 missed).
+    classes = re.findall(r"<tr class='class'><td class='l'>F1 (\w) \((\d+)\)</td>", table)
+    assert classes[0] == ("z", "10") and len(classes) == 3
+
+
 def test_run_page_of_a_run_still_training(logged_in, artifact_root):
     """A run folder without history or metrics yet still renders, saying what is missing."""
     from tasks.io import storage

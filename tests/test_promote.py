@@ -312,3 +312,39 @@ def test_the_approval_tables_the_tasks_own_metrics(tmp_path):
     # f1 2*30/(40+30) and 2*20/(40+20); recall 30/40 and 20/40
     assert "| f1 | 0.8571 | 0.6667 |" in body and "| recall | 0.7500 | 0.5000 |" in body
     assert "accuracy" not in body
+
+
+def _three_class_record(cfg):
+    """600 test rows (a 300, b 250, c 50): the champion misses 60 rows of b, the candidate
+    gets b right but misses 30 rows of c (predicting a): better overall, worse on c."""
+    truth = np.array([0] * 300 + [1] * 250 + [2] * 50)
+    champ, cand = truth.copy(), truth.copy()
+    champ[300:360] = 0
+    cand[550:580] = 0
+    scored = {side: unit_scores.classification(truth, predicted, ["a", "b", "c"])
+              for side, predicted in (("candidate", cand), ("champion", champ))}
+    return {"version_uri": f"{cfg.export_uri}/m/x", "version": "x",
+            "champion": promote.without_history(champion(cfg)), "metric": "accuracy",
+            "test_sha256": "0" * 64, **gate_eval.compared(scored, "classification",
+                                                          "accuracy", 0)}
+
+
+@pytest.mark.parametrize("settings, promoted", [
+    ({}, True),  # no slice check: better overall is enough
+    ({"gate_per_class_max_regression": 0.1}, False),
+    ({"gate_per_class_max_regression": 0.5}, True),  # c's F1 falls by 0.43
+    ({"gate_per_class_max_regression": 0.1, "gate_per_class_min_support": 51}, True),
+])
+def test_the_slice_check_refuses_a_candidate_worse_on_a_supported_class(tmp_path, settings,
+                                                                        promoted):
+    root = str(tmp_path / "store")
+    promote_run(*exported_run(root, tmp_path, "v1", 0.80))
+    cfg, ctx = exported_run(root, tmp_path, "v2", 0.95, **settings)
+    runlayout.write_manifest(ctx.step_uri("gate_eval"), _three_class_record(cfg))
+    result = promote_run(cfg, ctx)
+    assert result["promoted"] is promoted, result["reason"]
+    assert result["reason"].startswith("accuracy 0.9500 vs champion v1 0.9000 on the same 600")
+    if not promoted:
+        assert result["reason"].endswith(
+            "but F1 fell by more than gate_per_class_max_regression (0.1) on 1 class(es): "
+            "c 0.5714 vs 1.0000 (-0.4286, 50 rows)")

@@ -264,7 +264,36 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
         "card_href": _run_card_href("../../", run, default),
         "elsewhere": None if run["export_location"] == default else run["export_location"],
         "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,
+        "comparison": comparison_table(run.get("comparison")),
     }
+
+
+def comparison_table(record) -> dict | None:
+    """gate_eval's record as the run page's table: both models' metrics on the same test
+    rows, and the classes whose F1 moved most; None when there was no champion to compare
+    (or the record is damaged)."""
+    if not isinstance(record, dict) or not record.get("comparable"):
+        return None
+    try:
+        ours, theirs = record["metrics"]["candidate"], record["metrics"]["champion"]
+        rows = [(name, ours[name], theirs[name], ours[name] - theirs[name])
+                for name in ours if isinstance(ours[name], (int, float))
+                and isinstance(theirs.get(name), (int, float))]
+        per_class = record.get("per_class") or {}
+        moved = sorted(((name, m["f1"], per_class["champion"][name]["f1"],
+                         m["f1"] - per_class["champion"][name]["f1"], m["support"])
+                        for name, m in (per_class.get("candidate") or {}).items()
+                        if name in (per_class.get("champion") or {})),
+                       key=lambda row: row[3])[:CLASSES_SHOWN]
+        difference = record["difference"]
+        return {"champion": record["champion"]["version"], "units": record["units"],
+                "unit": record.get("unit", "rows"), "metric": record["metric"], "rows": rows,
+                "interval": (difference["low"], difference["high"]), "classes": moved}
+    except (KeyError, TypeError, AttributeError):
+        return None
+
+
+CLASSES_SHOWN = 5  # the classes whose F1 the candidate lowered most (or raised least)
 
 
 @app.get("/runs/{dag_id}/{run_key}", response_class=HTMLResponse)

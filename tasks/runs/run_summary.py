@@ -349,6 +349,7 @@ def run_detail(root: str, dag_id: str, run_key: str, *,
         "history_meta": {k: v for k, v in history.items() if k != "records"},
         "metrics": _dict(join_uri(run, "evaluate", "metrics.json")) or None,
         "gate": _dict(join_uri(run, "gate", "manifest.json")) or None,
+        "comparison": _dict(join_uri(run, "gate_eval", "manifest.json")) or None,
         "goodput_detail": train_goodput(run),
         "steps_done": [s for s in ("data", "tokenize", "provision", "train", "evaluate",
                                    "release", "export", "gate_eval", "gate", "promote")

@@ -266,10 +266,16 @@ def _number(value) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
+ROLE_NAMES = {"eval": "test"}
+
+
 def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens: dict,
                train: dict, metrics: dict) -> str:
-    sources = "\n".join(f"- {split}: `{src['uri']}` (sha256 `{src['sha256']}`)"
+    # The data step's "eval" split is the test role (docs/experiments.md, Three roles).
+    sources = "\n".join(f"- {ROLE_NAMES.get(split, split)}: `{src['uri']}` "
+                        f"(sha256 `{src['sha256']}`)"
                         for split, src in data["sources"].items() if src)
+    validated = train.get("validation") or {}
     kind = task_kind(data.get("task", "classification"))
     settings = {
         "task": kind.name, "labels": data["labels"], "text pairs": data["has_pair"],
@@ -278,6 +284,11 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
         "steps": train.get("steps"), "learning rate": train.get("learning_rate"),
         "final loss": train.get("final_loss"),
+        "saved weights": (f"{validated['exported']} step by validation "
+                          f"{validated.get('metric')} (best {validated.get('best_value')} "
+                          f"at step {validated.get('best_step')}"
+                          f"{', stopped early' if validated.get('stopped_early') else ''})"
+                          if validated else "the last step's"),
         "goodput": goodput.describe(goodput.read_goodput(join_uri(ctx.run_uri, "train")))}
     return f"""# {cfg.model_name} {version}
 
@@ -299,7 +310,7 @@ tokenizer files): `{"AutoModelForTokenClassification" if kind.per_token else "Au
 - base checkpoint: {base_checkpoint_line(cfg, train)}
 {chr(10).join(f"- {k}: {v}" for k, v in settings.items())}
 
-## Evaluation ({metrics.get("num_examples")} examples)
+## Evaluation on the test rows ({metrics.get("num_examples")} examples)
 {evaluation_section(kind, metrics)}
 
 ## Lineage

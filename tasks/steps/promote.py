@@ -249,7 +249,33 @@ def gate(cfg: RunConfig, value: float, champion: dict | None,
     if low < -cfg.gate_max_regression:
         return False, (f"{describe(comparison)}: the interval's lower end is below "
                        f"-gate_max_regression ({-cfg.gate_max_regression:g})")
+    if cfg.gate_per_class_max_regression is not None:
+        slipped = class_regressions(comparison, cfg.gate_per_class_max_regression,
+                                    cfg.gate_per_class_min_support)
+        if slipped:
+            return False, (f"{describe(comparison)}, but F1 fell by more than "
+                           f"gate_per_class_max_regression ({cfg.gate_per_class_max_regression:g}) "
+                           f"on {len(slipped)} class(es): {'; '.join(slipped[:3])}")
     return True, describe(comparison)
+
+
+def class_regressions(comparison: dict, tolerance: float, min_support: int) -> list[str]:
+    """The classes (labels, entity types) with at least `min_support` test units whose F1
+    the candidate lowers by more than `tolerance` against the champion on the same rows,
+    worst first, each as "name 0.8100 vs 0.9000 (-0.0900, 40 rows)"."""
+    ours = comparison.get("per_class", {}).get("candidate") or {}
+    theirs = comparison.get("per_class", {}).get("champion") or {}
+    unit = comparison.get("unit", "rows")
+    found = []
+    for name, mine in ours.items():
+        other = theirs.get(name)
+        if other is None or mine["support"] < min_support:
+            continue
+        drop = other["f1"] - mine["f1"]
+        if drop > tolerance:
+            found.append((drop, f"{name} {mine['f1']:.4f} vs {other['f1']:.4f} "
+                                f"({-drop:+.4f}, {mine['support']} {unit})"))
+    return [text for _, text in sorted(found, key=lambda item: -item[0])]
 
 
 def without_history(champion: dict | None) -> dict | None:
