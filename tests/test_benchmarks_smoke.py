@@ -141,6 +141,7 @@ SMOKE = {
     "train_fixed_cost": ([], None),  # bertflow's train step only, short and long runs
     "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
+    "early_stopping": ([], None),  # bertflow's two arms, no peer
 }
 
 
@@ -221,6 +222,11 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         # the train step evaluated in memory (evaluate_in_train), and that time is recorded
         (run,) = data["results"]["sst2"]["bertflow"].values()
         assert 0 < run["evaluation_in_train_seconds"] < run["step_seconds"]["train"]
+    if script == "early_stopping":
+        for dataset in data["datasets"].values():
+            (full,), (early,) = dataset["runs"]["full"], dataset["runs"]["early"]
+            assert full["steps"] == full["total_steps"] and full["validation_evaluations"] == 1
+            assert early["validation_evaluations"] >= 1 and early["steps"] <= full["steps"]
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
