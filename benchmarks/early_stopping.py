@@ -22,8 +22,8 @@ metric per seed; `computed_wall_ratio` = median early / median full; `computed_m
 = mean(early) - mean(full); `computed_seed_spread` = the larger of the two arms' max - min over
 seeds.
 
-`--smoke`: a tiny random BERT on synthetic data, 1 seed, 2 epochs, results in a temporary
-folder.
+`--smoke`: a tiny random BERT on synthetic data, the first data set, 1 seed, 2 epochs,
+results in a temporary folder.
 """
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def main() -> None:
             for split in ("train", "dev"):
                 shutil.copy(work / "data" / "snips" / "train.tsv", smoke_banking / f"{split}.tsv")
             model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
-            seeds, args.epochs = seeds[:1], 2
+            names, seeds, args.epochs = names[:1], seeds[:1], 2
         for name in names:
             common.require_data(*DATASETS[name][:2])
         results: dict[str, dict] = {}

@@ -222,13 +222,14 @@ def test_a_sweep_s_page_lists_its_trials_and_compares_them_all(logged_in, artifa
     ctx = RunContext(artifact_root, "bert_sweep", "exp__2026-10-01", "backfill__x", "exp")
     out = sweep.init_sweep(plan, ctx, max_parallel_trials=2)
     for trial, accuracy in zip(out["trials"][:2], (0.75, 0.875)):  # trial 3 failed
-        runlayout.write_manifest(join_uri(trial["run_uri"], "evaluate"),
-                                 {"metrics": {"accuracy": accuracy, "macro_f1": 0.5}})
+        runlayout.write_manifest(join_uri(trial["run_uri"], "train"), {"steps": 3, "validation": {
+            "metric": "accuracy", "exported_value": accuracy, "best_step": 3,
+            "stopped_early": False, "pruned": None}})
     sweep.pick_best(ctx.run_uri)
     page = logged_in.get("/bertflow/runs/bert_sweep/exp__2026-10-01")
     assert page.status_code == 200, page.text
     rows = re.findall(r"<tr class='trial'><td class='l'>(&#9733; )?<a href='([^']+)'>([^<]+)"
-                      r"</a></td><td class='accuracy'>([^<]+)</td>", page.text)
+                      r"</a></td><td class='validation'>([^<]+)</td>", page.text)
     assert rows == [("", "exp__2026-10-01__trial-01", "learning_rate=3e-05", "0.75"),
                     ("&#9733; ", "exp__2026-10-01__trial-02", "learning_rate=5e-05", "0.875"),
                     ("", "exp__2026-10-01__trial-03", "learning_rate=0.0001", "–")]

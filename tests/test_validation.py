@@ -136,8 +136,8 @@ def test_custom_loop_validates_every_epoch_without_stopping(tmp_path, tiny_model
     assert manifest["validation"]["evaluations_this_attempt"] == 3
 
 
-def test_a_run_that_cannot_validate_is_refused_before_the_model_loads(tmp_path,
-                                                                       tiny_model_dir):  # noqa: F811
+def test_a_run_that_cannot_validate_is_refused_before_the_model_loads(
+        tmp_path, tiny_model_dir):  # noqa: F811
     cfg, ctx = make_run(tmp_path, tiny_model_dir, num_validation=20, eval_every_steps=30)
     with pytest.raises(ConfigError, match="more than the run's 24 steps"):
         train.run(cfg, ctx)

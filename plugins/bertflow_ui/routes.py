@@ -250,7 +250,8 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
                                                              "tensorboard")
     gate = run["gate"]
     return {
-        "run": run, "charts": charts.run_charts(run["history"], run.get("history_meta")), "metrics": metrics,
+        "run": run, "charts": charts.run_charts(run["history"], run.get("history_meta")),
+        "metrics": metrics,
         "confusion": charts.confusion((metrics or {}).get("confusion_matrix"), labels),
         # multi-label and regression runs name their own metrics (tasks/task_kinds.py)
         "headline": [] if "accuracy" in (metrics or {}) else [
