@@ -79,10 +79,10 @@ def sweep_uri_of(run_uri: str) -> Optional[str]:
     return head if mark and tail.isdigit() else None
 
 
-def peer_values(sweep_uri: str, own_run_uri: str, metric: str) -> Callable[[int], list[float]]:
-    """A function of a step: the `metric` every other trial of the sweep recorded at that
-    step (their train/history.json `validation`), read at each call."""
-    record = storage.read_json(join_uri(sweep_uri, "sweep.json"))
+def peer_values(record: dict, own_run_uri: str, metric: str) -> Callable[[int], list[float]]:
+    """A function of a step: the `metric` every other trial of the sweep (`record`: its
+    sweep.json) recorded at that step (their train/history.json `validation`), read at each
+    call."""
     others = [t["run_uri"] for t in record["trials"]
               if t["run_uri"].rstrip("/") != own_run_uri.rstrip("/")]
 
@@ -104,7 +104,8 @@ def for_run(run_uri: str, metric: str, unit: int) -> Optional[Pruner]:
     sweep_uri = sweep_uri_of(run_uri)
     if sweep_uri is None or not storage.exists(join_uri(sweep_uri, "sweep.json")):
         return None
-    rule = storage.read_json(join_uri(sweep_uri, "sweep.json")).get("pruning", "none")
+    record = storage.read_json(join_uri(sweep_uri, "sweep.json"))
+    rule = record.get("pruning", "none")
     if rule == "none":
         return None
-    return Pruner(rule, metric, peer_values(sweep_uri, run_uri, metric), unit)
+    return Pruner(rule, metric, peer_values(record, run_uri, metric), unit)

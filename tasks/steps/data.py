@@ -207,8 +207,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "splits": splits,
         "leakage": leaked,
         "sources": {"train": _describe(train_scan),
-                    **{split: _describe(given[split]) if split in given else None
-                       for split in writers if split != "train"}},
+                    **data_roles.held_out_sources(writers, given, _describe)},
     }
     rule = data_roles.split_rule(cfg, router, task_kind(cfg.task).split_rule)
     if rule:

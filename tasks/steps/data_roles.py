@@ -55,3 +55,10 @@ def split_rule(cfg: RunConfig, router: Router, rule: str) -> Optional[dict]:
         out["validation_rule"] = ("the same rule over the training rows left after the test "
                                   "split, with its own seeded key")
     return out
+
+
+def held_out_sources(writers: dict, given: dict, describe) -> dict:
+    """The manifest's `sources` entries of the held-out splits: the file each was read from
+    (`describe`d), or None where it was carved from the training data."""
+    return {split: describe(given[split]) if split in given else None
+            for split in writers if split != "train"}
