@@ -152,9 +152,16 @@ class RunConfig(BaseModel):
         default=128, ge=8, le=512, title="Max sequence length",
         description="Tokens per example including [CLS]/[SEP]; longer rows are truncated "
                     "(the count is recorded in the tokenize manifest).")
-    lower_case: bool = Field(
-        default=True, title="Lower-case input",
-        description="Lower-case and strip accents, as uncased BERT vocabularies expect.")
+    lower_case: Optional[bool] = Field(
+        default=None, title="Lower-case input",
+        description="Lower-case and strip accents (uncased checkpoints) or not (cased ones). "
+                    "Empty: read from the checkpoint (tokenizer_config.json's do_lower_case, "
+                    "tokenizer.json's normalizer, else its vocabulary); the tokenize "
+                    "manifest says which rule decided. A value the checkpoint contradicts is "
+                    "refused unless lower_case_override.")
+    lower_case_override: bool = Field(
+        default=False, title="Override the checkpoint's casing",
+        description="Train with lower_case even where the checkpoint says otherwise.")
     num_shards: int = Field(default=4, ge=1, le=1024, title="TFRecord shards",
                             description="Shards per split; more shards let more workers read "
                                         "in parallel.")

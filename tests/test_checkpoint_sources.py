@@ -364,3 +364,53 @@ def test_classifier_head_is_kept_only_for_the_same_labels(tmp_path):
     assert not np.allclose(fresh.head.classifier.kernel.numpy(), original)
     assert np.allclose(fresh.encoder.weights[0].numpy(), kept.encoder.weights[0].numpy())
     assert checkpoint.head_labels(write_tiny_model(tmp_path / "base")) is None
+
+
+# --- the tokenizer's casing (tasks/model/casing.py) -----------------------------------------
+def cased(tmp_path, tiny, name: str = "cased"):
+    """The tiny checkpoint with a tokenizer_config.json that says it is cased."""
+    folder = variant(tmp_path, tiny, name)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    return folder
+
+
+def test_bucket_casing_is_read_before_the_weights_and_fetched_with_them(bucket, tmp_path, tiny,
+                                                                        cache, monkeypatch):
+    prefix, conns = bucket
+    storage.upload_dir(cased(tmp_path, tiny), f"{prefix}/cased")
+    cfg = RunConfig(base_model=f"{prefix}/cased", **conns)
+    reads = []
+    real = storage.read_bytes
+    monkeypatch.setattr(storage, "read_bytes", lambda uri: reads.append(uri) or real(uri))
+    found = checkpoint_sources.casing(cfg)
+    assert (found.lower_case, found.rule) == (False, "tokenizer_config.json do_lower_case")
+    assert not any(u.endswith("model.safetensors") for u in reads)
+    resolved = checkpoint.resolve_base_checkpoint(cfg)
+    assert (resolved.path / "tokenizer_config.json").is_file()
+    assert checkpoint.casing(resolved.path, cfg) == found
+    # The tiny checkpoint says nothing but has no capitalised piece: uncased.
+    plain = checkpoint_sources.casing(RunConfig(base_model=f"{prefix}/bert", **conns))
+    assert plain.lower_case and plain.rule == "vocab.txt has no capitalised pieces"
+
+
+def test_hub_casing_is_read_online_and_offline(tmp_path, tiny, cache, monkeypatch):
+    with FakeHub() as fake:
+        fake.add("org/cased-bert", cased(tmp_path, tiny))
+        monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
+        cfg = RunConfig(base_model="org/cased-bert")
+        checkpoint_sources.check(cfg)
+        assert checkpoint_sources.casing(cfg).lower_case is False
+        assert fake.file_gets("model.safetensors") == 0
+        resolved = checkpoint.resolve_base_checkpoint(cfg)
+        assert sorted(p.name for p in resolved.path.iterdir()) == [
+            "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+        seen = len(fake.requests)
+        assert checkpoint_sources.casing(cfg).lower_case is False
+        assert len(fake.requests) == seen
+
+
+def test_a_remote_worker_s_path_is_read_where_it_is_loaded(tmp_path, tiny):
+    cfg = RunConfig(base_model=str(cased(tmp_path, tiny)), provisioner="kubernetes",
+                    artifact_root="gs://bucket/art")
+    assert checkpoint_sources.casing(cfg) is None

@@ -48,6 +48,7 @@ from tasks.io.uris import combined_sha256
 from tasks.errors import DataError
 from tasks.runs.runlayout import RunContext
 from tasks.steps import data_roles, leakage, token_data
+from tasks.training import checkpoint
 from tasks.steps.prepared import PreparedRow, SplitWriter
 from tasks.steps.split_rule import Router, Splitter
 from tasks.task_kinds import LabelError, TaskKind, kind as task_kind
@@ -192,7 +193,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     counted = labels if task_kind(cfg.task).names_labels else []  # no counts of scores
     writers = {name: SplitWriter(step, name, counted)
                for name in data_roles.split_names(cfg)}
-    check = leakage.LeakageCheck(cfg.lower_case)
+    check = leakage.LeakageCheck(checkpoint.lower_case(cfg))
     _write_rows(cfg, train_scan, index, writers, router, check=check)
     for split, scan in given.items():
         _write_rows(cfg, scan, index, writers, split=split, check=check)

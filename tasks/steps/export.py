@@ -279,7 +279,9 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
     kind = task_kind(data.get("task", "classification"))
     settings = {
         "task": kind.name, "labels": data["labels"], "text pairs": data["has_pair"],
-        "max_seq_length": tokens["max_seq_length"], "lower_case": tokens["lower_case"],
+        "max_seq_length": tokens["max_seq_length"],
+        "lower_case": (f"{tokens['lower_case']} ({tokens['lower_case_rule']})"
+                       if tokens.get("lower_case_rule") else tokens["lower_case"]),
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
         "steps": train.get("steps"), "learning rate": train.get("learning_rate"),

@@ -32,6 +32,7 @@ from tasks.io.uris import combined_sha256
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
 from tasks.steps import data_roles, leakage
+from tasks.training import checkpoint
 from tasks.steps.prepared import SplitWriter, TokenRow
 from tasks.steps.split_rule import Router, Splitter
 
@@ -117,7 +118,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     index = {tag: i for i, tag in enumerate(labels)}
     writers = {name: SplitWriter(step, name, labels)
                for name in data_roles.split_names(cfg)}
-    check = leakage.LeakageCheck(cfg.lower_case)
+    check = leakage.LeakageCheck(checkpoint.lower_case(cfg))
     _write(cfg, train, index, writers, router, check=check)
     for split, scan in given.items():
         _write(cfg, scan, index, writers, split=split, check=check)

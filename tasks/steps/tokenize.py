@@ -68,15 +68,17 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     """Tokenize the prepared splits (or reuse the cache); return the manifest URI."""
     data = runlayout.read_manifest(ctx.manifest_uri("data"))
     task = data.get("task", "classification")  # data manifests from before issue 33
-    vocab_file = checkpoint.vocab_path(checkpoint.resolve_base_model(cfg))
+    model_dir = checkpoint.resolve_base_model(cfg)
+    vocab_file = checkpoint.vocab_path(model_dir)
+    casing = checkpoint.casing(model_dir, cfg)
     content_hash = _content_hash(data["splits"], vocab_file.read_bytes(), cfg,
-                                 task, len(data["labels"]))
+                                 task, len(data["labels"]), casing.lower_case)
     cache = runlayout.cache_uri(cfg.artifact_root, content_hash)
 
     cached = _complete_cache_manifest(cache)
     reused = cached is not None
     if not reused:
-        encoder = BertTextEncoder(vocab_file, cfg.lower_case, cfg.max_seq_length)
+        encoder = BertTextEncoder(vocab_file, casing.lower_case, cfg.max_seq_length)
         cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task)
     if task_kind(task).per_token:
         truncated = cached["splits"]["train"]["num_truncated"]
@@ -91,6 +93,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "vocab_size": cached["vocab_size"],
         "max_seq_length": cached["max_seq_length"],
         "lower_case": cached["lower_case"],
+        "lower_case_rule": casing.rule,  # which rule decided (tasks/model/casing.py)
         "has_pair": data["has_pair"],
         "task": task,
         "labels": data["labels"],
@@ -103,7 +106,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
 
 
 def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "classification",
-                  num_labels: int = 0) -> str:
+                  num_labels: int = 0, lower_case: bool = True) -> str:
     """sha256 over the settings, the vocab and each split's prepared bytes (its shards in
     order), streamed block by block; the same value as hashing each split's bytes whole.
 
@@ -112,7 +115,7 @@ def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "class
     written before tasks existed valid."""
     digest = hashlib.sha256()
     settings = {"encoder": ENCODER_VERSION, "max_seq_length": cfg.max_seq_length,
-                "lower_case": cfg.lower_case, "num_shards": cfg.num_shards}
+                "lower_case": lower_case, "num_shards": cfg.num_shards}
     if task != "classification":
         settings.update(task=task, num_labels=num_labels)
     names = split_names(splits)

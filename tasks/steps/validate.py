@@ -4,9 +4,10 @@ call the same functions, so a config that the DAG refuses is refused on the comm
 with the same message.
 
 - `check_inputs_and_model(cfg)`: the data files, the checkpoint (exists, has the files
-  loading needs, is a BERT; a champion is pinned to its version), the batch against the
-  workers' memory, the capacity the backend can express. Sets cfg.base_model to the pinned
-  checkpoint every step then starts from. No run folder needed.
+  loading needs, is a BERT; a champion is pinned to its version; its tokenizer's casing
+  against lower_case), the batch against the workers' memory, the capacity the backend can
+  express. Sets cfg.base_model to the pinned checkpoint every step then starts from, and an
+  empty lower_case to the checkpoint's. No run folder needed.
 - `check_backend(cfg, ctx)`: the backend's own checks (e.g. remote workers need a gs:// or
   s3:// run folder), then a gated Hub checkpoint staged for workers that get no connections.
 - `check_run(cfg, ctx)`: both, in that order.
@@ -22,6 +23,7 @@ from tasks.runs.runlayout import RunContext
 
 def check_inputs_and_model(cfg: RunConfig) -> RunConfig:
     from tasks.io import storage
+    from tasks.model import casing
     from tasks.provision import capacity, memory_budget
     from tasks.steps import data
     from tasks.training import checkpoint_sources, memory
@@ -31,6 +33,11 @@ def check_inputs_and_model(cfg: RunConfig) -> RunConfig:
     # Exists, has the files loading needs, is a BERT (config.json and a listing only);
     # a champion is pinned to its version, so every step starts from the same weights.
     cfg.base_model = checkpoint_sources.check(cfg)
+    # The tokenizer's casing, from the checkpoint: a contradicting lower_case is refused here,
+    # and an empty one is pinned for the data and tokenize steps.
+    found = checkpoint_sources.casing(cfg)
+    if found is not None:
+        cfg.lower_case = casing.decide(cfg.lower_case, cfg.lower_case_override, found).lower_case
     # A batch that would not fit the workers' memory, from the checkpoint's config.json.
     memory_budget.check_config(cfg, memory.readable_config(cfg))
     capacity.check(cfg)  # e.g. flex-start on a GPU type Dynamic Workload Scheduler lacks

@@ -49,6 +49,24 @@ def check_model_dir(model_dir: Path) -> None:
     EncoderConfig.from_pretrained(model_dir)  # an unsupported family is refused here
 
 
+def casing(model_dir: Path, cfg):
+    """The run's tokenizer casing (tasks/model/casing.py): the checkpoint's, or lower_case
+    where set and not contradicting it (or lower_case_override)."""
+    from tasks.model import casing as casing_lib
+    from tasks.model.config import EncoderConfig
+
+    found = casing_lib.read(model_dir, EncoderConfig.from_pretrained(model_dir).family)
+    return casing_lib.decide(cfg.lower_case, cfg.lower_case_override, found)
+
+
+def lower_case(cfg) -> bool:
+    """lower_case as validate pinned it, else the checkpoint's (where validate could not read
+    it: a path in a remote worker's image)."""
+    if cfg.lower_case is not None:
+        return cfg.lower_case
+    return casing(resolve_base_model(cfg), cfg).lower_case
+
+
 def vocab_path(model_dir: Path) -> Path:
     path = Path(model_dir) / VOCAB
     if not path.is_file():

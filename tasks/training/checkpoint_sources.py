@@ -31,6 +31,8 @@ from pathlib import Path
 from tasks.io.uris import join_uri, redact, sha256_file
 from tasks.errors import ConfigError, StorageError
 from tasks.io import storage
+# Optional: they say whether the tokenizer lower-cases.
+from tasks.model.casing import FILES as TOKENIZER_FILES
 from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
@@ -117,6 +119,66 @@ def check(cfg) -> str:
     return cfg.base_model
 
 
+def casing(cfg):
+    """The checkpoint's casing (tasks/model/casing.py), from its small files (tokenizer
+    files, vocab.txt, config.json), never the weights; None where the checkpoint is checked
+    where it is loaded (a path in a remote worker's image). Call after `check`."""
+    from tasks.model import casing as casing_lib
+    from tasks.model.config import EncoderConfig
+
+    src = parse(cfg.base_model)
+    if src.kind in ("default", "local") and cfg.provisioner != "local":
+        return None
+    if src.kind == "hub":
+        where, read = f"{src.location}@{src.revision or 'main'}", _hub_reader(cfg, src)
+    else:
+        where = (_champion_version(cfg, src)[1] if src.kind == "champion"
+                 else src.location if src.kind == "bucket" else str(_local_dir(src)))
+        names = _listing(src.value, where)
+
+        def read(name: str):
+            if name not in names:
+                return None
+            try:
+                return storage.read_bytes(join_uri(where, name))
+            except StorageError as err:
+                raise _unreadable(src.value, join_uri(where, name), err) from None
+    family = EncoderConfig.from_dict(json.loads(read(CONFIG))).family
+    return casing_lib.from_files(read, family, redact(where))
+
+
+def _hub_reader(cfg, src: Source):
+    """read(name) -> bytes or None for a Hub checkpoint's small files, through the cache."""
+    from huggingface_hub import hf_hub_download
+
+    cache = cache_root() / "hub"
+    if _offline():
+        def download(name: str):
+            return hf_hub_download(src.location, name, revision=src.revision,
+                                   cache_dir=cache, local_files_only=True)
+        names = None  # what the cache holds is found by trying
+    else:
+        info = _model_info(cfg, src)
+        names = {s.rfilename for s in info.siblings or ()}
+
+        def download(name: str):
+            return hf_hub_download(src.location, name, revision=info.sha, cache_dir=cache,
+                                   **_hub_kwargs(cfg))
+
+    def read(name: str):
+        from huggingface_hub.errors import EntryNotFoundError
+
+        if names is not None and name not in names:
+            return None
+        if names is None and name != CONFIG:  # offline: the cache may lack optional files
+            try:
+                return Path(download(name)).read_bytes()
+            except EntryNotFoundError:
+                return None
+        return Path(_hub_errors(src.value, src, lambda: download(name))).read_bytes()
+    return read
+
+
 def _check_folder(value: str, uri: str, champion: bool = False) -> None:
     names = _listing(value, uri)
     _pick_files(value, names, uri, champion)
@@ -153,6 +215,12 @@ def _pick_files(value: str, names, where: str, champion: bool = False) -> list[s
                 if champion else "copy the missing files there, or choose another checkpoint")
         raise _error(value, f"{redact(where)} is missing {', '.join(missing)} ({hint})")
     return [CONFIG, VOCAB, weights]
+
+
+def _with_tokenizer_files(picked: list[str], names) -> list[str]:
+    """The optional tokenizer files that say the checkpoint's casing, where it has them,
+    before the weights (which stay last: Resolved.weights is picked[-1])."""
+    return [*picked[:-1], *(n for n in TOKENIZER_FILES if n in names), picked[-1]]
 
 
 def _read_config(value: str, uri: str) -> dict:
@@ -244,7 +312,7 @@ def _fetch_folder(value: str, uri: str, champion: bool = False) -> Resolved:
     if storage.is_local(uri):
         return _local_record(value, storage.local_path(uri), "local", champion)
     names = _listing(value, uri)
-    picked = _pick_files(value, names, uri, champion)
+    picked = _with_tokenizer_files(_pick_files(value, names, uri, champion), names)
     listed = {n: list(names[n]) for n in picked}
     content = hashlib.sha256(json.dumps([uri, listed], sort_keys=True).encode()).hexdigest()
     entry = cache_root() / "folders" / content[:32]
@@ -444,16 +512,18 @@ def _fetch_hub(cfg, src: Source) -> Resolved:
     if _offline():
         folder = Path(_hub_errors(src.value, src, lambda: snapshot_download(
             src.location, revision=src.revision, cache_dir=cache, local_files_only=True,
-            allow_patterns=[CONFIG, VOCAB, *WEIGHTS])))
-        picked = _pick_files(src.value, {p.name for p in folder.iterdir()},
-                             f"{src.location} (cached)")
+            allow_patterns=[CONFIG, VOCAB, *WEIGHTS, *TOKENIZER_FILES])))
+        present = {p.name for p in folder.iterdir()}
+        picked = _with_tokenizer_files(
+            _pick_files(src.value, present, f"{src.location} (cached)"), present)
         files = {n: {"size": (folder / n).stat().st_size,
                      "sha256": sha256_file(folder / n)} for n in picked}
         return Resolved(folder, "hub", src.value, src.location, folder.name, picked[-1],
                         files[picked[-1]]["sha256"], files)
     info = _model_info(cfg, src)
     siblings = {s.rfilename: s for s in info.siblings or ()}
-    picked = _pick_files(src.value, siblings, f"{src.location}@{info.sha}")
+    picked = _with_tokenizer_files(
+        _pick_files(src.value, siblings, f"{src.location}@{info.sha}"), siblings)
     folder = Path(_hub_errors(src.value, src, lambda: snapshot_download(
         src.location, revision=info.sha, cache_dir=cache, allow_patterns=picked,
         **_hub_kwargs(cfg))))
