@@ -331,7 +331,21 @@ class RunConfig(BaseModel):
     reference_batch_size: int = Field(default=32, ge=1, title="Reference batch size")
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1, title="Warm-up fraction",
                                 description="Linear warm-up over this fraction of steps, "
-                                            "then linear decay to zero.")
+                                            "then lr_schedule's decay.")
+    lr_schedule: Literal["linear", "cosine", "constant", "constant_with_warmup",
+                         "polynomial"] = Field(
+        default="linear", title="Learning-rate schedule",
+        description="After the warm-up: linear decay to 0; cosine (half a cycle) to 0; "
+                    "polynomial, (1 - progress) ** lr_power, to 0; constant_with_warmup "
+                    "holds the peak. constant holds the peak from the first step: no warm-up "
+                    "(transformers' get_scheduler shapes).")
+    lr_power: float = Field(default=1.0, gt=0, le=10, title="Polynomial decay power",
+                            description="The power of lr_schedule polynomial (1: linear).")
+    label_smoothing: float = Field(
+        default=0.0, ge=0, lt=1, title="Label smoothing",
+        description="Classification and token classification: train against (1 - s) x the "
+                    "one-hot label + s / classes (the Trainer's label_smoothing_factor). "
+                    "Evaluation and the gate score plain predictions.")
     weight_decay: float = Field(default=0.01, ge=0, lt=1, title="AdamW weight decay")
     grad_accum_steps: int = Field(default=1, ge=1, le=1024, title="Gradient accumulation",
                                   description="Micro-batches per optimizer step.")
@@ -480,6 +494,7 @@ class RunConfig(BaseModel):
         if self.labels is not None and self.task == "regression":
             raise ValueError("labels is for classification tasks; a regression run has none")
         self._check_data_roles()
+        self._check_recipe()
         if self.labels is not None:
             if len(self.labels) < 2:
                 raise ValueError("labels needs at least 2 classes (or leave it empty)")
@@ -510,6 +525,16 @@ class RunConfig(BaseModel):
             raise ValueError(f"eval_every_steps {self.eval_every_steps} is more than "
                              f"max_steps {self.max_steps}: no evaluation would run before "
                              "the last step; lower it")
+
+    def _check_recipe(self) -> None:
+        """No recipe setting is accepted and then ignored."""
+        if self.label_smoothing and self.task not in ("classification",
+                                                      "token_classification"):
+            raise ValueError(f"label_smoothing applies to classification and "
+                             f"token_classification, not {self.task}; set it to 0")
+        if self.lr_power != 1.0 and self.lr_schedule != "polynomial":
+            raise ValueError(f"lr_power is the power of lr_schedule polynomial; with "
+                             f"{self.lr_schedule} leave it at 1")
 
     # --- derived --------------------------------------------------------------------------
     @property

@@ -28,7 +28,7 @@ def test_learning_rate_scales_with_global_batch(rule, factor):
 
 
 def test_schedule_warms_up_then_decays_to_zero():
-    schedule = model.WarmUpLinearDecay(1.0, warmup_steps=10, total_steps=110)
+    schedule = model.WarmUpSchedule(1.0, warmup_steps=10, total_steps=110)
     values = [float(schedule(step)) for step in (0, 5, 10, 60, 110, 200)]
     assert values == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0, 0.0])
 
@@ -74,7 +74,7 @@ def test_adamw_takes_torch_adamw_steps_including_the_sparse_embedding_gradient(c
         pytest.fail("bertflow CPU kernels not built: run `make install`")
 
     peak, wd, scale = 0.1, 0.2, 1e-7
-    schedule = model.WarmUpLinearDecay(peak, warmup_steps=2, total_steps=6)
+    schedule = model.WarmUpSchedule(peak, warmup_steps=2, total_steps=6)
     optimizer = model.AdamW(learning_rate=schedule, weight_decay=wd, epsilon=1e-8,
                             exclude_from_weight_decay=model.NO_DECAY, cpu_kernel=cpu_kernel)
     table = tf.Variable(np.ones([4, 2], np.float32), name="word_embeddings/weight")

@@ -285,6 +285,9 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
         "steps": train.get("steps"), "learning rate": train.get("learning_rate"),
+        "learning-rate schedule": (f"{train.get('lr_schedule', 'linear')}, "
+                                   f"{train.get('warmup_steps')} warm-up steps"),
+        "label smoothing": train.get("label_smoothing", 0.0),
         "final loss": train.get("final_loss"),
         "saved weights": (f"{validated['exported']} step by validation "
                           f"{validated.get('metric')} (best {validated.get('best_value')} "

@@ -531,7 +531,7 @@ def distribute(strategy, name: str, dataset_fn, start_step: int, grad_accum_step
 
 
 def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress, kind=None):
-    _compile(strategy, model, optimizer, kind)
+    _compile(strategy, model, optimizer, kind, plan.label_smoothing)
     start = int(optimizer.iterations.numpy())
     callbacks = [progress, _StepCallbacks(saver, plan.total_steps)]
     if start % plan.steps_per_epoch:
@@ -548,10 +548,12 @@ def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress, ki
               steps_per_epoch=plan.steps_per_epoch, verbose=0, callbacks=callbacks)
 
 
-def _compile(strategy, model, optimizer, kind: TaskKind | None = None) -> None:
+def _compile(strategy, model, optimizer, kind: TaskKind | None = None,
+             label_smoothing: float = 0.0) -> None:
     kind = kind or task_kind("classification")
     with strategy.scope():  # metrics must live in the model's strategy
-        model.compile(optimizer=optimizer, loss=kind.keras_loss(),
+        model.compile(optimizer=optimizer,
+                      loss=kind.keras_loss(label_smoothing=label_smoothing),
                       metrics=[kind.keras_metric()])
     # Logged loss/accuracy are metric results, already aggregated over replicas; Keras'
     # default ("auto") would add them up again across workers.
@@ -562,7 +564,7 @@ def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, pr
                    kind=None):
     """fit under ParameterServer, which allows no batch-level callbacks: one fit call per
     checkpoint interval, logging and saving in between."""
-    _compile(strategy, model, optimizer, kind)
+    _compile(strategy, model, optimizer, kind, plan.label_smoothing)
     progress.every = saver.every
     step = int(optimizer.iterations.numpy())
     while step < plan.total_steps and not saver.early_stopped:
@@ -617,7 +619,8 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
     tasks/training/token_loss.py), which makes it the mean over the step's labelled pieces.
     """
     kind = kind or task_kind("classification")
-    loss_fn = kind.keras_loss(reduction=tf_keras.losses.Reduction.NONE)
+    loss_fn = kind.keras_loss(reduction=tf_keras.losses.Reduction.NONE,
+                              label_smoothing=plan.label_smoothing)
     if kind.per_token:
         loss_fn = None
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
@@ -635,7 +638,8 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
                 loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
                                                   global_batch_size=plan.global_batch_size)
             else:  # per token: this replica's share of the step's mean over labelled pieces
-                loss = tf.reduce_sum(token_loss.token_loss_sums(labels, logits)[0]) / denominator
+                sums, _ = token_loss.token_loss_sums(labels, logits, plan.label_smoothing)
+                loss = tf.reduce_sum(sums) / denominator
             scaled_loss = optimizer.get_scaled_loss(loss) if scaled else loss
         grads = tape.gradient(scaled_loss, model.trainable_variables)
         if scaled:

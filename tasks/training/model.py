@@ -28,6 +28,9 @@ class TrainPlan:
     warmup_steps: int
     learning_rate: float  # peak, after lr_scaling
     epochs: int
+    lr_schedule: str = "linear"  # WarmUpSchedule's shape after the warm-up
+    lr_power: float = 1.0  # polynomial's
+    label_smoothing: float = 0.0
 
     @property
     def micro_batch_size(self) -> int:
@@ -50,9 +53,11 @@ def make_plan(cfg, num_train_examples: int, num_replicas: int) -> TrainPlan:
         num_replicas=num_replicas, per_replica_batch_size=cfg.per_replica_batch_size,
         grad_accum_steps=cfg.grad_accum_steps, global_batch_size=global_batch,
         steps_per_epoch=steps_per_epoch, total_steps=total,
-        warmup_steps=int(total * cfg.warmup_ratio),
+        # constant (transformers' get_constant_schedule) has no warm-up.
+        warmup_steps=0 if cfg.lr_schedule == "constant" else int(total * cfg.warmup_ratio),
         learning_rate=scaled_learning_rate(cfg, global_batch),
-        epochs=math.ceil(total / steps_per_epoch))
+        epochs=math.ceil(total / steps_per_epoch), lr_schedule=cfg.lr_schedule,
+        lr_power=cfg.lr_power, label_smoothing=cfg.label_smoothing)
 
 
 def scaled_learning_rate(cfg, global_batch_size: int) -> float:
@@ -61,22 +66,38 @@ def scaled_learning_rate(cfg, global_batch_size: int) -> float:
     return cfg.learning_rate * factor
 
 
-class WarmUpLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up from 0 to `peak` over `warmup_steps`, then linear decay to 0 at
-    `total_steps`."""
+class WarmUpSchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up from 0 to `peak` over `warmup_steps`, then, to `total_steps`, the shape
+    of transformers' get_scheduler of that name (optimization.py):
+    - linear: peak x (total - step) / (total - warmup), to 0;
+    - cosine: peak x 0.5 (1 + cos(pi x progress)), half a cycle, to 0;
+    - polynomial: peak x (1 - progress) ** power, to 0 (transformers ends at lr_end 1e-7);
+    - constant, constant_with_warmup: peak (make_plan gives constant no warm-up).
+    A function of the step alone: a resumed run continues on the same curve."""
 
-    def __init__(self, peak: float, warmup_steps: int, total_steps: int):
+    def __init__(self, peak: float, warmup_steps: int, total_steps: int,
+                 shape: str = "linear", power: float = 1.0):
         self.peak, self.warmup_steps, self.total_steps = peak, warmup_steps, total_steps
+        self.shape, self.power = shape, power
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32)
         warmup = step / self.warmup_steps if self.warmup_steps else 1.0
-        decay = (self.total_steps - step) / max(self.total_steps - self.warmup_steps, 1)
+        # 1 at the warm-up's end, 0 at total_steps (above 1 during the warm-up)
+        left = (self.total_steps - step) / max(self.total_steps - self.warmup_steps, 1)
+        if self.shape == "linear":
+            decay = left
+        elif self.shape == "cosine":
+            decay = 0.5 * (1.0 + tf.cos(math.pi * (1.0 - tf.clip_by_value(left, 0.0, 1.0))))
+        elif self.shape == "polynomial":
+            decay = tf.clip_by_value(left, 0.0, 1.0) ** self.power
+        else:  # constant, constant_with_warmup
+            decay = tf.ones_like(step)
         return self.peak * tf.clip_by_value(tf.minimum(warmup, decay), 0.0, 1.0)
 
     def get_config(self) -> dict:
         return {"peak": self.peak, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps}
+                "total_steps": self.total_steps, "shape": self.shape, "power": self.power}
 
 
 class AdamW(tf_keras.optimizers.legacy.Adam):
@@ -203,14 +224,14 @@ def clip_factor(grads, clip_norm: float) -> tf.Tensor:
 
 def create_optimizer(cfg, plan: TrainPlan, policy: str, cpu_kernel: bool = False,
                      clip_norm: float = 0.0) -> tf_keras.optimizers.legacy.Optimizer:
-    """AdamW on the warm-up/decay schedule (loss-scaled under float16, whose small range
+    """AdamW on the plan's warm-up and schedule (loss-scaled under float16, whose small range
     would flush small gradients to zero), clipping the gradient to the global norm
     `clip_norm` (0: not). Keras' legacy optimizer clips in apply_gradients after summing the
     replicas' gradients, so every replica clips the same global gradient (under
     ParameterServer, each worker's own). Create it inside strategy.scope()."""
     optimizer = AdamW(
-        learning_rate=WarmUpLinearDecay(plan.learning_rate, plan.warmup_steps,
-                                        plan.total_steps),
+        learning_rate=WarmUpSchedule(plan.learning_rate, plan.warmup_steps,
+                                     plan.total_steps, plan.lr_schedule, plan.lr_power),
         weight_decay=cfg.weight_decay, exclude_from_weight_decay=NO_DECAY,
         epsilon=TORCH_EPSILON, cpu_kernel=cpu_kernel,
         global_clipnorm=clip_norm or None)
