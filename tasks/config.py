@@ -16,6 +16,7 @@ from typing import Any, Literal, Optional, get_args
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
+from tasks import class_weights
 from tasks.errors import ConfigError
 from tasks.io import uri_templates
 from tasks.io.uris import join_uri
@@ -341,6 +342,12 @@ class RunConfig(BaseModel):
                     "(transformers' get_scheduler shapes).")
     lr_power: float = Field(default=1.0, gt=0, le=10, title="Polynomial decay power",
                             description="The power of lr_schedule polynomial (1: linear).")
+    class_weights: str = Field(
+        default="none", title="Class weights",
+        description="How much each label's examples count in the loss: none; balanced "
+                    "(examples / (classes x the class's examples) from the training split; "
+                    "multi-label: each label's pos_weight, negatives / positives); or a JSON "
+                    'object from every label to its weight, {"refund": 3, "other": 1}.')
     label_smoothing: float = Field(
         default=0.0, ge=0, lt=1, title="Label smoothing",
         description="Classification and token classification: train against (1 - s) x the "
@@ -532,6 +539,18 @@ class RunConfig(BaseModel):
                                                       "token_classification"):
             raise ValueError(f"label_smoothing applies to classification and "
                              f"token_classification, not {self.task}; set it to 0")
+        try:
+            class_weights.parse_map(self.class_weights)
+        except ConfigError as err:
+            raise ValueError(err.reason) from None
+        if self.class_weights != "none" and self.task == "regression":
+            raise ValueError("class_weights applies to tasks with labels, not regression; "
+                             "set it to none")
+        if self.labels is not None and self.class_weights != "none":
+            try:
+                class_weights.check_labels(self.class_weights, list(self.labels), "labels")
+            except ConfigError as err:
+                raise ValueError(err.reason) from None
         if self.lr_power != 1.0 and self.lr_schedule != "polynomial":
             raise ValueError(f"lr_power is the power of lr_schedule polynomial; with "
                              f"{self.lr_schedule} leave it at 1")

@@ -172,20 +172,24 @@ class TaskKind:
         return hot
 
     # --- training ------------------------------------------------------------------------
-    def keras_loss(self, reduction=None, label_smoothing: float = 0.0):
+    def keras_loss(self, reduction=None, label_smoothing: float = 0.0,
+                   class_weights: tuple[float, ...] | None = None):
         """The loss as a Keras loss object (per example with reduction NONE): sparse softmax
-        cross-entropy (against smoothed labels with `label_smoothing`); per-label sigmoid
-        cross-entropy averaged over labels (BCEWithLogits' mean over labels and examples, as
-        every row has num_labels terms); squared error."""
+        cross-entropy (against smoothed labels with `label_smoothing`, each example weighted
+        by its class's `class_weights`); per-label sigmoid cross-entropy averaged over labels
+        (BCEWithLogits' mean over labels and examples, as every row has num_labels terms;
+        `class_weights` are the labels' pos_weight); squared error."""
         import tf_keras
 
         kwargs = {} if reduction is None else {"reduction": reduction}
         if self.per_token:
-            return _token_keras_loss(label_smoothing, **kwargs)
-        if self.name == "classification" and label_smoothing:
-            return _smoothed_keras_loss(label_smoothing, **kwargs)
+            return _token_keras_loss(label_smoothing, class_weights, **kwargs)
+        if self.name == "classification" and (label_smoothing or class_weights):
+            return _smoothed_keras_loss(label_smoothing, class_weights, **kwargs)
         if self.name == "classification":
             return tf_keras.losses.SparseCategoricalCrossentropy(from_logits=True, **kwargs)
+        if self.name == "multi_label" and class_weights:
+            return _pos_weighted_keras_loss(class_weights, **kwargs)
         if self.name == "multi_label":
             return tf_keras.losses.BinaryCrossentropy(from_logits=True, **kwargs)
         return tf_keras.losses.MeanSquaredError(**kwargs)
@@ -310,48 +314,71 @@ def kind(task: str) -> TaskKind:
 
 
 # --- token classification's training loss and metric, for Keras' fit -------------------------
-def smoothed_cross_entropy(labels, logits, label_smoothing: float = 0.0):
+def smoothed_cross_entropy(labels, logits, label_smoothing: float = 0.0,
+                           class_weights: tuple[float, ...] | None = None):
     """Softmax cross-entropy of each row against (1 - s) x one-hot(label) + s / classes, in
     float32: (1 - s) x NLL + s x the mean over classes of -log p, transformers'
-    LabelSmoother. labels: int [...]; logits: [..., classes]; s = 0 is the plain loss."""
+    LabelSmoother; times the row's class weight when `class_weights` are given (one per
+    class: tasks/training/class_weights.py). labels: int [...]; logits: [..., classes];
+    s = 0 and no weights is the plain loss."""
     import tensorflow as tf
 
     logits = tf.cast(logits, tf.float32)
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)
-    if not label_smoothing:
-        return losses
-    uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
-    return (1.0 - label_smoothing) * losses + label_smoothing * uniform
+    if label_smoothing:
+        uniform = -tf.reduce_mean(tf.nn.log_softmax(logits), axis=-1)
+        losses = (1.0 - label_smoothing) * losses + label_smoothing * uniform
+    if class_weights:
+        losses *= tf.gather(tf.constant(class_weights, tf.float32), labels)
+    return losses
 
 
-def masked_token_losses(labels, logits, label_smoothing: float = 0.0):
+def masked_token_losses(labels, logits, label_smoothing: float = 0.0,
+                        class_weights: tuple[float, ...] | None = None):
     """(softmax cross-entropy summed over each row's labelled pieces, float32 [batch]; the
     row's labelled pieces, float32 [batch]). labels: int [batch, seq], IGNORED where a piece
     scores nothing (padding included); logits: [batch, seq, num_labels], any float dtype.
-    With `label_smoothing`, against smoothed labels (smoothed_cross_entropy)."""
+    With `label_smoothing` and `class_weights`, as smoothed_cross_entropy takes them (the
+    count stays the labelled pieces')."""
     import tensorflow as tf
 
     labelled = tf.not_equal(labels, IGNORED)
     losses = smoothed_cross_entropy(tf.where(labelled, labels, tf.zeros_like(labels)),
-                                    logits, label_smoothing)
+                                    logits, label_smoothing, class_weights)
     weights = tf.cast(labelled, tf.float32)
     return tf.reduce_sum(losses * weights, axis=1), tf.reduce_sum(weights, axis=1)
 
 
-def _smoothed_keras_loss(label_smoothing: float, **kwargs):
-    """Single-label classification's loss against smoothed labels, per example."""
+def _smoothed_keras_loss(label_smoothing: float, class_weights=None, **kwargs):
+    """Single-label classification's loss against smoothed labels and/or weighted by class,
+    per example."""
     import tensorflow as tf
     import tf_keras
 
     class SmoothedCrossEntropy(tf_keras.losses.Loss):
         def call(self, y_true, y_pred):
             labels = tf.reshape(tf.cast(y_true, tf.int64), tf.shape(y_pred)[:-1])
-            return smoothed_cross_entropy(labels, y_pred, label_smoothing)
+            return smoothed_cross_entropy(labels, y_pred, label_smoothing, class_weights)
 
     return SmoothedCrossEntropy(name="smoothed_cross_entropy", **kwargs)
 
 
-def _token_keras_loss(label_smoothing: float = 0.0, **kwargs):
+def _pos_weighted_keras_loss(pos_weight: tuple[float, ...], **kwargs):
+    """Multi-label's per-label sigmoid cross-entropy with each label's positives weighted
+    (torch's BCEWithLogitsLoss(pos_weight=)), averaged over labels, per example."""
+    import tensorflow as tf
+    import tf_keras
+
+    class PosWeightedCrossEntropy(tf_keras.losses.Loss):
+        def call(self, y_true, y_pred):
+            return tf.reduce_mean(tf.nn.weighted_cross_entropy_with_logits(
+                labels=tf.cast(y_true, tf.float32), logits=tf.cast(y_pred, tf.float32),
+                pos_weight=tf.constant(pos_weight, tf.float32)), axis=-1)
+
+    return PosWeightedCrossEntropy(name="pos_weighted_cross_entropy", **kwargs)
+
+
+def _token_keras_loss(label_smoothing: float = 0.0, class_weights=None, **kwargs):
     """A Keras loss whose batch mean (Keras' default reduction) is the mean over the batch's
     labelled pieces, as transformers' CrossEntropyLoss(ignore_index=-100) takes it: each row
     reports its pieces' loss sum scaled by rows / labelled pieces of the batch. Under a
@@ -362,7 +389,8 @@ def _token_keras_loss(label_smoothing: float = 0.0, **kwargs):
 
     class TokenCrossEntropy(tf_keras.losses.Loss):
         def call(self, y_true, y_pred):
-            sums, counts = masked_token_losses(y_true, y_pred, label_smoothing)
+            sums, counts = masked_token_losses(y_true, y_pred, label_smoothing,
+                                               class_weights)
             rows = tf.cast(tf.shape(sums)[0], tf.float32)
             return sums * rows / tf.maximum(tf.reduce_sum(counts), 1.0)
 

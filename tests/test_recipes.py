@@ -124,3 +124,120 @@ def test_schedule_and_smoothing_reach_both_training_loops(tmp_path, tiny_model_d
     smoothed_plain = max(float(np.abs(weights["custom"][k] - weights["plain"][k]).max())
                          for k in weights["fit"])
     assert fit_custom <= 3e-4 < smoothed_plain
+
+
+# --- class weights (tasks/class_weights.py) -------------------------------------------------
+SPLIT = {"num_examples": 100, "label_counts": {"a": 80, "b": 15, "c": 5}}
+
+
+def test_balanced_weights_follow_the_training_counts_for_each_task():
+    from tasks import class_weights
+
+    single = class_weights.for_run("balanced", "classification", ["a", "b", "c"], SPLIT)
+    assert single == pytest.approx((100 / 240, 100 / 45, 100 / 15))
+    # Every class contributes equally in total: count x weight is the same for each.
+    assert {round(n * w, 9) for n, w in zip((80, 15, 5), single)} == {round(100 / 3, 9)}
+    pos = class_weights.for_run("balanced", "multi_label", ["a", "b", "c"], SPLIT)
+    assert pos == pytest.approx((20 / 80, 85 / 15, 95 / 5))  # negatives / positives
+    given = class_weights.for_run('{"c": 4, "a": 1, "b": 2.5}', "token_classification",
+                                  ["a", "b", "c"], SPLIT)
+    assert given == (1.0, 2.5, 4.0)
+    assert class_weights.for_run("none", "classification", ["a"], SPLIT) is None
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ('{"a": 1, "b": 2}', "has no weight for ['c']"),
+    ('{"a": 1, "b": 2, "c": 1, "d": 1}', "names ['d'], not labels of"),
+    ('{"a": 1, "b": 0, "c": 1}', "the weights of ['b'] are not positive"),
+    ("heavy", "is not none, balanced or a JSON object"),
+])
+def test_a_bad_map_is_refused_naming_the_labels(spec, fragment):
+    from tasks import class_weights
+    from tasks.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        class_weights.for_run(spec, "classification", ["a", "b", "c"], SPLIT)
+    assert err.value.field == "class_weights" and fragment in str(err.value)
+
+
+def test_class_weights_are_checked_at_validate_where_the_labels_are_known():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"has no weight for \['neg'\]"):
+        RunConfig(labels=["neg", "pos"], class_weights='{"pos": 2}')
+    with pytest.raises(ValidationError, match="not regression"):
+        RunConfig(task="regression", class_weights="balanced")
+    with pytest.raises(ValidationError, match="is not none, balanced"):
+        RunConfig(class_weights="[1, 2]")
+
+
+def test_the_data_step_refuses_a_map_before_writing_anything(tmp_path):
+    from tasks.errors import ConfigError
+    from tasks.runs.runlayout import RunContext
+    from tasks.steps import data
+
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\n" + "".join(f"row {i}\t{'xyz'[i % 3]}\n" for i in range(30)))
+    cfg = RunConfig(train_uri=str(train), class_weights='{"x": 1, "y": 2, "w": 3}',
+                    artifact_root=str(tmp_path / "art"))
+    ctx = RunContext(str(tmp_path / "art"), "dag", "weights")
+    with pytest.raises(ConfigError) as err:
+        data.run(cfg, ctx)
+    assert "names ['w'], not labels of " + str(train) in str(err.value)
+    assert "has no weight for ['z']" in str(err.value)
+    assert not (tmp_path / "art" / "runs" / "dag" / "weights" / "data").exists()
+
+
+def test_weighted_losses_against_numpy():
+    import tensorflow as tf
+
+    from tasks.task_kinds import IGNORED, kind, masked_token_losses
+
+    rng = np.random.default_rng(2)
+    weights = (0.5, 2.0, 3.0)
+    logits = rng.normal(size=[5, 3]).astype(np.float32)
+    labels = np.array([0, 1, 2, 2, 1])
+    loss = kind("classification").keras_loss(class_weights=weights, label_smoothing=0.1)
+    expected = _numpy_smoothed(labels, logits, 0.1) * np.array(weights)[labels]
+    assert float(loss(labels, logits)) == pytest.approx(expected.mean(), rel=1e-5)
+
+    hot = (rng.random([5, 3]) > 0.5).astype(np.float32)
+    p = 1 / (1 + np.exp(-logits))
+    bce = -(np.array(weights) * hot * np.log(p) + (1 - hot) * np.log(1 - p))
+    pos = kind("multi_label").keras_loss(class_weights=weights)
+    assert float(pos(hot, logits)) == pytest.approx(bce.mean(), rel=1e-5)
+
+    tags = np.array([[IGNORED, 2, 0], [1, IGNORED, IGNORED]])
+    token_logits = rng.normal(size=[2, 3, 3]).astype(np.float32)
+    sums, counts = masked_token_losses(tf.constant(tags), tf.constant(token_logits), 0.0,
+                                       weights)
+    labelled = tags != IGNORED
+    safe = np.where(labelled, tags, 0)
+    per_piece = _numpy_smoothed(safe, token_logits, 0.0) * np.array(weights)[safe] * labelled
+    np.testing.assert_allclose(sums.numpy(), per_piece.sum(1), rtol=1e-5)
+    assert counts.numpy().tolist() == [2.0, 1.0]
+
+
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_balanced_weights_reach_training(tmp_path, tiny_model_dir, loop):  # noqa: F811
+    """The train step reads the data manifest's counts: the plan records the weights, and
+    the weights change what training reaches."""
+    from pathlib import Path
+
+    from tasks.runs.runlayout import read_manifest, write_manifest
+    from tasks.steps import train
+    from train_helpers import LABELS
+
+    weights = {}
+    for spec in ("balanced", "none"):
+        cfg, ctx = make_run(tmp_path / spec, tiny_model_dir, training_loop=loop, epochs=1,
+                            class_weights=spec)
+        write_manifest(ctx.step_uri("data"), {"splits": {"train": {
+            "num_examples": 128, "label_counts": {LABELS[0]: 96, LABELS[1]: 32}}}})
+        train.run(cfg, ctx)
+        manifest = read_manifest(ctx.manifest_uri("train"))
+        weights[spec] = saved_weights(Path(manifest["model_dir"]))
+        expected = [128 / (2 * 96), 128 / (2 * 32)] if spec == "balanced" else None
+        assert manifest["class_weights"] == (pytest.approx(expected) if expected else None)
+    assert max(float(np.abs(weights["balanced"][k] - weights["none"][k]).max())
+               for k in weights["none"]) > 1e-4

@@ -40,6 +40,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
+from tasks import class_weights
 from tasks.runs import runlayout
 from tasks.io import storage, text_readers
 from tasks.io.chunked_reader import BLOCK_SIZE
@@ -180,6 +181,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         return token_data.run(cfg, ctx)
     train_scan = _scan(cfg, cfg.train_uri)
     labels = _vocabulary(cfg, train_scan)
+    class_weights.check_labels(cfg.class_weights, labels, cfg.train_uri)
     # Test and validation files: every label must be one training has.
     given = {split: _scan(cfg, uri, seen=train_scan.counts)
              for split, uri in data_roles.role_files(cfg).items()}

@@ -288,6 +288,8 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "learning-rate schedule": (f"{train.get('lr_schedule', 'linear')}, "
                                    f"{train.get('warmup_steps')} warm-up steps"),
         "label smoothing": train.get("label_smoothing", 0.0),
+        "class weights": (dict(zip(data["labels"], train["class_weights"]))
+                          if train.get("class_weights") else "none"),
         "final loss": train.get("final_loss"),
         "saved weights": (f"{validated['exported']} step by validation "
                           f"{validated.get('metric')} (best {validated.get('best_value')} "

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional
 
+from tasks import class_weights
 from tasks.config import RunConfig
 from tasks.errors import DataError
 from tasks.io import storage, text_readers, token_readers
@@ -107,6 +108,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     """Validate and split the sentences, write the prepared shards; return the manifest."""
     train = _scan(cfg, cfg.train_uri)
     labels = _vocabulary(cfg, train)
+    class_weights.check_labels(cfg.class_weights, labels, cfg.train_uri)
     given = {split: _scan(cfg, uri, known=set(labels))
              for split, uri in data_roles.role_files(cfg).items()}
     router = Router({"": train.sentences}, None if "eval" in given else cfg.eval_fraction,

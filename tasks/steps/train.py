@@ -23,6 +23,7 @@ from typing import Iterator
 import tensorflow as tf
 import tf_keras
 
+from tasks import class_weights
 from tasks.model.hf_weights import save_hf_checkpoint
 from tasks.steps import evaluate
 from tasks.training import (checkpoint, checkpoint_publish, determinism, inputs, memory,
@@ -81,8 +82,11 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     labels = tok["labels"]  # the outputs' names (regression: one, the label column)
     kind = task_kind(tok.get("task", "classification"))
+    weights = None if cfg.class_weights == "none" else class_weights.for_run(
+        cfg.class_weights, kind.name, labels,
+        read_manifest(ctx.manifest_uri("data"))["splits"]["train"])
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
-                               strategy.num_replicas_in_sync)
+                               strategy.num_replicas_in_sync, weights)
     check_validation(cfg, tok, plan, name)
     resolved = checkpoint.resolve_base_checkpoint(cfg)
     base = resolved.path
@@ -531,7 +535,7 @@ def distribute(strategy, name: str, dataset_fn, start_step: int, grad_accum_step
 
 
 def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress, kind=None):
-    _compile(strategy, model, optimizer, kind, plan.label_smoothing)
+    _compile(strategy, model, optimizer, kind, plan)
     start = int(optimizer.iterations.numpy())
     callbacks = [progress, _StepCallbacks(saver, plan.total_steps)]
     if start % plan.steps_per_epoch:
@@ -549,11 +553,12 @@ def _fit(strategy, name, model, optimizer, plan, dataset_fn, saver, progress, ki
 
 
 def _compile(strategy, model, optimizer, kind: TaskKind | None = None,
-             label_smoothing: float = 0.0) -> None:
+             plan: model_lib.TrainPlan | None = None) -> None:
     kind = kind or task_kind("classification")
+    loss = kind.keras_loss(label_smoothing=plan.label_smoothing,
+                           class_weights=plan.class_weights) if plan else kind.keras_loss()
     with strategy.scope():  # metrics must live in the model's strategy
-        model.compile(optimizer=optimizer,
-                      loss=kind.keras_loss(label_smoothing=label_smoothing),
+        model.compile(optimizer=optimizer, loss=loss,
                       metrics=[kind.keras_metric()])
     # Logged loss/accuracy are metric results, already aggregated over replicas; Keras'
     # default ("auto") would add them up again across workers.
@@ -564,7 +569,7 @@ def _fit_in_chunks(strategy, name, model, optimizer, plan, dataset_fn, saver, pr
                    kind=None):
     """fit under ParameterServer, which allows no batch-level callbacks: one fit call per
     checkpoint interval, logging and saving in between."""
-    _compile(strategy, model, optimizer, kind, plan.label_smoothing)
+    _compile(strategy, model, optimizer, kind, plan)
     progress.every = saver.every
     step = int(optimizer.iterations.numpy())
     while step < plan.total_steps and not saver.early_stopped:
@@ -620,7 +625,8 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
     """
     kind = kind or task_kind("classification")
     loss_fn = kind.keras_loss(reduction=tf_keras.losses.Reduction.NONE,
-                              label_smoothing=plan.label_smoothing)
+                              label_smoothing=plan.label_smoothing,
+                              class_weights=plan.class_weights)
     if kind.per_token:
         loss_fn = None
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
@@ -638,7 +644,8 @@ def make_train_step(strategy, model, optimizer, plan: model_lib.TrainPlan,
                 loss = tf.nn.compute_average_loss(loss_fn(labels, logits),
                                                   global_batch_size=plan.global_batch_size)
             else:  # per token: this replica's share of the step's mean over labelled pieces
-                sums, _ = token_loss.token_loss_sums(labels, logits, plan.label_smoothing)
+                sums, _ = token_loss.token_loss_sums(labels, logits, plan.label_smoothing,
+                                                     plan.class_weights)
                 loss = tf.reduce_sum(sums) / denominator
             scaled_loss = optimizer.get_scaled_loss(loss) if scaled else loss
         grads = tape.gradient(scaled_loss, model.trainable_variables)

@@ -31,6 +31,7 @@ class TrainPlan:
     lr_schedule: str = "linear"  # WarmUpSchedule's shape after the warm-up
     lr_power: float = 1.0  # polynomial's
     label_smoothing: float = 0.0
+    class_weights: tuple[float, ...] | None = None  # per label (class_weights.py); None: 1
 
     @property
     def micro_batch_size(self) -> int:
@@ -41,7 +42,8 @@ class TrainPlan:
         return asdict(self)
 
 
-def make_plan(cfg, num_train_examples: int, num_replicas: int) -> TrainPlan:
+def make_plan(cfg, num_train_examples: int, num_replicas: int,
+              class_weights: tuple[float, ...] | None = None) -> TrainPlan:
     if num_train_examples < 1:
         raise ConfigError("train_uri", "the training split is empty")
     global_batch = cfg.per_replica_batch_size * num_replicas * cfg.grad_accum_steps
@@ -57,7 +59,8 @@ def make_plan(cfg, num_train_examples: int, num_replicas: int) -> TrainPlan:
         warmup_steps=0 if cfg.lr_schedule == "constant" else int(total * cfg.warmup_ratio),
         learning_rate=scaled_learning_rate(cfg, global_batch),
         epochs=math.ceil(total / steps_per_epoch), lr_schedule=cfg.lr_schedule,
-        lr_power=cfg.lr_power, label_smoothing=cfg.label_smoothing)
+        lr_power=cfg.lr_power, label_smoothing=cfg.label_smoothing,
+        class_weights=class_weights)
 
 
 def scaled_learning_rate(cfg, global_batch_size: int) -> float:

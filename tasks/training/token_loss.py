@@ -22,12 +22,13 @@ import tensorflow as tf
 from tasks.task_kinds import IGNORED, masked_token_losses
 
 
-def token_loss_sums(labels: tf.Tensor, logits: tf.Tensor,
-                    label_smoothing: float = 0.0) -> tuple[tf.Tensor, tf.Tensor]:
+def token_loss_sums(labels: tf.Tensor, logits: tf.Tensor, label_smoothing: float = 0.0,
+                    class_weights: tuple[float, ...] | None = None
+                    ) -> tuple[tf.Tensor, tf.Tensor]:
     """(loss summed over each example's labelled pieces, float32 [batch]; its labelled
     pieces, float32 [batch]): tasks.task_kinds.masked_token_losses, which Keras' fit path
     uses too."""
-    return masked_token_losses(labels, logits, label_smoothing)
+    return masked_token_losses(labels, logits, label_smoothing, class_weights)
 
 
 def global_count(local: tf.Tensor) -> tf.Tensor:
