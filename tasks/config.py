@@ -342,6 +342,10 @@ class RunConfig(BaseModel):
                     "(transformers' get_scheduler shapes).")
     lr_power: float = Field(default=1.0, gt=0, le=10, title="Polynomial decay power",
                             description="The power of lr_schedule polynomial (1: linear).")
+    freeze: str = Field(
+        default="none", pattern=r"^(none|embeddings(\+[0-9]{1,3})?)$", title="Freeze",
+        description="Weights left as the checkpoint has them: none; embeddings; or "
+                    "embeddings+N, the embeddings and the lowest N transformer layers.")
     class_weights: str = Field(
         default="none", title="Class weights",
         description="How much each label's examples count in the loss: none; balanced "
@@ -556,6 +560,14 @@ class RunConfig(BaseModel):
                              f"{self.lr_schedule} leave it at 1")
 
     # --- derived --------------------------------------------------------------------------
+    @property
+    def frozen_layers(self) -> tuple[bool, int]:
+        """(embeddings frozen, transformer layers frozen from the bottom) of `freeze`."""
+        if self.freeze == "none":
+            return False, 0
+        _, _, layers = self.freeze.partition("+")
+        return True, int(layers or 0)
+
     @property
     def test_data_uri(self) -> Optional[str]:
         """The test file(s): test_uri, else eval_uri (its former name); None: a split."""

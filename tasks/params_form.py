@@ -44,7 +44,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
         "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_schedule", "lr_power", "label_smoothing", "class_weights",
-                            "lr_scaling", "reference_batch_size", "grad_accum_steps",
+                            "freeze", "lr_scaling", "reference_batch_size", "grad_accum_steps",
                             "max_grad_norm",
                             "checkpoint_every_steps", "eval_batch_size", "evaluate_in_train"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",

@@ -241,3 +241,45 @@ def test_balanced_weights_reach_training(tmp_path, tiny_model_dir, loop):  # noq
         assert manifest["class_weights"] == (pytest.approx(expected) if expected else None)
     assert max(float(np.abs(weights["balanced"][k] - weights["none"][k]).max())
                for k in weights["none"]) > 1e-4
+
+
+# --- freeze ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("loop", ["fit", "custom"])
+def test_frozen_weights_stay_as_the_checkpoint_has_them(tmp_path, tiny_model_dir, loop):  # noqa: F811
+    from pathlib import Path
+
+    from tasks.runs.runlayout import read_manifest
+    from tasks.steps import train
+
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, training_loop=loop, epochs=1,
+                        freeze="embeddings+1", weight_decay=0.01)
+    train.run(cfg, ctx)
+    manifest = read_manifest(ctx.manifest_uri("train"))
+    before, after = saved_weights(tiny_model_dir), saved_weights(Path(manifest["model_dir"]))
+    frozen = [k for k in before if "embeddings" in k or ".layer.0." in k]
+    trained = [k for k in before if ".layer.1." in k]
+    assert frozen and trained and len(frozen) + len(trained) < len(before)
+    assert all(np.array_equal(before[k], after[k]) for k in frozen)
+    assert all(not np.array_equal(before[k], after[k]) for k in trained)
+    assert manifest["freeze"] == {"setting": "embeddings+1", "frozen_weights": sum(
+        before[k].size for k in frozen)}
+
+
+def test_freezing_more_layers_than_the_model_has_is_refused(tmp_path, tiny_model_dir):  # noqa: F811
+    from pydantic import ValidationError
+
+    from tasks.errors import ConfigError
+    from tasks.steps import train, validate
+
+    train_file = tmp_path / "train.tsv"
+    train_file.write_text("text\tlabel\n" + "".join(f"w{i}\t{i % 2}\n" for i in range(20)))
+    with pytest.raises(ConfigError, match=r"the checkpoint has 2 layers; freeze at most "
+                                          r"embeddings\+2"):
+        validate.check_inputs_and_model(RunConfig(
+            base_model=str(tiny_model_dir), train_uri=str(train_file), freeze="embeddings+3",
+            artifact_root=str(tmp_path / "art")))
+    cfg, ctx = make_run(tmp_path / "run", tiny_model_dir, freeze="embeddings+3")
+    with pytest.raises(ConfigError, match="cannot freeze 3 layers of a 2-layer encoder"):
+        train.run(cfg, ctx)
+    with pytest.raises(ValidationError, match="freeze"):
+        RunConfig(freeze="layers+2")

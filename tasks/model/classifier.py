@@ -39,6 +39,20 @@ class Classifier(tf_keras.Model):
         sequence, pooled = self.encoder(features, training=training)
         return tf.cast(self.head(sequence, pooled, training=training), tf.float32)
 
+    def freeze(self, embeddings: bool, layers: int) -> int:
+        """Stop training the embeddings and/or the lowest `layers` transformer blocks (as
+        `requires_grad = False` does in torch: no gradient, no optimizer update, no weight
+        decay; dropout still applies). Call before the optimizer's slots are created and the
+        model is compiled. Returns how many weights are frozen."""
+        if layers > len(self.encoder.blocks):
+            raise ValueError(f"cannot freeze {layers} layers of a {len(self.encoder.blocks)}"
+                             f"-layer encoder")
+        frozen = ([self.encoder.embeddings] if embeddings else []) + \
+            self.encoder.blocks[:layers]
+        for layer in frozen:
+            layer.trainable = False
+        return sum(int(tf.size(v)) for layer in frozen for v in layer.weights)
+
     def seed_dropout(self, seeds) -> int:
         """Draw every dropout mask from `seeds` (tasks.training.seeded_dropout.DropoutSeeds),
         each layer by its construction index; returns how many dropout layers there are."""

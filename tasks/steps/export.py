@@ -288,6 +288,7 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "learning-rate schedule": (f"{train.get('lr_schedule', 'linear')}, "
                                    f"{train.get('warmup_steps')} warm-up steps"),
         "label smoothing": train.get("label_smoothing", 0.0),
+        "frozen": (train.get("freeze") or {}).get("setting", "none"),
         "class weights": (dict(zip(data["labels"], train["class_weights"]))
                           if train.get("class_weights") else "none"),
         "final loss": train.get("final_loss"),

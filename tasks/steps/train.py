@@ -109,6 +109,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         with strategy.scope():
             model = checkpoint.load_classifier(base, labels, cpu_kernels=kernels,
                                                head=kind.head)
+            frozen = freeze(model, cfg)  # before the slots: frozen weights get none
             optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels,
                                                    clip_norm=clip_norm(cfg, name))
             model_lib.create_slots(optimizer, model.trainable_variables)
@@ -211,6 +212,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "cpu_kernels": kernels,
         "deterministic": cfg.deterministic,
         "group_by_length": groups_by_length(cfg, kind),
+        "freeze": {"setting": cfg.freeze, "frozen_weights": frozen},
         "model_family": model.config.family,
         "base_model": str(base),
         # Source as configured, what it resolved to (Hub commit, champion version, bucket
@@ -237,6 +239,16 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         # evaluates the saved model itself.
         "evaluation": evaluation,
     })
+
+
+def freeze(model, cfg: RunConfig) -> int:
+    """Apply `freeze`; the count of frozen weights. A depth the model lacks is refused."""
+    if cfg.freeze == "none":
+        return 0
+    try:
+        return model.freeze(*cfg.frozen_layers)
+    except ValueError as err:
+        raise ConfigError("freeze", f"{cfg.freeze}: {err}; freeze fewer layers") from None
 
 
 def check_validation(cfg: RunConfig, tok: dict, plan: model_lib.TrainPlan, name: str) -> None:

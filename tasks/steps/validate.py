@@ -40,8 +40,23 @@ def check_inputs_and_model(cfg: RunConfig) -> RunConfig:
         cfg.lower_case = casing.decide(cfg.lower_case, cfg.lower_case_override, found).lower_case
     # A batch that would not fit the workers' memory, from the checkpoint's config.json.
     memory_budget.check_config(cfg, memory.readable_config(cfg))
+    _check_freeze(cfg, memory.readable_config(cfg))
     capacity.check(cfg)  # e.g. flex-start on a GPU type Dynamic Workload Scheduler lacks
     return cfg
+
+
+def _check_freeze(cfg: RunConfig, config_json) -> None:
+    """freeze deeper than the model, where its config.json can be read here (else the train
+    step refuses it before training)."""
+    from tasks.errors import ConfigError
+    from tasks.model.config import EncoderConfig
+
+    layers = cfg.frozen_layers[1]
+    if layers and config_json is not None:
+        depth = EncoderConfig.from_pretrained(config_json.parent).num_layers
+        if layers > depth:
+            raise ConfigError("freeze", f"{cfg.freeze}: the checkpoint has {depth} layers; "
+                                        f"freeze at most embeddings+{depth}")
 
 
 def check_backend(cfg: RunConfig, ctx: RunContext) -> RunConfig:
