@@ -41,7 +41,8 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
 
 @pytest.mark.parametrize("script", ["tokenize_throughput", "train_throughput", "mfu",
                                     "train_step_ablation", "scale", "quality", "determinism",
-                                    "evaluation_floor"])
+                                    "evaluation_floor", "evaluation_cost",
+                                    "sweep_pruning"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
@@ -142,6 +143,7 @@ SMOKE = {
     "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
     "early_stopping": ([], None),  # bertflow's two arms, no peer
+    "evaluation_cost": ([], None),  # bertflow's train step only
 }
 
 
@@ -227,6 +229,11 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
             (full,), (early,) = dataset["runs"]["full"], dataset["runs"]["early"]
             assert full["steps"] == full["total_steps"] and full["validation_evaluations"] == 1
             assert early["validation_evaluations"] >= 1 and early["steps"] <= full["steps"]
+    if script == "evaluation_cost":
+        (model,) = data["models"].values()
+        (run,) = model["runs"]
+        # max_steps 6, eval_every_steps 2: evaluations at steps 2, 4 and 6
+        assert run["steps"] == 6 and len(run["evaluation_s"]) == 2
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
@@ -315,7 +322,7 @@ def test_every_benchmark_has_a_smoke_mode():
                if "write_results(" in p.read_text()} - {"common"}
     with_smoke = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
                   if '"--smoke"' in p.read_text()}
-    assert set(SMOKE) <= with_smoke
+    assert set(SMOKE) | SMOKE_NOT_IN_SUITE <= with_smoke
     assert writers - with_smoke == NO_SMOKE_YET, (
         "a benchmark without --smoke (or NO_SMOKE_YET out of date)")
 
@@ -323,6 +330,9 @@ def test_every_benchmark_has_a_smoke_mode():
 # Benchmarks without a smoke mode yet (model_swap.py is the model engineer's).
 # e2e_demo times `make demo` itself (~35 s wall at best): it has no smaller form.
 NO_SMOKE_YET = {"model_swap", "e2e_demo"}
+# Smoke modes too slow for `make test`: sweep_pruning's is two whole bert_sweep dag.test runs
+# (~3 min on 2 cores); tests/test_dag_sweep.py runs a pruned sweep through the same DAG.
+SMOKE_NOT_IN_SUITE = {"sweep_pruning"}
 
 
 def _model_sizes(tmp_path, *args: str) -> str:

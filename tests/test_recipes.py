@@ -245,7 +245,8 @@ def test_balanced_weights_reach_training(tmp_path, tiny_model_dir, loop):  # noq
 
 # --- freeze ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("loop", ["fit", "custom"])
-def test_frozen_weights_stay_as_the_checkpoint_has_them(tmp_path, tiny_model_dir, loop):  # noqa: F811
+def test_frozen_weights_stay_as_the_checkpoint_has_them(tmp_path, tiny_model_dir,  # noqa: F811
+                                                        loop):
     from pathlib import Path
 
     from tasks.runs.runlayout import read_manifest
