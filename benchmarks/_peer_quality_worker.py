@@ -1,7 +1,8 @@
 """Peer side of benchmarks/quality.py: the Hugging Face recipe, transformers' Trainer with its
 defaults (torch's fused AdamW `adamw_torch_fused`, epsilon 1e-8, gradient clipping at norm 1.0,
 linear schedule, random batches (group_by_length=False), a checkpoint every 500 steps
-(save_strategy "steps"); the optimizer it used is recorded as `optim`) plus the settings a
+and a full one at the last step (save_strategy "steps"); the optimizer it used is recorded as
+`optim`) plus the settings a
 user of the recipe sets: epochs, batch, learning rate, warm-up ratio, weight decay, bf16,
 seed; `--group-by-length` turns on the Trainer's length-grouped sampler. At the end it saves
 the model (`trainer.save_model`, as a pipeline keeps its result) into --output-dir, which the

@@ -32,7 +32,7 @@ WORKER = Path("benchmarks") / "_bertflow_train_worker.py"
 
 
 def old_tree(rev: str, into: Path, python: str) -> Path:
-    """The checkout at `rev` with its CPU kernels built by `python` (about 30 s): the old
+    """The checkout at `rev` with its CPU kernels built by `python`: the old
     side trains with the kernels, as the new one does."""
     subprocess.run(["git", "worktree", "add", "--detach", str(into), rev], check=True,
                    cwd=common.PROJECT_ROOT, capture_output=True)

@@ -25,7 +25,7 @@ The emulators run as their own processes on loopback (gcp-storage-emulator in me
 moto_server, from this venv). Their speed is loopback plus the emulator's own Python, not a
 cloud bucket's network: a cloud figure here says what the client and the bytes cost, and a
 verdict against a cloud's notice is only as good as that. This machine's disk is shared and
-noisy (a plain 1.3 GB write took 1.8 s and 8.0 s a minute apart): quote medians.
+noisy (the same plain write can take several times as long a minute later): quote medians.
 
 The notices are the platforms' documented values (NOTICES, with their sources); the save must
 fit in them together with the rest of the step in flight when the notice came.

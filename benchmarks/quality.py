@@ -71,8 +71,8 @@ folder (common.smoke_results_dir); `--smoke --datasets goemotions,wnut17`: synth
 multi-label rows and CoNLL sentences instead (common.smoke_task_data).
 --peer-env sets variables of the peer's process only (recorded as peer_env): on a machine
 another job keeps busy, `OMP_WAIT_POLICY=PASSIVE` keeps torch's OpenMP threads from spinning
-on a core they do not have (measured 2026-12-04 at load 3.5 on 2 cores: 20 peer steps took
-24 s spinning, 5 s passive); the computation and its results are the same.
+on a core they do not have (by hand at load 3.5 on 2 cores, no results file: several times
+faster passive); the computation and its results are the same.
 """
 from __future__ import annotations
 
@@ -385,7 +385,7 @@ def recipes(args) -> dict:
                          "batch_order": batch_order(sets.get("group_by_length")),
                          "saves": f"a checkpoint every "
                                   f"{value('checkpoint_every_steps')} steps and the model "
-                                  f"at the end"},
+                                  f"at the end (no checkpoint at the last step)"},
             "peer": {"optimizer": "adamw_torch_fused (the Trainer's default)",
                      "learning_rate": shared["learning_rate"],
                      "weight_decay": shared["weight_decay"], "max_grad_norm": 1.0,
@@ -396,7 +396,8 @@ def recipes(args) -> dict:
                                      if peer_switch(args, "group-by-length")
                                      else "random (the Trainer's group_by_length=False)"),
                      "saves": "a checkpoint every 500 steps (the Trainer's save_strategy "
-                              "default) and the model at the end"}}
+                              "default), a full checkpoint (weights, optimizer, scheduler) "
+                              "at the last step, and the model at the end"}}
 
 
 def batch_order(group_by_length: str | None) -> str:
@@ -413,8 +414,8 @@ def epochs_for(name: str, args) -> int:
 
 # Epochs per data set unless --epochs: 3 on BANKING77 (77 classes, 117 rows each: the budget
 # of the issue's comparison) and on WNUT17 (3,394 sentences: 107 steps an epoch), 1 elsewhere
-# (GoEmotions: 43,410 rows, 1,357 steps). Both new sets, both sides, 2 seeds: about 35 min
-# on 2 cores (benchmarks/RESULTS.md, section 12).
+# (GoEmotions: 43,410 rows, 1,357 steps). Both new sets, both sides, 2 seeds: most of an hour
+# on 2 cores.
 EPOCHS = {"sst2": 1, "snips": 1, "banking77": 3, "sst2_sentences": 1, "goemotions": 1,
           "wnut17": 3}
 

@@ -11,8 +11,9 @@ import platform
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 # TensorFlow turns on its oneDNN CPU kernels by itself only on CPUs with avx512_vnni,
-# avx512_bf16 or AMX. Without them, on an AVX2-only CPU, training ran 1.9x slower
-# (benchmarks/RESULTS.md, section 2). Set TF_ENABLE_ONEDNN_OPTS=0 to opt out.
+# avx512_bf16 or AMX. Without them, on an AVX2-only CPU, float32 training ran 1.86x slower
+# (computed from the archived benchmarks/results/archive/train_throughput_avx2.json,
+# summary.bertflow_onednn over summary.bertflow). Set TF_ENABLE_ONEDNN_OPTS=0 to opt out.
 if platform.machine().lower() in ("x86_64", "amd64"):
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 

@@ -4,11 +4,10 @@ TensorFlow's and Keras' modules are hundreds of thousands of objects that are ne
 yet while they import they set off Python's full collections, each of which scans all of
 them, and every full collection during the step scans them again. In cold 20-step SNIPS
 runs (`benchmarks/quality.py --datasets snips --max-steps 20 --bertflow-start cold`, 3 runs
-per version alternating, by hand with gc callbacks) the train step spent 0.44-0.49 s in the
-collector and tokenize 0.31-0.36 s; with the imports below, 0.03 s and 0.01 s. The steps'
-walls went from 7.83 to 7.11 s (train) and 1.80 to 1.41 s (tokenize), medians. Importing the
-train step leaves about 1,300 unreachable objects, which a collection would take 0.13 s to
-find: they are kept.
+per version alternating, by hand with gc callbacks; no results file) the train step and
+tokenize spent a sizeable share of their walls in the collector, and with the imports below
+next to none. Importing the train step leaves unreachable objects that a collection would
+take time to find: they are kept.
 """
 from __future__ import annotations
 

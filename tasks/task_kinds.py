@@ -143,10 +143,11 @@ class TaskKind:
     # per row: the loss is a mean over labelled pieces, not over rows.
     per_token: bool = False
     # Whether training batches group rows by length when group_by_length is empty: only where
-    # a side-by-side run showed it costs no quality (single-label classification, RESULTS.md
-    # section 4). On GoEmotions and WNUT17 length-grouped batches cost bertflow 0.05 micro-F1
-    # and 0.02-0.03 entity F1 against random ones (section 12); regression is unmeasured and
-    # keeps the Trainer's random batches.
+    # a side-by-side run showed it costs no quality (single-label classification,
+    # benchmarks/RESULTS.md). On GoEmotions and WNUT17 length-grouped batches cost bertflow
+    # 0.05 micro-F1 and 0.02-0.03 entity F1 against random ones (computed from the archived
+    # quality_goemotions*.json and quality_wnut17*.json, benchmarks/results/archive/HISTORY.md);
+    # regression is unmeasured and keeps the Trainer's random batches.
     groups_by_length: bool = False
 
     # --- TFRecord label feature -------------------------------------------------------------

@@ -32,8 +32,8 @@ from tasks.errors import StorageError
 from tasks.io.credentials import Connections
 from tasks.io.uris import COMPLETE, completion_manifest, file_hexdigest, redact
 
-# Concurrent object transfers per folder operation. transfer_manager's default of 8 was up
-# to 1.7x slower than 4 against the loopback emulators on 2 cores.
+# Concurrent object transfers per folder operation. transfer_manager's default of 8 was
+# slower than 4 against the loopback emulators on 2 cores (a one-off run; no results file).
 WORKERS = 4
 
 # None: google-cloud-storage's DEFAULT_RETRY, which retries 408, 429, 5xx and connection
@@ -502,7 +502,8 @@ class S3Store(ObjectStore):
             **{k: v for k, v in kwargs.items() if v})
         # Multipart from 100 MiB, where AWS advises it, not s3transfer's 8 MiB: below that a
         # single PUT keeps the MD5 ETag `_sync` verifies and a whole-object GET whose CRC32
-        # botocore checks, and multipart made the export-like benchmark folder 1.6x slower.
+        # botocore checks, and multipart made the export-like folder slower (one-off, no results
+        # file).
         self.transfer = TransferConfig(max_concurrency=WORKERS, multipart_threshold=100 << 20)
 
     def _get(self, bucket, key):

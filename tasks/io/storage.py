@@ -193,7 +193,7 @@ class LocalStorage:
         makes check-and-replace atomic between processes and threads on this host; readers
         never lock, they see the old or the new file.
         """
-        from filelock import FileLock  # lazy: 20-40 ms to import, and only promote needs it
+        from filelock import FileLock  # lazy: only promote needs it
 
         path = local_path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)

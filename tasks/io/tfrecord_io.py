@@ -4,7 +4,8 @@ Why hand-written and not `tf.io.TFRecordWriter` + `tf.train.Example` / `tf.io.en
 the library path needs one Python call per record to write (and builds protos per row or in
 TensorFlow ops), which made serialization the larger half of the tokenize step; this module
 writes whole chunks of records with a handful of numpy calls. The figure that decides it
-(benchmarks/RESULTS.md, section 6): with `tf.io.encode_proto` + `tf.io.TFRecordWriter`
+(archived, benchmarks/results/archive/scale_writers.json, at load ~15; no live file): with
+`tf.io.encode_proto` + `tf.io.TFRecordWriter`
 (`LibraryShardWriter` below), data + tokenize at 1M rows took 1.48x as long end to end
 (median 121.2 s vs 81.7 s). Keep this module only while that ratio stays above 1.3x. Output is byte-identical to the library's (tests/test_tokenize.py checks both the
 Example bytes against protobuf/encode_proto and whole files against TFRecordWriter).

@@ -77,9 +77,8 @@ def native_gelu(x: tf.Tensor) -> tf.Tensor:
 
 
 def float32_gelu(x: tf.Tensor) -> tf.Tensor:
-    """Exact GELU computed in float32: bfloat16's erf is slow on CPUs (17-20 ms of a MiniLM
-    step against 5 ms plus 5 ms of casts; benchmarks/RESULTS.md, section 2), and less
-    precise."""
+    """Exact GELU computed in float32: bfloat16's erf is slow on CPUs (slower than float32's
+    with the casts, in a profile that left no results file), and less precise."""
     if x.dtype == tf.float32:
         return native_gelu(x)
     return tf.cast(native_gelu(tf.cast(x, tf.float32)), x.dtype)

@@ -2,10 +2,10 @@
 
 Why not `safetensors.numpy.save_file`: it takes every tensor at once, as bytes, so a model's
 save holds each weight three times over (the variable's value, its PyTorch-layout copy, the
-bytes) in memory the process touches for the first time. At BERT-base size (440 MB) the
-train step's save, its only one, took 3.6-4.4 s that way and 2.6-2.9 s tensor by tensor,
-and the step's fixed cost went from 10.3-10.8 s to 8.4-8.7 s (benchmarks/train_fixed_cost.py
-`--repeats 1`, two runs per version alternating, by hand; RESULTS.md, section 14).
+bytes) in memory the process touches for the first time. At BERT-base size the train
+step's save, its only one, was slower that way than tensor by tensor (by hand, alternating
+runs of benchmarks/train_fixed_cost.py; no results file holds the pair: the live
+train_fixed_cost.json is after the change, archive/..._before_streamed_save.json before).
 
 The format (https://github.com/huggingface/safetensors, "Format"): an 8-byte little-endian
 header length, a JSON header mapping each name to its dtype, shape and data_offsets (begin,

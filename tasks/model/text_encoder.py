@@ -3,8 +3,8 @@
 the TFRecords with it and the export step embeds it beside the model, so serving cannot drift
 from training (tasks/steps/tokenize.py has the step's side: caching and serialization).
 
-The tokenizer's compiled models (fast-wordpiece flatbuffer of the vocab: ~0.3-0.4 s for 30k
-tokens; BERT normalizer: up to ~1 s the first time in a process) are built once per (vocab,
+The tokenizer's compiled models (fast-wordpiece flatbuffer of the vocab; BERT normalizer,
+slow the first time in a process; timed by hand, no results file) are built once per (vocab,
 options, tensorflow-text version) and kept in memory and in a local disk cache
 (`model_cache_dir()`), and handed to TensorFlow as a numpy buffer (tensorflow_text would
 otherwise convert the 1.7 MB model through a Python list of ints).
@@ -115,8 +115,8 @@ class BertTextEncoder(tf.Module):
 
         Same wordpieces (same op) and the same truncation rule (`_keep_lengths`); only the
         [CLS]/[SEP] assembly is done in numpy instead of TensorFlow ops, which in a fresh
-        process cost ~3 ms each to instantiate (~0.2 s for the ~50 of them) and are several
-        times slower than numpy on int64 vectors. tests/test_tokenize.py checks both paths
+        process cost time each to instantiate (about 50 of them) and are slower than numpy on
+        int64 vectors (by hand, no results file). tests/test_tokenize.py checks both paths
         give identical output.
         """
         segments = []
@@ -203,9 +203,9 @@ def model_builders():
 
     They live in the private `tensorflow_text.core.pybinds`. Why use them: building the
     models once per vocabulary and caching them on disk, then handing them to TensorFlow as
-    a numpy buffer, saves the tokenize worker ~0.3-0.4 s (wordpiece model of a 30k vocab)
-    plus up to ~1 s (normalizer, first time in a process) at every start (see the module
-    docstring). The version is pinned (requirements.txt: tensorflow-text 2.21.x; the TPU
+    a numpy buffer, saves the tokenize worker both builds (wordpiece model, normalizer) at
+    every start (see the module docstring). The version is pinned (requirements.txt:
+    tensorflow-text 2.21.x; the TPU
     image's lock: 2.20.x). If a release moves them, this returns None and the encoder passes
     the vocabulary to the public `FastBertTokenizer(vocab=...)` instead: same token ids
     (tests/test_tokenize.py checks it), only a slower start.

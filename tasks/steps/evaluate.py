@@ -222,7 +222,9 @@ def fold(data, initial, add_batch):
     distributed dataset `data`, from initial() (called in the graph): one trace, one graph
     loop over batches of any length. It is `reduce` of tf.distribute's datasets, the loop
     AutoGraph makes of a Python `for` over them, written out with AutoGraph off: the same
-    graph, traced 0.07-0.15 s faster in a fresh process (benchmarks/RESULTS.md, section 16),
+    graph, traced 0.07-0.15 s faster in a fresh process (computed from the archived
+    benchmarks/results/archive/evaluation_floor_2026-12-05_autograph_loop.json and
+    ..._optimizer_on_only.json, datasets.*.medians.bertflow.trace_s),
     and no loop that AutoGraph fails to convert, which runs as Python instead and unrolls
     every batch into the graph."""
     return tf.function(lambda: data.reduce(initial(), add_batch), autograph=False)

@@ -177,7 +177,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             # No training checkpoint at the end: the model saved below is the run's result,
             # and the weights with both Adam slots cost 3x its bytes to write (and upload)
             # on every run. A retry after the end resumes from the last periodic checkpoint
-            # and runs the steps after it again. (The Trainer, too, saves the model only.)
+            # and runs the steps after it again. (The Trainer, with its default
+            # save_strategy "steps", does write a full checkpoint at the last step as well.)
         validated = None
         if validator is not None:
             validated = validator.finish()  # best_checkpoint: the best weights from here on

@@ -124,8 +124,9 @@ def train_dataset(files: list[str], global_batch_size: int, max_seq_length: int,
 
     Rows are grouped as Hugging Face's length-grouped sampler does: a window of shuffled rows
     is sorted by length, cut into batches each padded to its longest row, and the batches are
-    shuffled. Every row of the stream is used in its window; padding is a few percent on SST-2
-    (power-of-two length buckets wasted 38%, benchmarks/RESULTS.md). With static shapes
+    shuffled. Every row of the stream is used in its window; padding on SST-2 is in
+    benchmarks/results/train_throughput*.json (`summary.*.padding_fraction`), far below
+    power-of-two length buckets'. With static shapes
     (TPU) batches come from length buckets padded to 16, 32, 64, ... so that only a few
     programs are compiled. `group_by_length` False: each batch is `batch` shuffled rows padded
     to its longest (a window of one batch).
@@ -155,8 +156,8 @@ def _without_autotune_model() -> tf.data.Options:
     optimization thread that sleeps between rounds, longer and longer (up to a minute late
     in a run), and destroying the iterator waits for that thread: when fit returned, the
     train step could sit in RootDataset::Iterator's destructor for most of a minute (py-spy,
-    by hand: 55 s after BANKING77's 3 epochs in half the runs; benchmarks/RESULTS.md section
-    14 shows the effect at BERT-base size). The training input is a few element-wise ops per
+    by hand, no results file: after BANKING77's 3 epochs in half the runs). The training input
+    is a few element-wise ops per
     batch: AUTOTUNE values then take tf.data's fixed defaults."""
     options = tf.data.Options()
     options.autotune.enabled = False

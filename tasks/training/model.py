@@ -108,10 +108,10 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
     on TensorFlow's fused kernels.
 
     tf_keras.optimizers.AdamW updates each variable with a chain of small element-wise ops,
-    about 150 ms per step for MiniLM's 22.7M parameters on a 2-core CPU, half the time of a
-    forward and backward pass. Here each variable takes two fused kernels: the decay
+    a large share of a MiniLM step on a 2-core CPU (profiled by hand; no results file). Here
+    each variable takes two fused kernels: the decay
     `var -= lr * weight_decay * var` (ResourceApplyGradientDescent with the variable as its own
-    gradient) and then one ResourceApplyAdam (benchmarks/RESULTS.md has the measurements).
+    gradient) and then one ResourceApplyAdam.
     The word-embedding gradient arrives as IndexedSlices; it is summed into a dense tensor so
     that it takes the same kernels and every row gets the dense AdamW update torch applies.
     Being a legacy-Keras optimizer, it keeps its learning rate as a schedule evaluated at
@@ -131,7 +131,7 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
         = lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps * sqrt(1 - b2^t)).
     Keras' rule with the 1e-6 bertflow used before is torch's epsilon 1e-6 / sqrt(1 - b2^t):
     3,000x torch's 1e-8 at the first step, still 130x after 850 steps, damping the steps of
-    weights whose gradients are small (benchmarks/RESULTS.md, section 4).
+    weights whose gradients are small.
     """
 
     def __init__(self, learning_rate, weight_decay: float, exclude_from_weight_decay=(),
@@ -248,7 +248,7 @@ def create_slots(optimizer, variables) -> None:
     now, inside strategy.scope(), rather than in the first traced step. tf.function traces a
     function that creates variables twice (once creating them, once without), and Keras'
     first apply_gradients creates them: a second trace and graph optimization of the whole
-    training step, about 1 s at MiniLM size. A checkpoint restored afterwards assigns them."""
+    training step. A checkpoint restored afterwards assigns them."""
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
     with tf.name_scope(inner._name), tf.init_scope():  # as legacy apply_gradients does first
         inner._create_all_weights(variables)

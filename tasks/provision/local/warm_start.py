@@ -1,8 +1,9 @@
 """Warm start for local step processes: a server that has imported TensorFlow, bertflow's model
 and the steps once, and forks a `python -m tasks <step>` process per request.
 
-Why: every local step process spent ~2.5-5 s of CPU importing the same modules before it
-did any work (benchmarks/import_time.py: `import tasks.steps.train`); a run starts 5-7 of
+Why: every local step process spent seconds of CPU importing the same modules before it
+did any work (benchmarks/results/import_time.json, `modules["tasks.steps.train"]`); a run starts
+5-7 of
 them, a test session ~130. A fork of an interpreter that has them imported starts in
 milliseconds and shares their memory pages.
 
