@@ -342,6 +342,14 @@ class RunConfig(BaseModel):
                     "(transformers' get_scheduler shapes).")
     lr_power: float = Field(default=1.0, gt=0, le=10, title="Polynomial decay power",
                             description="The power of lr_schedule polynomial (1: linear).")
+    layer_lr_decay: float = Field(
+        default=1.0, gt=0, le=1, title="Layer-wise learning-rate decay",
+        description="The transformer layer k from the top trains at learning_rate x d**k, "
+                    "the embeddings at d**layers (1: off; ELECTRA's recipe uses 0.8).")
+    head_learning_rate: Optional[float] = Field(
+        default=None, gt=0, le=1, title="Head learning rate",
+        description="The task head's peak rate (empty: learning_rate); lr_scaling scales it "
+                    "as it scales learning_rate.")
     freeze: str = Field(
         default="none", pattern=r"^(none|embeddings(\+[0-9]{1,3})?)$", title="Freeze",
         description="Weights left as the checkpoint has them: none; embeddings; or "

@@ -284,3 +284,67 @@ def test_freezing_more_layers_than_the_model_has_is_refused(tmp_path, tiny_model
         train.run(cfg, ctx)
     with pytest.raises(ValidationError, match="freeze"):
         RunConfig(freeze="layers+2")
+
+
+# --- layer-wise learning-rate decay and the head's rate -------------------------------------
+def test_each_variable_takes_its_layer_s_factor():
+    factor = model.lr_multiplier(RunConfig(layer_lr_decay=0.5, head_learning_rate=1e-3,
+                                           learning_rate=1e-4), num_layers=3)
+    names = {"m/bert/embeddings/word_embeddings:0": 0.125, "m/bert/block_0/q/kernel:0": 0.25,
+             "m/bert/block_1/q/kernel:0": 0.5, "m/bert/block_2/q/kernel:0": 1.0,
+             "m/bert/pooler/kernel:0": 1.0, "m/head/classifier/kernel:0": 10.0}
+    assert {n: factor(n) for n in names} == pytest.approx(names)
+    assert model.lr_multiplier(RunConfig(), 3) is None
+
+
+@pytest.mark.parametrize("cpu_kernel", [False, True], ids=["tf_kernels", "bertflow_kernel"])
+def test_the_first_step_moves_each_weight_by_its_own_rate(cpu_kernel):
+    """Adam's first step moves a weight by about lr (m_hat / sqrt(v_hat) = sign(g)): with
+    layer_lr_decay 0.5 over 2 layers and a head rate of 4x, dense and sparse (the embedding's
+    IndexedSlices) gradients alike, on both kernels."""
+    import tensorflow as tf
+
+    from tasks.training import cpu_kernels
+    if cpu_kernel and not cpu_kernels.available():
+        pytest.fail("bertflow CPU kernels not built: run `make install`")
+
+    cfg = RunConfig(learning_rate=0.01, layer_lr_decay=0.5, head_learning_rate=0.04,
+                    weight_decay=0.0, lr_schedule="constant")
+    plan = model.make_plan(cfg, 100, 1)
+    optimizer = model.create_optimizer(cfg, plan, "float32", cpu_kernel=cpu_kernel,
+                                       num_layers=2)
+    names = {"c/bert/embeddings/word_embeddings": 0.25, "c/bert/block_0/dense/kernel": 0.5,
+             "c/bert/block_1/dense/kernel": 1.0, "c/head/classifier/kernel": 4.0}
+    variables = {n: tf.Variable(tf.zeros([4, 2]), name=n) for n in names}
+    grads = []
+    for name, var in variables.items():
+        if "embeddings" in name:  # rows 1 and 3, as an embedding gather gives them
+            grads.append((tf.IndexedSlices(tf.ones([2, 2]), tf.constant([1, 3]),
+                                           tf.constant([4, 2])), var))
+        else:
+            grads.append((tf.ones([4, 2]), var))
+    optimizer.apply_gradients(grads)
+    for name, var in variables.items():
+        moved = -var.numpy()
+        rows = [1, 3] if "embeddings" in name else [0, 1, 2, 3]
+        np.testing.assert_allclose(moved[rows], 0.01 * names[name], rtol=1e-4)
+
+
+def test_layer_rates_reach_training_and_the_manifest(tmp_path, tiny_model_dir):  # noqa: F811
+    from pathlib import Path
+
+    from tasks.runs.runlayout import read_manifest
+    from tasks.steps import train
+
+    weights = {}
+    for name, decay in (("decayed", 0.1), ("flat", 1.0)):
+        cfg, ctx = make_run(tmp_path / name, tiny_model_dir, training_loop="custom", epochs=1,
+                            layer_lr_decay=decay, head_learning_rate=2e-2)
+        train.run(cfg, ctx)
+        manifest = read_manifest(ctx.manifest_uri("train"))
+        assert (manifest["layer_lr_decay"], manifest["head_learning_rate"]) == (decay, 2e-2)
+        weights[name] = saved_weights(Path(manifest["model_dir"]))
+    base = saved_weights(tiny_model_dir)
+    key = next(k for k in base if "embeddings.word_embeddings" in k)
+    moved = {n: float(np.abs(w[key] - base[key]).max()) for n, w in weights.items()}
+    assert 0 < moved["decayed"] < moved["flat"] / 3

@@ -111,7 +111,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
                                                head=kind.head)
             frozen = freeze(model, cfg)  # before the slots: frozen weights get none
             optimizer = model_lib.create_optimizer(cfg, plan, policy, cpu_kernel=kernels,
-                                                   clip_norm=clip_norm(cfg, name))
+                                                   clip_norm=clip_norm(cfg, name),
+                                                   num_layers=model.config.num_layers)
             model_lib.create_slots(optimizer, model.trainable_variables)
             # Masks from (seed, step, layer, replica): a resumed run draws the same ones.
             model.seed_dropout(seeded_dropout.DropoutSeeds(
@@ -214,6 +215,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "deterministic": cfg.deterministic,
         "group_by_length": groups_by_length(cfg, kind),
         "freeze": {"setting": cfg.freeze, "frozen_weights": frozen},
+        "layer_lr_decay": cfg.layer_lr_decay, "head_learning_rate": cfg.head_learning_rate,
         "model_family": model.config.family,
         "base_model": str(base),
         # Source as configured, what it resolved to (Hub commit, champion version, bucket

@@ -135,9 +135,11 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
     """
 
     def __init__(self, learning_rate, weight_decay: float, exclude_from_weight_decay=(),
-                 cpu_kernel: bool = False, **kwargs):
+                 cpu_kernel: bool = False, lr_multiplier=None, **kwargs):
         super().__init__(learning_rate=learning_rate, **kwargs)
         self.weight_decay = weight_decay
+        # variable name -> factor on the scheduled rate (layer_lr_decay, head_learning_rate)
+        self.lr_multiplier = lr_multiplier
         self._no_decay = [re.compile(pattern) for pattern in exclude_from_weight_decay]
         self.cpu_kernel = cpu_kernel
         self._clip_factor = None  # this step's, between _transform_gradients and the updates
@@ -148,6 +150,20 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
     def _coefficients(self, var, apply_state):
         key = (var.device, var.dtype.base_dtype)
         return (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+
+    def _scaled(self, var, apply_state):
+        """apply_state with `var`'s learning-rate factor applied to the step size and the
+        decay (torch's per-parameter-group lr), or apply_state itself when it is 1."""
+        factor = self.lr_multiplier(var.name) if self.lr_multiplier else 1.0
+        if factor == 1.0:
+            return apply_state
+        c = dict(self._coefficients(var, apply_state))
+        c["lr_t"], c["lr"] = c["lr_t"] * factor, c["lr"] * factor
+        if self.cpu_kernel:  # [lr, 1 - b1^t, 1 - b2^t, epsilon, lr_t x weight decay]
+            scale = tf.constant([factor, 1.0, 1.0, 1.0, factor], c["kernel_decay"].dtype)
+            c["kernel_decay"] = c["kernel_decay"] * scale
+            c["kernel_no_decay"] = c["kernel_no_decay"] * scale
+        return {(var.device, var.dtype.base_dtype): c}
 
     def _prepare_local(self, var_device, var_dtype, apply_state):
         super()._prepare_local(var_device, var_dtype, apply_state)
@@ -194,6 +210,7 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
                                        grad, coefficients, scale, indices)
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
+        apply_state = self._scaled(var, apply_state)
         if self.cpu_kernel:
             return self._apply_kernel(grad, var, apply_state)
         if not self.decays(var):
@@ -207,7 +224,8 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
 
     def _resource_apply_sparse_duplicate_indices(self, grad, var, indices, **kwargs):
         if self.cpu_kernel:
-            return self._apply_kernel(grad, var, kwargs.get("apply_state"), indices)
+            return self._apply_kernel(grad, var, self._scaled(var, kwargs.get("apply_state")),
+                                      indices)
         dense = tf.math.unsorted_segment_sum(grad, indices, tf.shape(var)[0])
         return self._resource_apply_dense(dense, var, **kwargs)
 
@@ -225,8 +243,33 @@ def clip_factor(grads, clip_norm: float) -> tf.Tensor:
     return clip * tf.minimum(1.0 / norm, tf.constant(1.0, norm.dtype) / clip) + (norm - norm)
 
 
+def lr_multiplier(cfg, num_layers: int):
+    """variable name -> its factor on the scheduled rate, or None when every factor is 1.
+    layer_lr_decay d: the transformer layer k from the top (k = 0 for the last) takes d**k,
+    the embeddings d**num_layers (ELECTRA's fine-tuning recipe, counted as the issue asks);
+    the head takes head_learning_rate / learning_rate (so lr_scaling scales both), the
+    pooler the top layer's rate."""
+    decay, head = cfg.layer_lr_decay, cfg.head_learning_rate
+    if decay == 1.0 and head is None:
+        return None
+    head_factor = head / cfg.learning_rate if head is not None else 1.0
+
+    def factor(name: str) -> float:
+        if "/head/" in name:
+            return head_factor
+        block = _BLOCK.search(name)
+        if block:
+            return decay ** (num_layers - 1 - int(block.group(1)))
+        return decay ** num_layers if "/embeddings/" in name else 1.0
+    return factor
+
+
+_BLOCK = re.compile(r"/block_(\d+)/")
+
+
 def create_optimizer(cfg, plan: TrainPlan, policy: str, cpu_kernel: bool = False,
-                     clip_norm: float = 0.0) -> tf_keras.optimizers.legacy.Optimizer:
+                     clip_norm: float = 0.0,
+                     num_layers: int = 0) -> tf_keras.optimizers.legacy.Optimizer:
     """AdamW on the plan's warm-up and schedule (loss-scaled under float16, whose small range
     would flush small gradients to zero), clipping the gradient to the global norm
     `clip_norm` (0: not). Keras' legacy optimizer clips in apply_gradients after summing the
@@ -237,6 +280,7 @@ def create_optimizer(cfg, plan: TrainPlan, policy: str, cpu_kernel: bool = False
                                      plan.total_steps, plan.lr_schedule, plan.lr_power),
         weight_decay=cfg.weight_decay, exclude_from_weight_decay=NO_DECAY,
         epsilon=TORCH_EPSILON, cpu_kernel=cpu_kernel,
+        lr_multiplier=lr_multiplier(cfg, num_layers),
         global_clipnorm=clip_norm or None)
     if policy == "mixed_float16":
         return tf_keras.mixed_precision.LossScaleOptimizer(optimizer)
