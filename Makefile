@@ -10,7 +10,7 @@ UV          := $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/pytho
 export TF_USE_LEGACY_KERAS := 1
 export AIRFLOW_HOME ?= $(CURDIR)/.airflow
 
-KERNELS := tasks/training/cpu_kernels/build/.built
+KERNELS := tasks/model/cpu_kernels/build/.built
 
 .PHONY: install demo airflow test test-deps lock clean bench
 
@@ -36,11 +36,11 @@ $(STAMP): requirements.txt requirements.in pyproject.toml Makefile
 	$(UV) --no-deps -e .
 	touch $(STAMP)
 
-# bertflow's CPU kernels (tasks/training/cpu_kernels, ~30 s with g++). Optional: without them training
+# bertflow's CPU kernels (tasks/model/cpu_kernels, ~30 s with g++). Optional: without them training
 # on CPU uses TensorFlow's ops, about 1.4x slower.
-$(KERNELS): $(STAMP) $(wildcard tasks/training/cpu_kernels/*.cc tasks/training/cpu_kernels/*.h)
+$(KERNELS): $(STAMP) $(wildcard tasks/model/cpu_kernels/*.cc tasks/model/cpu_kernels/*.h)
 	@mkdir -p $(@D)
-	$(BIN)/python -m tasks.training.cpu_kernels build && touch $@ || \
+	$(BIN)/python -m tasks.model.cpu_kernels build && touch $@ || \
 	  echo "make: bertflow CPU kernels not built; training on CPU will use TensorFlow's ops (slower)" >&2
 
 demo: install

@@ -68,17 +68,17 @@ def smoke_results_dir() -> Path:
 def smoke_model_dir(out: Path) -> Path:
     """A tiny RANDOM BERT checkpoint (2 layers, hidden 32; the MiniLM checkpoint's uncased
     vocabulary) for --smoke runs: config.json, vocab.txt, model.safetensors."""
-    import model_sizes
-    return model_sizes.write_random_checkpoint(model_sizes.MODELS["tiny"], out,
-                                               model_sizes.vocab_file())
+    import synthetic_inputs
+    return synthetic_inputs.write_random_checkpoint(synthetic_inputs.MODELS["tiny"], out,
+                                                    synthetic_inputs.vocab_file())
 
 
 def smoke_batches(model_dir: Path, out: Path, batch: int = 4, steps: int = 3,
                   seq: int = 16) -> Path:
     """`steps` synthetic batches (random whole-word rows, truncated to `seq` tokens) in the
     format trainbench_data.build writes, for --smoke runs: no shared data needed."""
-    import model_sizes
-    return model_sizes.write_batches(model_dir / "vocab.txt", seq, batch, steps, out)
+    import synthetic_inputs
+    return synthetic_inputs.write_batches(model_dir / "vocab.txt", seq, batch, steps, out)
 
 
 def smoke_data_root(root: Path, rows: int = 64) -> Path:

@@ -9,7 +9,7 @@ fresh interpreter through LocalCluster, common.run_step) on BANKING77's training
 validation_fraction 0.1 (about 1,000 validation rows), the test rows being its dev file
 (never read here), and the product's defaults otherwise (batch 32, max_seq_length 128, the
 fit loop). It trains `max_steps` steps with `eval_every_steps` set so that it validates four
-times. bert-base has RANDOM weights (model_sizes.py; the time does not depend on the values)
+times. bert-base has RANDOM weights (synthetic_inputs.py; the time does not depend on the values)
 and MiniLM's uncased vocabulary, which is bert-base's.
 
 Measured per run: each evaluation's seconds (history.json `validation[].seconds`; the first
@@ -42,14 +42,15 @@ INTERVAL_STEPS = 100
 
 
 def model_dirs(names: list[str], work: Path, smoke: bool) -> dict[str, str]:
-    import model_sizes
+    import synthetic_inputs
 
     if smoke:
         return {names[0]: str(common.smoke_model_dir(work / "tiny-random-bert"))}
     dirs = {"minilm": ""}  # the offline MiniLM checkpoint
     if "bert-base" in names:
-        dirs["bert-base"] = str(model_sizes.write_random_checkpoint(
-            model_sizes.MODELS["bert-base"], work / "bert-base", model_sizes.vocab_file()))
+        dirs["bert-base"] = str(synthetic_inputs.write_random_checkpoint(
+            synthetic_inputs.MODELS["bert-base"], work / "bert-base",
+            synthetic_inputs.vocab_file()))
     return {n: dirs[n] for n in names}
 
 

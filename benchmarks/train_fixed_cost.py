@@ -5,8 +5,8 @@ the first step's tracing, the final saves, exit).
     ./.venv/bin/python benchmarks/train_fixed_cost.py [--short 5] [--long 25] [--repeats 3]
         [--smoke]
 
-The model is BERT-base's shape with RANDOM weights (model_sizes.write_random_checkpoint: no
-BERT-base weights ship in any package reachable offline; the cost depends on shapes only),
+The model is BERT-base's shape with RANDOM weights (synthetic_inputs.write_random_checkpoint:
+no BERT-base weights ship in any package reachable offline; the cost depends on shapes only),
 batch 32 of synthetic rows longer than max_seq_length 128, so every step is a full [32, 128]
 batch. Each run is `python -m tasks train --run-dir RUN` through LocalCluster, in a fresh
 interpreter as a remote worker starts it (`--start cold`, the default) or forked from the
@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 import common
-import model_sizes
+import synthetic_inputs
 from common import median
 
 BATCH, SEQ = 32, 128
@@ -50,10 +50,10 @@ BATCH, SEQ = 32, 128
 def prepare(work: Path, shape_name: str, rows: int, steps: dict[str, int]) -> dict[str, Path]:
     """The random checkpoint, a TSV of long rows, and one run folder per step count with its
     data and tokenize steps done (the tokenized shards are shared through the cache)."""
-    vocab = model_sizes.vocab_file()
-    model_dir = model_sizes.write_random_checkpoint(model_sizes.MODELS[shape_name],
-                                                    work / "model", vocab)
-    batches = json.loads(model_sizes.write_batches(
+    vocab = synthetic_inputs.vocab_file()
+    model_dir = synthetic_inputs.write_random_checkpoint(synthetic_inputs.MODELS[shape_name],
+                                                         work / "model", vocab)
+    batches = json.loads(synthetic_inputs.write_batches(
         vocab, SEQ, BATCH, -(-rows // BATCH), work / "batches.json").read_text())["batches"]
     tsv = work / "rows.tsv"
     with open(tsv, "w", encoding="utf-8") as f:
@@ -148,7 +148,8 @@ def main() -> None:
                for name in steps}
     results = {"smoke": args.smoke, "start": args.start, "warm_server_ready_s": server_s,
                "shape": shape,
-               "model": dataclasses.asdict(model_sizes.MODELS[shape]), "batch_size": BATCH,
+               "model": dataclasses.asdict(synthetic_inputs.MODELS[shape]),
+               "batch_size": BATCH,
                "max_seq_length": SEQ, "steps": steps, "repeats": args.repeats, "runs": runs,
                "summary": summary,
                "computed_slope_s_per_step": slope,

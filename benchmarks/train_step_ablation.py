@@ -12,7 +12,7 @@ model and optimizer alone. Each variant runs in its own process, alternating, an
 is the median examples/s. Every variant clips the gradient to the product's default global
 norm (tasks.config.DEFAULT_CLIP_NORM; the file's `clip_norm`). Variants, each one step further
 from the product:
-    bertflow            the product on CPU: bertflow's CPU kernels (tasks/training/cpu_kernels) for
+    bertflow            the product on CPU: bertflow's CPU kernels (tasks/model/cpu_kernels) for
                         AdamW, dropout, GELU and LayerNorm; the AdamW kernel scales each
                         gradient by the clipping factor as it reads it
     clip_pass           the same, but clipping in a pass of its own before the kernel (Keras'
@@ -47,7 +47,8 @@ def worker(variant: str, batches_path: Path, model_dir: str, warmup: int = 3,
     import tf_keras
 
     from tasks.config import DEFAULT_CLIP_NORM
-    from tasks.training import checkpoint, cpu_kernels, model as model_lib
+    from tasks.model import cpu_kernels
+    from tasks.training import checkpoint, model as model_lib
 
     tf_keras.mixed_precision.set_global_policy(precision)
     tf_keras.utils.set_random_seed(0)

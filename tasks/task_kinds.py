@@ -285,7 +285,7 @@ KINDS: dict[str, TaskKind] = {
         split_rule="plain seeded: exactly round(n*eval_fraction) rows, chosen by selection "
                    "sampling on a seeded hash of each row"),
     # Sentences of tagged words: read by tasks/steps/token_data.py (so parse, names, stratum
-    # and prepare are not used), one tag id per word piece (tasks/steps/token_encoding.py).
+    # and prepare are not used), one tag id per word piece (tasks/model/token_encoding.py).
     "token_classification": TaskKind(
         name="token_classification", problem_type="token_classification",
         head="token_classification", parse=_class_label, names=lambda v: [v],

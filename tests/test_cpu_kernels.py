@@ -1,4 +1,4 @@
-"""tasks/training/cpu_kernels and the model's kernel layers (tasks/model/layers.py): bertflow's CPU
+"""tasks/model/cpu_kernels and the model's kernel layers (tasks/model/layers.py): bertflow's CPU
 kernels against TensorFlow's own ops.
 
 `make install` builds the library; these tests fail, not skip, when it is missing, because
@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from tasks.model import layers
-from tasks.training import checkpoint, cpu_kernels, model as model_lib
+from tasks.model import cpu_kernels, layers
+from tasks.training import checkpoint, model as model_lib
 from train_helpers import LABELS, logits_and_gradients, tiny_batch, tiny_model_dir  # noqa: F401
 
 if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
@@ -25,7 +25,7 @@ if os.environ.get("BERTFLOW_CPU_KERNELS") == "0":
 def library():
     if not cpu_kernels.available():
         pytest.fail(f"{cpu_kernels.library_path()} is not built: run `make install` "
-                    "(or `python -m tasks.training.cpu_kernels build`; needs g++)")
+                    "(or `python -m tasks.model.cpu_kernels build`; needs g++)")
 
 
 def to_f32(t):

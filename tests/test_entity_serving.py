@@ -17,7 +17,7 @@ from tasks.model.heads import TOKEN_CLASSIFICATION
 from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
 from tasks.training.entity_serving import entity_serving_module
-from tasks.steps.token_encoding import WordPieceAligner
+from tasks.model.token_encoding import WordPieceAligner
 from test_entity_decoding import LABELS, pipeline_groups
 
 TEXTS = ["Ada Lovelace lived in London with Charles Babbage", "", "x " * 20,

@@ -125,7 +125,7 @@ def test_export_publishes_a_loadable_version(root, tmp_path, model_dir):
                                                                   entry["sha256"])
     out = predict(local / "saved_model", text=["a good movie", "a bad one , the end"])
     assert out["probabilities"].shape == (2, 2)
-    # Stock ops only: serving needs no bertflow kernel library (tasks/training/cpu_kernels).
+    # Stock ops only: serving needs no bertflow kernel library (tasks/model/cpu_kernels).
     assert b"Bertflow" not in (local / "saved_model" / "saved_model.pb").read_bytes()
     assert {x.decode() for x in out["label"].numpy()} <= set(LABELS)
 

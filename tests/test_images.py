@@ -70,7 +70,7 @@ def test_each_dockerfile_installs_its_own_lock_and_keeps_the_worker_contract(kin
     assert "tasks.__version__" in text and '"$BERTFLOW_VERSION"' in text
     assert dockerfile_env(kind)["TF_USE_LEGACY_KERAS"] == "1"
     assert text.rstrip().endswith('ENTRYPOINT ["python", "-m", "tasks"]')
-    assert ("python -m tasks.training.cpu_kernels build" in text) == (kind == "cpu")
+    assert ("python -m tasks.model.cpu_kernels build" in text) == (kind == "cpu")
 
 
 def test_the_tpu_image_installs_its_lock_without_resolving_it_again():
@@ -330,7 +330,7 @@ print(json.dumps({"tf": tf.__version__, "dist": md.version("tensorflow-tpu"),
 def test_train_evaluate_export_on_the_tpu_lock(tf220_python):
     """A subset of the CPU tests, run on the TPU lock's packages with the TPU image's ENV.
     The CPU kernels' library is named for TensorFlow 2.21, so training here uses TensorFlow's
-    ops (building it for 2.20 would replace the 2.21 build in tasks/training/cpu_kernels/build/)."""
+    ops (building it for 2.20 would replace the 2.21 build in tasks/model/cpu_kernels/build/)."""
     done = subprocess.run([str(tf220_python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            *TF220_TESTS], cwd=ROOT, env=_tf220_env(),
                           capture_output=True, text=True)

@@ -1,23 +1,38 @@
 """The import graph of bertflow's own code, read with `ast` (nothing is imported): no import
-circles among `tasks` modules, and no module imports a layer above its own.
+circles among `tasks` modules or among the benchmarks' modules, and no module imports a layer
+above its own. Each failure names the modules and the import (the edge) to remove.
 
-Every `import` counts, at module level or inside a function (a function-level import only
-delays a circle to run time); those under `if TYPE_CHECKING:` do not, since they never run.
+Every `import` statement in a module's source counts, wherever it stands:
+- at module level;
+- inside a function or method: a lazy import only delays a circle to run time;
+- under `if TYPE_CHECKING:`: it never runs, but the module still depends on the other's names
+  (type checkers, `typing.get_type_hints` and readers follow it), and issue 47's remaining
+  circles were of this kind. Declare what a module needs of a higher one as a Protocol
+  beside it instead.
+Not seen: code in strings (`python -c`), `importlib` calls, and the package `__init__` that
+importing a submodule runs first (none of bertflow's imports a bertflow module:
+test_package_inits_import_nothing_of_bertflow checks it).
 
 Layers, lowest first (a module may import its own layer and those below):
 
     tasks (the package: environment and version), tasks.errors
-    tasks.io            storage, URIs, readers: no config, no steps
-    tasks.topology
+    tasks.io            storage, URIs, readers, credentials: no config, no steps
+    tasks.topology, tasks.task_kinds, tasks.class_weights
     tasks.config
     tasks.params_doc, tasks.params_form
+    tasks.model         encoder, layers, tokenizer and word-piece aligner, CPU kernels
     tasks.runs          run layout, manifests, summaries
-    tasks.training      strategy, model, inputs, checkpoints
+    tasks.training, tasks.gate
+                        strategy, plan and AdamW, inputs, checkpoints; the gate's statistics
     tasks.provision     worker backends (controller side)
     tasks.steps         one module per CLI step
     tasks.__main__      the CLI
     bertflow_airflow    the Airflow side
     dags/, plugins/
+
+tasks.runs sits below tasks.training and tasks.provision below tasks.steps because the code
+uses them so: training reads the run layout (checkpoint_sources: the champion's folder), and
+the provision and release steps drive the backends.
 """
 from __future__ import annotations
 
@@ -33,13 +48,14 @@ SCRIPTS = ("dags", "plugins")  # files Airflow loads by path, named "dags/<file>
 LAYERS: list[tuple[str, ...]] = [
     ("tasks", "tasks.errors"),
     ("tasks.io",),
-    ("tasks.topology", "tasks.task_kinds"),
+    ("tasks.topology", "tasks.task_kinds", "tasks.class_weights"),
     ("tasks.config",),
     ("tasks.params_doc", "tasks.params_form"),
+    # tasks.model below training (issue 47): it owns the CPU kernels its layers run on and
+    # the word-piece aligner beside its tokenizer; training builds and trains it.
+    ("tasks.model",),
     ("tasks.runs",),
-    # tasks.model: bertflow's encoder (issue 32), beside training: its layers take the CPU
-    # kernels from tasks.training, and the train step's checkpoint loading builds it.
-    ("tasks.training", "tasks.model", "tasks.gate"),
+    ("tasks.training", "tasks.gate"),
     ("tasks.provision",),
     ("tasks.steps",),
     ("tasks.__main__",),
@@ -78,25 +94,9 @@ SOURCES = _sources()
 TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in SOURCES.items()}
 
 
-def _is_type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (
-        (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING")
-        or (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"))
-
-
 def _imports(tree: ast.AST):
-    """Every Import/ImportFrom node that can run (not under `if TYPE_CHECKING:`)."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            yield node
-        for child in ast.iter_child_nodes(node):
-            if _is_type_checking(child):
-                stack.extend(child.orelse)
-            else:
-                stack.append(child)
+    """Every Import/ImportFrom node anywhere in the tree (see the module's docstring)."""
+    return [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
 
 
 def _own(name: str) -> str | None:
@@ -143,6 +143,27 @@ for _module, _tree in TREES.items():
                 GRAPH[_module].add(_target)
             if _name is not None:
                 NAMES_TAKEN.append((_module, _node.lineno, _target, _name))
+
+# benchmarks/: scripts run by path, which import each other as top-level modules
+# (`import common`, the script's folder on sys.path); named "benchmarks/<stem>".
+BENCH_SOURCES = {p.stem: p for p in sorted((ROOT / "benchmarks").glob("*.py"))}
+
+
+def _bench_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for stem, path in BENCH_SOURCES.items():
+        names = set()
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif not node.level and node.module:
+                names.add(node.module.split(".")[0])
+        graph[f"benchmarks/{stem}"] = {f"benchmarks/{n}" for n in names
+                                       if n in BENCH_SOURCES and n != stem}
+    return graph
+
+
+BENCH_GRAPH = _bench_graph()
 
 
 def _unit(module: str) -> str:
@@ -201,6 +222,42 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _a_circle(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest circle through the component's first module: [a, b, ..., a]."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(graph.get(node, ())):
+            if child == start:
+                return paths[node] + [start]
+            if child in members and child not in paths:
+                paths[child] = paths[node] + [child]
+                queue.append(child)
+    raise AssertionError(f"no circle through {start}")  # a component always has one
+
+
+def _circle_report(graph: dict[str, set[str]]) -> list[str]:
+    """One line per circle: its path (each arrow an import; the last closes it) and, when
+    more modules are tangled in, all of them."""
+    lines = []
+    for component in _cycles(graph):
+        path = _a_circle(component, graph)
+        line = " -> ".join(path)
+        if len(component) > len(path) - 1:
+            line += f"  (tangled together: {', '.join(component)})"
+        lines.append(line)
+    return lines
+
+
+def _upward_report(graph: dict[str, set[str]]) -> list[str]:
+    """One line per import from a lower layer to a higher one (LAYERS)."""
+    return sorted(f"{m} imports {t} ({_unit(m)} is below {_unit(t)})"
+                  for m, targets in graph.items() for t in targets
+                  if RANK[_unit(t)] > RANK[_unit(m)])
+
+
 def _module_level_names(tree: ast.Module) -> set[str] | None:
     """Names a module binds at its top level (None if it has `import *`)."""
     names: set[str] = set()
@@ -231,17 +288,61 @@ def test_the_graph_sees_the_code():
     """A guard for the parser: the known edges are found."""
     assert "tasks.errors" in GRAPH["tasks.config"]
     assert "tasks.steps.validate" in GRAPH["bertflow_airflow.run_tasks"]  # a function-level import
+    assert "tasks.model.token_encoding" in GRAPH["tasks.training.entity_serving"]  # TYPE_CHECKING
     assert len([m for m in SOURCES if m.startswith("tasks.")]) > 50
+    assert "benchmarks/common" in BENCH_GRAPH["benchmarks/model_sizes"]
+    assert "benchmarks/synthetic_inputs" in BENCH_GRAPH["benchmarks/common"]  # in a function
+
+
+def test_every_kind_of_import_is_an_edge():
+    """Module level, in a function, under TYPE_CHECKING, relative: all are read."""
+    tree = ast.parse("import tasks.errors\n"
+                     "from typing import TYPE_CHECKING\n"
+                     "if TYPE_CHECKING:\n    from tasks.config import RunConfig\n"
+                     "def f():\n    from tasks.steps import train\n"
+                     "class C:\n    def m(self):\n        from . import uris\n")
+    found = {t for node in _imports(tree) for t, _ in _targets("tasks.io.storage", node)}
+    assert found == {"tasks.errors", "tasks.config", "tasks.steps.train", "tasks.io.uris"}
+
+
+def test_the_checks_report_a_circle_and_an_upward_import():
+    """The checks can fail: on a made-up graph with a circle and an upward import, each is
+    reported with the modules and the import."""
+    graph = {"tasks.io.a": {"tasks.steps.b"},  # upward: io is below steps
+             "tasks.steps.b": {"tasks.steps.c"},
+             "tasks.steps.c": {"tasks.steps.d"},
+             "tasks.steps.d": {"tasks.steps.b", "tasks.errors"},  # closes b -> c -> d -> b
+             "tasks.errors": set()}
+    assert _circle_report(graph) == ["tasks.steps.b -> tasks.steps.c -> tasks.steps.d "
+                                     "-> tasks.steps.b"]
+    assert _upward_report(graph) == [
+        "tasks.io.a imports tasks.steps.b (tasks.io is below tasks.steps)"]
+    bench = {"benchmarks/common": {"benchmarks/model_sizes"},
+             "benchmarks/model_sizes": {"benchmarks/common", "benchmarks/mfu"},
+             "benchmarks/mfu": {"benchmarks/model_sizes"}}
+    assert _circle_report(bench) == [
+        "benchmarks/common -> benchmarks/model_sizes -> benchmarks/common  (tangled together: "
+        "benchmarks/common, benchmarks/mfu, benchmarks/model_sizes)"]
+    assert _circle_report({"a": {"b"}, "b": set()}) == []
 
 
 def test_no_import_circles_among_tasks_modules():
     graph = {m: {t for t in targets if t.startswith("tasks")
                  and (m, t) not in EXPECTED_BACK_EDGES}
              for m, targets in GRAPH.items() if m.startswith("tasks")}
-    cycles = _cycles(graph)
-    assert not cycles, (
-        "import circles (each group imports itself through the others); move what they share "
-        "into a module below them:\n" + "\n".join(" <-> ".join(c) for c in cycles))
+    circles = _circle_report(graph)
+    assert not circles, (
+        "import circles (each arrow an import; the last one closes the circle); move what "
+        "both sides need into a module below them:\n" + "\n".join(circles))
+
+
+def test_no_import_circles_among_benchmark_modules():
+    """benchmarks/ has no layers of its own, but a circle there (common.py <-> model_sizes.py
+    until issue 47) means a helper lives in the wrong file."""
+    circles = _circle_report(BENCH_GRAPH)
+    assert not circles, (
+        "import circles among benchmarks/ modules; move what both sides need into a module "
+        "below them (as benchmarks/synthetic_inputs.py):\n" + "\n".join(circles))
 
 
 @pytest.mark.parametrize("edge", sorted(EXPECTED_BACK_EDGES), ids="->".join)
@@ -258,15 +359,16 @@ def test_each_expected_circle_is_still_there(edge):
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    upward = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() for t in targets
-                    if RANK[_unit(t)] > RANK[_unit(m)])
-    assert not upward, ("imports that run up the layers (see this file's docstring):\n"
-                        + "\n".join(upward))
+    upward = _upward_report(GRAPH)
+    assert not upward, ("imports that run up the layers (see this file's docstring); move "
+                        "what the lower module needs down, or declare it there as a "
+                        "Protocol:\n" + "\n".join(upward))
 
 
 @pytest.mark.parametrize("low, forbidden", [
     ("tasks.io", ("tasks.config", "tasks.steps", "tasks.training", "tasks.runs",
                   "tasks.provision")),
+    ("tasks.model", ("tasks.training", "tasks.steps", "tasks.runs", "tasks.provision")),
     ("tasks.training", ("tasks.steps",)),
     ("tasks.runs", ("tasks.steps",)),
     ("tasks", ("bertflow_airflow", "dags", "plugins")),
@@ -286,6 +388,14 @@ def test_imported_names_exist():
                for importer, line, module, name in NAMES_TAKEN
                if defined[module] is not None and name not in defined[module]]
     assert not missing, "\n".join(missing)
+
+
+def test_package_inits_import_nothing_of_bertflow():
+    """Importing tasks.x.y runs tasks/x/__init__.py first, an edge the graph leaves out: it
+    holds only while the package inits import no bertflow module."""
+    bad = sorted(f"{m} imports {', '.join(sorted(GRAPH[m]))}" for m, path in SOURCES.items()
+                 if path.name == "__init__.py" and GRAPH[m])
+    assert not bad, "\n".join(bad)
 
 
 def test_tasks_imports_no_airflow_at_module_level():

@@ -60,8 +60,8 @@ def test_a_wheel_holds_the_packages_and_the_kernel_sources(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     (wheel,) = (tmp_path / "dist").glob("bertflow-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    kernels = {n for n in names if n.startswith("tasks/training/cpu_kernels/")}
-    sources = {p.name for p in (ROOT / "tasks/training/cpu_kernels").iterdir()
+    kernels = {n for n in names if n.startswith("tasks/model/cpu_kernels/")}
+    sources = {p.name for p in (ROOT / "tasks/model/cpu_kernels").iterdir()
                if p.suffix in (".cc", ".h", ".py")}
     assert {Path(n).name for n in kernels} == sources
     assert "bertflow_airflow/worker_operator.py" in names and "tasks/__main__.py" in names

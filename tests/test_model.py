@@ -15,7 +15,8 @@ from tasks.model.classifier import build_classifier, load_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 from tasks.model.layers import Dense, Dropout
-from tasks.training import cpu_kernels, seeded_dropout
+from tasks.model import cpu_kernels
+from tasks.training import seeded_dropout
 
 FAMILIES = ("bert", "distilbert", "electra")
 LABELS = ["neg", "neutral", "pos"]
@@ -205,7 +206,7 @@ def inference_and_gradients(model):
 def test_cpu_kernels_agree_with_tensorflow_ops(family):
     if not cpu_kernels.available():
         pytest.skip(f"bertflow CPU kernels not built ({cpu_kernels.library_path().name}; "
-                    "`python -m tasks.training.cpu_kernels build`)")
+                    "`python -m tasks.model.cpu_kernels build`)")
     stock = build_classifier(tiny(family), len(LABELS))
     kernels = build_classifier(tiny(family), len(LABELS), cpu_kernels=True)
     copy_weights(stock, kernels)

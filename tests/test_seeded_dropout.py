@@ -76,7 +76,7 @@ def train_preempted_at(cfg, ctx, step: int, monkeypatch) -> None:
 @pytest.mark.parametrize("loop,kernels,accumulate", [("fit", True, 1), ("custom", False, 2)])
 def test_resumed_run_with_dropout_ends_with_the_uninterrupted_weights(
         tmp_path, dropout_model, monkeypatch, loop, kernels, accumulate):
-    from tasks.training import cpu_kernels
+    from tasks.model import cpu_kernels
 
     if not kernels:
         monkeypatch.setenv("BERTFLOW_CPU_KERNELS", "0")
@@ -115,7 +115,8 @@ def masks_under_mirrored() -> dict:
     import tf_keras
 
     from tasks.model.layers import Dropout
-    from tasks.training import cpu_kernels, seeded_dropout
+    from tasks.model import cpu_kernels
+    from tasks.training import seeded_dropout
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     with strategy.scope():

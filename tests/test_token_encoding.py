@@ -1,4 +1,4 @@
-"""tasks/steps/token_encoding.py against transformers' BertTokenizer
+"""tasks/model/token_encoding.py against transformers' BertTokenizer
 (`is_split_into_words=True`, `truncation=True`, `word_ids()`) with the default checkpoint's
 uncased vocabulary: on WNUT17's train sentences cut at 24 pieces and its dev sentences at
 128 (skipped without /work/shared/data), the same input_ids and token types, the same
@@ -16,7 +16,7 @@ from tasks.io.token_readers import conll_sentences, tag_vocabulary
 from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
 from tasks.training.entity_metrics import IGNORED
-from tasks.steps.token_encoding import WordPieceAligner
+from tasks.model.token_encoding import WordPieceAligner
 
 WNUT17 = Path(__file__).resolve().parents[2] / "shared" / "data" / "wnut17"
 VOCAB = default_base_model_dir() / "vocab.txt"

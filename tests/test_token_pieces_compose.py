@@ -17,7 +17,7 @@ from tasks.io.token_readers import conll_sentences, tag_vocabulary
 from tasks.model.classifier import build_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.heads import TOKEN_CLASSIFICATION
-from tasks.steps.token_encoding import WordPieceAligner
+from tasks.model.token_encoding import WordPieceAligner
 from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
 from tasks.training.entity_metrics import (IGNORED, chunks, count_entity_ids, entity_scores,

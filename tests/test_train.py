@@ -58,14 +58,14 @@ def test_fit_on_one_device_learns(tmp_path, tiny_model_dir):
     evaluate.run(cfg, ctx)
     manifest = check_outputs(ctx, "one_device", 1, 16)
     assert manifest["training_loop"] == "fit" and manifest["global_batch_size"] == 16
-    assert manifest["cpu_kernels"] is True  # built by make install (tasks/training/cpu_kernels)
+    assert manifest["cpu_kernels"] is True  # built by make install (tasks/model/cpu_kernels)
 
 
 def test_without_cpu_kernels_training_falls_back_to_tensorflows_ops(tmp_path, tiny_model_dir,
                                                                    monkeypatch, capsys):
     """Where the kernels are not built (or BERTFLOW_CPU_KERNELS=0), the same run trains on
     TensorFlow's ops, and the log line and the manifest say so."""
-    from tasks.training import cpu_kernels
+    from tasks.model import cpu_kernels
 
     monkeypatch.setenv("BERTFLOW_CPU_KERNELS", "0")
     cpu_kernels.library.cache_clear()

@@ -69,7 +69,7 @@ def test_adamw_takes_torch_adamw_steps_including_the_sparse_embedding_gradient(c
     implementations: TensorFlow's kernels and bertflow's one-pass CPU kernel."""
     import tensorflow as tf
 
-    from tasks.training import cpu_kernels
+    from tasks.model import cpu_kernels
     if cpu_kernel and not cpu_kernels.available():
         pytest.fail("bertflow CPU kernels not built: run `make install`")
 

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tasks.errors import ConfigError
-
-if TYPE_CHECKING:  # tasks.config is above tasks.io: for annotations only
-    from tasks.config import RunConfig
 
 
 @dataclass(frozen=True)
@@ -50,12 +47,21 @@ def keyless_google_env(conn_id: str, project: str = "") -> dict[str, str]:
 CONNECTION_FIELDS = ("gcp_conn_id", "aws_conn_id", "hf_conn_id")
 
 
-def connection_env_names(cfg: RunConfig) -> list[str]:
+class ConnectionIds(Protocol):
+    """The connection ids of a run's config (tasks.config.RunConfig has these fields): named
+    here, so tasks.io reads them without importing tasks.config, which sits above it."""
+
+    gcp_conn_id: str
+    aws_conn_id: str
+    hf_conn_id: str
+
+
+def connection_env_names(cfg: ConnectionIds) -> list[str]:
     """The AIRFLOW_CONN_<ID> names worker_env(cfg) sets, without reading any connection."""
     return [env_name(c) for c in (getattr(cfg, f) for f in CONNECTION_FIELDS) if c]
 
 
-def worker_env(cfg: RunConfig) -> dict[str, str]:
+def worker_env(cfg: ConnectionIds) -> dict[str, str]:
     """`{"AIRFLOW_CONN_<ID>": connection as JSON}` for cfg.gcp_conn_id, cfg.aws_conn_id and
     cfg.hf_conn_id (empty ids, meaning ambient credentials, are skipped). Call it in the
     controller."""

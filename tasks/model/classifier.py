@@ -77,7 +77,7 @@ def build_classifier(config: EncoderConfig, num_labels: int, *, gelu: str | None
     encoder weight to overwrite them (load_classifier).
 
     `cpu_kernels` runs dropout, LayerNorm and GELU on bertflow's CPU kernels (training and
-    evaluation on CPU only; check tasks.training.cpu_kernels.available() first). `gelu`:
+    evaluation on CPU only; check tasks.model.cpu_kernels.available() first). `gelu`:
     "kernel" (the default with cpu_kernels), "float32" (the default without: exact GELU
     computed in float32 under mixed precision) or "native" (in the compute dtype)."""
     if gelu is None:

@@ -13,7 +13,7 @@ import math
 import tensorflow as tf
 import tf_keras
 
-from tasks.training import cpu_kernels
+from tasks.model import cpu_kernels
 
 # The dtypes bertflow's CPU kernels take; others (float16) use TensorFlow's ops.
 KERNEL_DTYPES = (tf.float32, tf.bfloat16)

@@ -28,7 +28,7 @@ from tasks import fresh_load
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.model.text_encoder import BertTextEncoder
-from tasks.steps.token_encoding import WordPieceAligner
+from tasks.model.token_encoding import WordPieceAligner
 from tasks.task_kinds import TaskKind, kind as task_kind
 from tasks.training.entity_serving import entity_serving_module
 

@@ -45,7 +45,7 @@ from tasks.runs import runlayout
 from tasks.io import storage
 from tasks.steps import prepared
 from tasks.steps.prepared import PreparedRow, TokenRow
-from tasks.steps.token_encoding import WordPieceAligner
+from tasks.model.token_encoding import WordPieceAligner
 from tasks.io import tfrecord_io
 from tasks.errors import BertflowError
 from tasks.io.tfrecord_io import example_records as _example_records  # noqa: F401
@@ -198,7 +198,7 @@ class _RowCodec:
 
 class _TokenCodec:
     """Prepared sentences (words and tag ids) -> record arrays: word pieces with the tag id
-    on each word's first piece and IGNORED elsewhere (tasks/steps/token_encoding.py); the
+    on each word's first piece and IGNORED elsewhere (tasks/model/token_encoding.py); the
     labels are a (flat values, row lengths) pair, one per piece."""
 
     row_type = TokenRow

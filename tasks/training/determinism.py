@@ -4,7 +4,7 @@ bitwise-equal weights, and so does a run preempted and resumed (docs/preemption.
 
 What makes a run differ from its twin, and what takes care of each:
 
-- bertflow's LayerNorm gradient kernel (tasks/training/cpu_kernels/layer_norm.cc) added each
+- bertflow's LayerNorm gradient kernel (tasks/model/cpu_kernels/layer_norm.cc) added each
   thread's share of dgamma and dbeta into the result as the threads finished, in an order
   that varied from call to call: the cause of issue 34's two BANKING77 runs ending at 0.4149
   and 0.4166. Fixed for every run, flag or not: per-block sums added in block order, the

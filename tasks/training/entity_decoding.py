@@ -57,7 +57,7 @@ def whitespace_words(texts: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor
 def word_predictions(probabilities: tf.Tensor, word_starts: tf.RaggedTensor
                      ) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
     """(tag id, score) per word: argmax and max of the probabilities [batch, seq, labels] at
-    the word's first piece (`word_starts` of tasks/steps/token_encoding.py); tag id
+    the word's first piece (`word_starts` of tasks/model/token_encoding.py); tag id
     NO_PREDICTION (-1) and score 0 for a word without a piece (start -1)."""
     starts = word_starts.flat_values
     rows = word_starts.value_rowids()

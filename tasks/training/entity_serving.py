@@ -2,7 +2,7 @@
 pieces compose in an exported SavedModel (for the export step to wire).
 
     text -> whitespace_words (words, character spans)
-         -> WordPieceAligner.encode_words (tasks/steps/token_encoding.py: BertTextEncoder's
+         -> WordPieceAligner.encode_words (tasks/model/token_encoding.py: BertTextEncoder's
             pieces; the first piece of each word)
          -> model logits -> softmax -> word_predictions (first piece's tag and probability)
          -> decode_entities (grouped as pipeline("ner", aggregation_strategy="first"))
@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from tasks.training.entity_decoding import decode_entities, whitespace_words, word_predictions
 
-if TYPE_CHECKING:  # the export step, which may import steps, passes one in
-    from tasks.steps.token_encoding import WordPieceAligner
+if TYPE_CHECKING:  # annotations only: the export step passes one in
+    from tasks.model.token_encoding import WordPieceAligner
 
 _PADDING = {"entity_group": "", "word": "", "start": -1, "end": -1, "score": 0.0}
 

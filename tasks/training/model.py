@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 import tensorflow as tf
 import tf_keras
 
-from tasks.training import cpu_kernels
+from tasks.model import cpu_kernels
 from tasks.errors import ConfigError
 
 # BERT convention: no weight decay on biases and LayerNorm parameters.
@@ -118,7 +118,7 @@ class AdamW(tf_keras.optimizers.legacy.Adam):
     `iterations`, with no variable written in replica context, so it also trains under
     CentralStorage and ParameterServer strategies.
 
-    With `cpu_kernel`, each variable takes one pass instead (tasks/training/cpu_kernels/adamw.cc): the
+    With `cpu_kernel`, each variable takes one pass instead (tasks/model/cpu_kernels/adamw.cc): the
     same rule, and the sparse embedding gradient is applied without building a dense tensor.
     The kernel also applies `global_clipnorm`: the factor tf.clip_by_global_norm would multiply
     every gradient by is computed once per step (clip_factor) and each gradient is scaled as

@@ -20,7 +20,7 @@ asynchronous there anyway).
 bertflow's dropout layers (tasks/model/layers.py, `Dropout`) take a `DropoutSeeds` through
 the model's `seed_dropout` and draw their masks with `tf.nn.experimental.stateless_dropout`,
 or with bertflow's CPU dropout kernel, whose mask is a hash of the seed pair it is given
-(tasks/training/cpu_kernels/dropout.cc).
+(tasks/model/cpu_kernels/dropout.cc).
 """
 from __future__ import annotations
 

@@ -104,10 +104,10 @@ def device_kind(cfg, name: str) -> str:
 
 
 def use_cpu_kernels(kind: str, name: str) -> bool:
-    """Whether this process trains on bertflow's CPU kernels (tasks/training/cpu_kernels): on CPU
+    """Whether this process trains on bertflow's CPU kernels (tasks/model/cpu_kernels): on CPU
     replicas, when the library is built. Not under ParameterServer, whose variables are
     updated inside the ps servers, which load no op library."""
-    from tasks.training import cpu_kernels
+    from tasks.model import cpu_kernels
     return kind == "cpu" and name != "parameter_server" and cpu_kernels.available()
 
 

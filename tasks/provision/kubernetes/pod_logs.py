@@ -6,15 +6,25 @@ import collections
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
 import tenacity
 
+from tasks.config import RunConfig
 from tasks.provision.kubernetes import render
 from tasks.provision.local.cluster import TAIL_LINES
+from tasks.provision.worker_logs import StepLogs
 
-if TYPE_CHECKING:
-    from tasks.provision.kubernetes.backend import JobController
+
+class LogController(Protocol):
+    """What a PodLog uses of its controller (backend.py's JobController): declared here, as
+    backend.py imports this module and an import back would close a circle."""
+
+    api: Any  # backend.py's _Api; `.core` is the kubernetes CoreV1Api
+    cfg: RunConfig
+    finished: threading.Event
+    logs: StepLogs
+    log: Callable[[str], None]
 
 
 class PodLog:
@@ -28,7 +38,7 @@ class PodLog:
     OPEN_ATTEMPTS = 5  # consecutive failures to reopen before giving up on the log
     REOPEN_PAUSE = 1.0  # seconds between two opens at least: a server that cuts at once
 
-    def __init__(self, controller: JobController, pod_name: str, task: str):
+    def __init__(self, controller: LogController, pod_name: str, task: str):
         self.pod_name = pod_name
         self.task = task
         self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)

@@ -8,9 +8,9 @@ train_throughput_sst2_epoch.json: summary.bertflow over summary.bertflow_no_kern
 median_examples_per_s; benchmarks/RESULTS.md). Each hot loop is compiled for
 AVX-512, AVX2 and baseline x86-64 and picked at load time, so one build serves any x86-64 CPU.
 
-`make install` builds the library (`python -m tasks.training.cpu_kernels build`; needs g++). Without it,
-or with BERTFLOW_CPU_KERNELS=0, training uses TensorFlow's own ops: same results to float
-rounding, slower. The kernels run only on CPUs and only during training and evaluation:
+`make install` builds the library (`python -m tasks.model.cpu_kernels build`; needs g++).
+Without it, or with BERTFLOW_CPU_KERNELS=0, training uses TensorFlow's own ops: same results
+to float rounding, slower. The kernels run only on CPUs and only during training and evaluation:
 `tasks.steps.export` writes SavedModels from stock ops, which need no library to serve.
 
 Each kernel gives the same bits for the same input on every call and for any number of
@@ -59,7 +59,7 @@ def build(cxx: str | None = None) -> Path:
     cxx = cxx or os.environ.get("CXX", "g++")
     if not shutil.which(cxx):
         raise RuntimeError(f"no C++ compiler ({cxx}) on PATH: install g++ (Debian: apt-get "
-                           "install g++) and run `python -m tasks.training.cpu_kernels build`")
+                           "install g++) and run `python -m tasks.model.cpu_kernels build`")
     BUILD_DIR.mkdir(exist_ok=True)
     tmp = out.with_suffix(f".tmp{os.getpid()}")
     cmd = [cxx, *CXXFLAGS, *map(str, SOURCES), "-o", str(tmp), *tf.sysconfig.get_compile_flags(),
@@ -83,7 +83,7 @@ def library():
     path = library_path()
     if not path.exists():
         log.warning("bertflow CPU kernels are not built (%s); training on CPU uses TensorFlow's "
-                    "ops and is slower. Build them with `python -m tasks.training.cpu_kernels build`.",
+                    "ops and is slower. Build them with `python -m tasks.model.cpu_kernels build`.",
                     path.name)
         return None
     return tf.load_op_library(str(path))
@@ -153,7 +153,7 @@ def apply_adamw(var, m, v, grad, coefficients, grad_scale, indices=None):
 
 def main(argv: list[str]) -> int:
     if argv[1:] != ["build"]:
-        print("usage: python -m tasks.training.cpu_kernels build", file=sys.stderr)
+        print("usage: python -m tasks.model.cpu_kernels build", file=sys.stderr)
         return 2
     try:
         print(f"built {build()}")
