@@ -85,6 +85,7 @@ def bert_sweep():
         model_config = memory.readable_config(shared)
         for trial in plan.trials:
             trial.cfg.base_model = shared.base_model  # the pinned or staged checkpoint
+            trial.cfg.lower_case = shared.lower_case  # pinned from the checkpoint
             memory_budget.check_config(trial.cfg, model_config)
         print(f"{len(plan.trials)} trials, at most {params['max_parallel_trials']} at once: "
               + "; ".join(t.label for t in plan.trials))

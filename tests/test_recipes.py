@@ -304,7 +304,7 @@ def test_the_first_step_moves_each_weight_by_its_own_rate(cpu_kernel):
     IndexedSlices) gradients alike, on both kernels."""
     import tensorflow as tf
 
-    from tasks.training import cpu_kernels
+    from tasks.model import cpu_kernels
     if cpu_kernel and not cpu_kernels.available():
         pytest.fail("bertflow CPU kernels not built: run `make install`")
 
