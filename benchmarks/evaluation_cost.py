@@ -7,7 +7,7 @@ bert-base's shapes, and its share of the training time at two intervals.
 Per repeat, the models alternate; each run is the train step (`python -m tasks train` in a
 fresh interpreter through LocalCluster, common.run_step) on BANKING77's training file with
 validation_fraction 0.1 (about 1,000 validation rows), the test rows being its dev file
-(never read here), and the product's defaults otherwise (batch 32, max_seq_length 128, the
+(never read here), and the product's defaults otherwise (batch 16, max_seq_length 128, the
 fit loop). It trains `max_steps` steps with `eval_every_steps` set so that it validates four
 times. bert-base has RANDOM weights (synthetic_inputs.py; the time does not depend on the values)
 and MiniLM's uncased vocabulary, which is bert-base's.
