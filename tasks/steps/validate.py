@@ -39,8 +39,9 @@ def check_inputs_and_model(cfg: RunConfig) -> RunConfig:
     if found is not None:
         cfg.lower_case = casing.decide(cfg.lower_case, cfg.lower_case_override, found).lower_case
     # A batch that would not fit the workers' memory, from the checkpoint's config.json.
-    memory_budget.check_config(cfg, memory.readable_config(cfg))
-    _check_freeze(cfg, memory.readable_config(cfg))
+    config_json = memory.readable_config(cfg)
+    memory_budget.check_config(cfg, config_json)
+    _check_freeze(cfg, config_json)
     capacity.check(cfg)  # e.g. flex-start on a GPU type Dynamic Workload Scheduler lacks
     return cfg
 
