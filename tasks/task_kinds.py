@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 
@@ -83,8 +83,8 @@ def _check_class_labels(counts, rows: int, delimiter: str):
     if joined and sum(counts[label] for label in joined) > 0.5 * rows:
         return Mismatch(joined[0], f"most labels contain the label delimiter {delimiter!r} "
                                    f"(e.g. {joined[0]!r}): several labels per row?",
-                        f"set task to multi_label, or label_delimiter to a character the "
-                        f"label names do not contain")
+                        "set task to multi_label, or label_delimiter to a character the "
+                        "label names do not contain")
     numbers = [label for label in counts if _is_number(label)]
     if len(counts) >= 10 and len(numbers) == len(counts) and any(
             not float(label).is_integer() for label in numbers):

@@ -10,7 +10,7 @@ import transformers
 from tasks.model import text_encoder
 from tasks.training import checkpoint
 from tasks.steps import data, prepared, tokenize
-from tasks.io import storage
+from tasks.io import storage, tfrecord_io
 from tasks.config import DEMO_DIR, PROJECT_ROOT, parse_config
 from tasks.runs.runlayout import RunContext
 
@@ -180,8 +180,8 @@ def test_serialize_examples_round_trip():
     rows = [[101, 7592, 102], [101, 102], _EDGES, [5] * 300, [30521] * 2]
     types = [[0, 0, 0], [0, 1], [1] * len(_EDGES), [0, 1] * 150, [0, 0]]
     labels = [2, 0, -5, 2 ** 40, 1]
-    records = tokenize.serialize_examples(tf.ragged.constant(rows, tf.int64),
-                                          tf.ragged.constant(types, tf.int64), labels)
+    records = tfrecord_io.serialize_examples(tf.ragged.constant(rows, tf.int64),
+                                             tf.ragged.constant(types, tf.int64), labels)
     for record, ids, tt, y in zip(records, rows, types, labels):
         expected = tf.train.Example(features=tf.train.Features(feature={
             "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
@@ -204,8 +204,8 @@ def test_records_are_identical_to_tfrecordwriter_output(encoder, tmp_path):
     texts = ["Crème brûlée, please!", "ok", "", "a " * 200, "the end"]
     ids, lengths, types, _ = encoder.encode_numpy(texts)
     labels = np.array([1, 0, 3, 2, 1], np.int64)
-    framed, starts = tokenize._example_records(ids, lengths, types, labels, framed=True)
-    bare, _ = tokenize._example_records(ids, lengths, types, labels, framed=False)
+    framed, starts = tfrecord_io.example_records(ids, lengths, types, labels, framed=True)
+    bare, _ = tfrecord_io.example_records(ids, lengths, types, labels, framed=False)
     with tf.io.TFRecordWriter(str(tmp_path / "ref.tfrecord")) as writer:
         for record in _reference_examples(
                 tf.RaggedTensor.from_row_lengths(ids, lengths),
@@ -213,8 +213,8 @@ def test_records_are_identical_to_tfrecordwriter_output(encoder, tmp_path):
             writer.write(record)
     assert framed.tobytes() == (tmp_path / "ref.tfrecord").read_bytes()
     assert len(starts) == 6 and starts[-1] == len(framed) == len(bare) + 16 * 5
-    empty, empty_starts = tokenize._example_records(ids[:0], lengths[:0], types[:0],
-                                                    labels[:0], framed=True)
+    empty, empty_starts = tfrecord_io.example_records(ids[:0], lengths[:0], types[:0],
+                                                      labels[:0], framed=True)
     assert len(empty) == 0 and empty_starts.tolist() == [0]
 
 

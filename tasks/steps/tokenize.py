@@ -48,8 +48,6 @@ from tasks.steps.prepared import PreparedRow, TokenRow
 from tasks.model.token_encoding import WordPieceAligner
 from tasks.io import tfrecord_io
 from tasks.errors import BertflowError
-from tasks.io.tfrecord_io import example_records as _example_records  # noqa: F401
-from tasks.io.tfrecord_io import serialize_examples  # noqa: F401
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
@@ -315,7 +313,7 @@ def _tokenized(codec, chunks, folder: Path, names: list[str]):
             if library is not None and getattr(labels, "dtype", None) == np.int64:
                 library.write(folder / names[k], ids, lengths, types, labels)
             else:
-                records, _ = _example_records(ids, lengths, types, labels, framed=True)
+                records, _ = tfrecord_io.example_records(ids, lengths, types, labels, framed=True)
                 with open(folder / names[k], "ab") as f:
                     f.write(records.data)
             yield k, lengths, untruncated

@@ -42,7 +42,8 @@ def serve_forever(stop=None) -> None:
     may end the process (a preemption notice): waiting in Python, not in server.join(),
     lets signal handlers run."""
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    server = tf.distribute.Server(
+    # Started on construction; held so that it is not collected while this process serves.
+    _server = tf.distribute.Server(
         resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,
         protocol=resolver.rpc_layer or "grpc", start=True)
     print(f"serving as {resolver.task_type} {resolver.task_id}", flush=True)

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
 import threading
 import time
 import urllib.parse
@@ -59,7 +58,7 @@ from tasks.provision.images import default_image, image_kind
 from tasks.provision.backends import Backend, Log, check_remote, google_label_value
 from tasks.provision.preflight import api_message
 from tasks.provision.spec import WorkerSpec, run_hash
-from tasks.provision.vertex_ai.client import ENDPOINT_ENV, job_client, parent, resolve_project
+from tasks.provision.vertex_ai.client import job_client, parent, resolve_project
 from tasks.runs.runlayout import RunContext
 
 # Poll intervals (s): start short, grow by POLL_GROWTH per unchanged state, up to the max.
