@@ -247,6 +247,14 @@ def test_multi_label_thresholds_come_from_validation_rows_and_are_served(
     assert metrics["threshold"] == vector
     tp = (over & test_truth).sum()
     assert metrics["micro_f1"] == pytest.approx(2 * tp / (over.sum() + test_truth.sum()))
+    # The evaluate step, loading the saved weights itself, reads the vector too.
+    from tasks.steps import evaluate
+
+    alone = read_manifest(evaluate.run(cfg.model_copy(update={"evaluate_in_train": False}),
+                                       ctx))
+    assert alone["evaluated_in"] == "evaluate"
+    again = json.loads(storage.read_text(alone["metrics_uri"]))
+    assert (again["threshold"], again["micro_f1"]) == (vector, metrics["micro_f1"])
     config = json.loads(storage.read_text(f"{version}/config.json"))
     assert config["label_thresholds"] == dict(zip(MULTI_LABELS, vector))
     assert config["threshold_source"] == "tuned"
@@ -291,5 +299,11 @@ def test_a_binary_decision_threshold_is_tuned_for_accuracy_and_served(
     want = np.where(positive > np.float32(chosen), "pos", "neg")
     assert [x.decode() for x in served["label"]] == want.tolist()
     assert ((positive > chosen) & (positive < 0.5)).any()  # where argmax says neg
+    # The test metrics count the served labels.
+    test_rows = tiny_rows(41, 2)
+    served = serve(version, texts_of(test_rows))
+    matrix = np.zeros((2, 2), int)
+    for (_, _, truth_id), name in zip(test_rows, served["label"]):
+        matrix[truth_id, LABELS.index(name.decode())] += 1
     metrics = json.loads(storage.read_text(f"{version}/metrics.json"))
-    assert sum(map(sum, metrics["confusion_matrix"])) == 41
+    assert metrics["confusion_matrix"] == matrix.tolist()
