@@ -70,10 +70,8 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         kwargs: dict[str, Any] = {}
         if "anyOf" in prop:  # Optional[X] -> type [X, "null"]
             types = [p.get("type") for p in prop["anyOf"]]
-            if any("const" in p for p in prop["anyOf"]):
-                # A number or a word (tuned): the form draws the first type, so a text box
-                # that takes both; the number's range still applies to numbers.
-                types = sorted(set(types), key=lambda t: t != "string")
+            # A number or a word (`tuned`): type [number, string], the number's range (it
+            # binds numbers only); Airflow's form reads such a field's text as JSON, else text.
             inner = next(p for p in prop["anyOf"] if p.get("type") != "null" and
                          "const" not in p)
             kwargs.update({k: v for k, v in inner.items() if k != "type"})

@@ -139,6 +139,18 @@ def test_tuned_holds_out_validation_rows_and_flags_take_words_or_numbers():
     # The trigger form and the CLI send text: a number in it is a number.
     assert parse_config({"task": "multi_label", "multi_label_threshold": "0.3"}) \
         .multi_label_threshold == 0.3
+    # The Param takes the word and numbers in the range, as Airflow validates it.
+    import jsonschema
+
+    from tasks.params_form import param_schemas
+
+    schema = {k: v for k, v in param_schemas()["decision_threshold"].items()
+              if k not in ("section", "title", "description", "default")}
+    assert schema["type"] == ["number", "string"]
+    for value in ("tuned", 0.3):
+        jsonschema.validate(value, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(1.5, schema)
 
 
 def test_the_train_step_refuses_tuned_without_a_validation_split(
