@@ -110,6 +110,36 @@ def test_the_in_graph_counts_match_numpy():
     assert got.tolist() == numpy_counts(positive, labels[:, None] == 1).tolist()
 
 
+def test_a_configured_decision_threshold_decides_serving_and_counting_alike():
+    """decision_threshold 0.3 (not tuned): the served label and the evaluation's confusion
+    matrix both take the second label where its softmax probability is over 0.3."""
+    import tensorflow as tf
+
+    from tasks.steps import evaluate
+    from tasks.task_kinds import kind
+
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=[50, 2]).astype(np.float32)
+    labels = rng.integers(0, 2, 50)
+    positive = tf.nn.softmax(logits).numpy()[:, 1]
+    assert ((positive > 0.3) & (positive < 0.5)).any()  # rows where argmax says otherwise
+    served = kind("classification").serving_outputs_of(tf.constant(logits),
+                                                       tf.constant(LABELS), 0.3)
+    assert [x.decode() for x in served["label"].numpy()] == [
+        LABELS[int(p > np.float32(0.3))] for p in positive]
+    counts, _ = evaluate.confusion_counts(2, 0.3)
+    want = np.zeros((2, 2), int)
+    np.add.at(want, (labels, (positive > np.float32(0.3)).astype(int)), 1)
+    assert counts(tf.constant(labels), tf.constant(logits)).numpy().tolist() == want.tolist()
+    argmax = kind("classification").serving_outputs_of(tf.constant(logits),
+                                                       tf.constant(LABELS), None)
+    assert [x.decode() for x in argmax["label"].numpy()] == [
+        LABELS[i] for i in logits.argmax(1)]
+    cfg = RunConfig(decision_threshold=0.3)
+    assert thresholds.for_evaluation(cfg, "classification", None) == 0.3
+    assert thresholds.for_evaluation(RunConfig(), "classification", None) is None
+
+
 @pytest.mark.parametrize("values, fragment", [
     ({"task": "multi_label", "multi_label_threshold": "tuned", "validation_fraction": 0},
      "multi_label_threshold tuned chooses on the validation rows, and this run has none: set "
