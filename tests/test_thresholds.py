@@ -193,6 +193,10 @@ def test_the_train_step_refuses_tuned_without_a_validation_split(
                                           "validation_uri or validation_fraction"):
         train.run(cfg, ctx)
     assert not (Path(ctx.step_uri("train")) / "model").exists()
+    # labels empty at validate, three in the data: refused before any model loads
+    with pytest.raises(ConfigError, match="applies to two labels; this run's data has 3"):
+        train.check_thresholds(RunConfig(decision_threshold=0.4),
+                               {"splits": {}, "labels": ["a", "b", "c"]})
 
 
 # --- real runs ----------------------------------------------------------------------------
