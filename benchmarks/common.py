@@ -302,6 +302,16 @@ def tasks_cli(*argv: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def prepared_run(run_dir: Path, cfg: dict, cfg_file: Path) -> Path:
+    """A run folder from `cfg` (written to `cfg_file`) with its data and tokenize steps done,
+    untimed: the start of every benchmark run that times the steps after them."""
+    cfg_file.write_text(json.dumps(cfg))
+    tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
+    for step in ("data", "tokenize"):
+        tasks_cli(step, "--run-dir", str(run_dir))
+    return run_dir
+
+
 def run_step(step: str, run_dir: Path, warm_socket: Path | None = None) -> None:
     """`python -m tasks STEP --run-dir RUN` as the DAG runs it on the local backend: through
     LocalCluster, forked from the warm-start server when there is one (warm), else a fresh

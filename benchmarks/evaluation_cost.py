@@ -59,12 +59,7 @@ def prepare(work: Path, name: str, model_dir: str, steps: tuple[int, int]) -> Pa
     cfg = {"train_uri": str(common.DATA_ROOT / TRAIN), "test_uri": str(common.DATA_ROOT / TEST),
            "artifact_root": str(work / "art"), "base_model": model_dir, **RECIPE,
            "max_steps": steps[0], "eval_every_steps": steps[1]}
-    cfg_file = work / f"{name}.json"
-    cfg_file.write_text(json.dumps(cfg))
-    common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
-    for step in ("data", "tokenize"):
-        common.tasks_cli(step, "--run-dir", str(run_dir))
-    return run_dir
+    return common.prepared_run(run_dir, cfg, work / f"{name}.json")
 
 
 def train(run_dir: Path) -> dict:

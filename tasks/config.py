@@ -11,12 +11,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional, get_args
+from typing import Annotated, Any, Literal, Optional, Union, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
-from tasks import class_weights
+from tasks import class_weights, thresholds
 from tasks.errors import ConfigError
 from tasks.io import uri_templates
 from tasks.io.uris import join_uri
@@ -43,6 +43,10 @@ Capacity = Literal["on_demand", "spot", "flex_start", "reservation"]
 TOLERATION = re.compile(r"^([A-Za-z0-9./_-]+)(?:=([A-Za-z0-9._-]*))?:"
                         r"(NoSchedule|PreferNoSchedule|NoExecute)$")
 
+
+# A probability threshold, or `tuned` on the validation rows (tasks/thresholds.py).
+Threshold = Union[Annotated[float, Field(gt=0.0, lt=1.0)], Literal["tuned"]]
+THRESHOLD_ERROR = "a number over 0 and under 1, or tuned"
 
 # transformers' Trainer's default max_grad_norm: bertflow's when the Param is empty.
 DEFAULT_CLIP_NORM = 1.0
@@ -108,10 +112,25 @@ class RunConfig(BaseModel):
     label_delimiter: str = Field(
         default=",", min_length=1, title="Label delimiter",
         description="multi_label: what separates the label names in a label cell.")
-    multi_label_threshold: float = Field(
-        default=0.5, gt=0.0, lt=1.0, title="Multi-label threshold",
+    multi_label_threshold: Threshold = Field(
+        default=0.5, title="Multi-label threshold",
         description="multi_label: a label is predicted when its probability is over this "
-                    "(evaluation metrics and the served labels).")
+                    "(evaluation metrics and the served labels); a number over 0 and under 1, "
+                    "or tuned: each label's own threshold, the one of 0.05, 0.06, ..., 0.95 "
+                    "with the best F1 on the validation rows (0.5 for a label with fewer "
+                    "than 10 positives there), chosen after training and served by the "
+                    "exported model (docs/tasks.md, Tuned thresholds).")
+    decision_threshold: Threshold = Field(
+        default=0.5, title="Binary decision threshold",
+        description="Classification with two labels: the second label (in label order) is "
+                    "predicted when its probability is over this, else the first; 0.5 is "
+                    "argmax. tuned: the one of 0.05, 0.06, ..., 0.95 with the best "
+                    "decision_threshold_metric on the validation rows (0.5 with fewer than "
+                    "10 positives there), served by the exported model.")
+    decision_threshold_metric: Literal[thresholds.BINARY_METRICS] = Field(  # type: ignore
+        default="f1", title="Metric the decision threshold is tuned for",
+        description="With decision_threshold tuned: f1 (of the second label), accuracy or "
+                    "macro_f1 (of both labels) on the validation rows.")
     eval_fraction: float = Field(
         default=0.1, gt=0.0, lt=0.5, title="Held-out test fraction",
         description="Fraction of the training data held out as test rows when no test "
@@ -120,8 +139,8 @@ class RunConfig(BaseModel):
         default=None, ge=0.0, lt=0.5, title="Held-out validation fraction",
         description="Fraction of the training rows (after the test split) held out for "
                     "validation when no validation file is given. Empty: 0.1 when the run "
-                    "uses validation (eval_every_steps, eval_every_epoch, a sweep), else 0: "
-                    "training keeps every row.")
+                    "uses validation (eval_every_steps, eval_every_epoch, a sweep, tuned "
+                    "thresholds), else 0: training keeps every row.")
     fail_on_leakage: bool = Field(
         default=False, title="Refuse test rows found in training",
         description="The data step counts the test rows whose text (after BERT's "
@@ -494,6 +513,14 @@ class RunConfig(BaseModel):
                                  "NoSchedule, PreferNoSchedule or NoExecute)")
         return value
 
+    @field_validator("multi_label_threshold", "decision_threshold", mode="wrap")
+    @classmethod
+    def _check_threshold(cls, value, handler):
+        try:
+            return handler(value)
+        except ValidationError:  # one message, not one per member of the union
+            raise ValueError(THRESHOLD_ERROR) from None
+
     @model_validator(mode="after")
     def _check_combinations(self) -> "RunConfig":
         if self.text_pair_column is not None and self.text_pair_column == self.text_column:
@@ -540,6 +567,11 @@ class RunConfig(BaseModel):
                 not self.validation_uri:
             raise ValueError("evaluation during training needs validation rows: set "
                              "validation_uri, or validation_fraction above 0")
+        tuned = thresholds.tuned_param(self)
+        if tuned and self.validation_fraction == 0 and not self.validation_uri:
+            raise ValueError(f"{tuned} tuned chooses on the validation rows, and this run has "
+                             "none: set validation_uri, or validation_fraction above 0 (empty: "
+                             f"{DEFAULT_VALIDATION_FRACTION})")
         if self.max_steps and self.eval_every_steps > self.max_steps:
             raise ValueError(f"eval_every_steps {self.eval_every_steps} is more than "
                              f"max_steps {self.max_steps}: no evaluation would run before "
@@ -563,9 +595,26 @@ class RunConfig(BaseModel):
                 class_weights.check_labels(self.class_weights, list(self.labels), "labels")
             except ConfigError as err:
                 raise ValueError(err.reason) from None
+        self._check_thresholds()
         if self.lr_power != 1.0 and self.lr_schedule != "polynomial":
             raise ValueError(f"lr_power is the power of lr_schedule polynomial; with "
                              f"{self.lr_schedule} leave it at 1")
+
+    def _check_thresholds(self) -> None:
+        """Each threshold Param only where it decides something."""
+        if self.multi_label_threshold != thresholds.FALLBACK and self.task != "multi_label":
+            raise ValueError(f"multi_label_threshold applies to multi_label, not {self.task}; "
+                             "leave it at 0.5")
+        if self.decision_threshold != thresholds.FALLBACK and (
+                self.task != "classification"
+                or (self.labels is not None and len(self.labels) != 2)):
+            raise ValueError("decision_threshold applies to classification with two labels"
+                             + (f", and labels has {len(self.labels)}"
+                                if self.task == "classification" else f", not {self.task}")
+                             + "; leave it at 0.5")
+        if self.decision_threshold_metric != "f1" and self.decision_threshold != "tuned":
+            raise ValueError("decision_threshold_metric is the metric decision_threshold tuned "
+                             "maximizes; set decision_threshold to tuned, or leave it at f1")
 
     # --- derived --------------------------------------------------------------------------
     @property
@@ -597,12 +646,13 @@ class RunConfig(BaseModel):
     def validation_share(self) -> float:
         """The fraction of training rows (after the test split) the data step holds out for
         validation: 0 with a validation file; validation_fraction; when that is empty, 0.1
-        for a run that validates during training, else 0."""
+        for a run that validates during training or tunes thresholds, else 0."""
         if self.validation_uri:
             return 0.0
         if self.validation_fraction is not None:
             return self.validation_fraction
-        return DEFAULT_VALIDATION_FRACTION if self.validates_in_train else 0.0
+        uses = self.validates_in_train or thresholds.tuned_param(self) is not None
+        return DEFAULT_VALIDATION_FRACTION if uses else 0.0
 
     @property
     def gate_metric_name(self) -> str:

@@ -20,8 +20,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     FIRST_SECTION: ("experiment", "task", "train_uri", "test_uri", "labels", "epochs",
                    "accelerator", "num_workers", "provisioner"),
     "Data": ("file_format", "text_column", "text_pair_column", "label_column", "tag_column",
-             "label_delimiter", "multi_label_threshold", "eval_fraction", "fail_on_leakage", "seed",
-             "eval_uri"),
+             "label_delimiter", "eval_fraction", "fail_on_leakage", "seed", "eval_uri"),
     "Validation and early stopping": (
         "validation_uri", "validation_fraction", "eval_every_steps", "eval_every_epoch",
         "best_checkpoint", "early_stopping_patience", "early_stopping_min_delta"),
@@ -44,7 +43,9 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
         "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_schedule", "lr_power", "label_smoothing", "class_weights",
-                            "freeze", "layer_lr_decay", "head_learning_rate", "lr_scaling",
+                            "multi_label_threshold", "decision_threshold",
+                            "decision_threshold_metric", "freeze", "layer_lr_decay",
+                            "head_learning_rate", "lr_scaling",
                             "reference_batch_size", "grad_accum_steps", "max_grad_norm",
                             "checkpoint_every_steps", "eval_batch_size", "evaluate_in_train"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
@@ -69,7 +70,10 @@ def param_schemas() -> dict[str, dict[str, Any]]:
         kwargs: dict[str, Any] = {}
         if "anyOf" in prop:  # Optional[X] -> type [X, "null"]
             types = [p.get("type") for p in prop["anyOf"]]
-            inner = next(p for p in prop["anyOf"] if p.get("type") != "null")
+            # A number or a word (`tuned`): type [number, string], the number's range (it
+            # binds numbers only); Airflow's form reads such a field's text as JSON, else text.
+            inner = next(p for p in prop["anyOf"] if p.get("type") != "null" and
+                         "const" not in p)
             kwargs.update({k: v for k, v in inner.items() if k != "type"})
             kwargs["type"] = [t for t in types if t]
         else:

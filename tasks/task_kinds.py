@@ -225,18 +225,24 @@ class TaskKind:
         return tf.reduce_sum(tf.square(logits - labels))
 
     # --- serving ----------------------------------------------------------------------------
-    def serving_outputs_of(self, logits, label_names, threshold: float) -> dict:
+    def serving_outputs_of(self, logits, label_names, threshold=0.5) -> dict:
+        """The serving signature's outputs. `threshold`: multi-label, one for every label or
+        one per label (tuned); classification, None (argmax) or a binary decision
+        threshold on the second label's probability (tasks/thresholds.py)."""
         import tensorflow as tf
 
         if self.name == "classification":
             probabilities = tf.nn.softmax(logits, axis=-1)
-            return {"probabilities": probabilities,
-                    "label": tf.gather(label_names, tf.argmax(probabilities, axis=-1))}
+            chosen = tf.argmax(probabilities, axis=-1)
+            if threshold is not None:
+                bound = tf.constant(threshold, probabilities.dtype)
+                chosen = tf.cast(probabilities[:, 1] > bound, tf.int64)
+            return {"probabilities": probabilities, "label": tf.gather(label_names, chosen)}
         if self.name == "multi_label":
             probabilities = tf.sigmoid(logits)
             # The names over the threshold, in label order, first in the row and padded with
             # "" to [batch, num_labels]: a signature's outputs must be dense tensors.
-            over = probabilities > threshold
+            over = probabilities > tf.constant(threshold, probabilities.dtype)
             names = tf.ragged.boolean_mask(
                 tf.broadcast_to(label_names, tf.shape(logits)), over)
             return {"probabilities": probabilities,
@@ -256,7 +262,9 @@ KINDS: dict[str, TaskKind] = {
         stratum=lambda v: v, prepare=lambda v, index: index[v],
         gate_metrics=("accuracy", "macro_f1"), train_metric="accuracy",
         serving_outputs={"probabilities": "float32 [batch, num_labels] (softmax)",
-                         "label": "tf.string [batch] (the most probable label)"},
+                         "label": "tf.string [batch] (the most probable label; two "
+                                  "labels with decision_threshold: the second where its "
+                                  "probability is over it)"},
         eval_kind="confusion", check_labels=_check_class_labels, groups_by_length=True,
         split_rule="per class exactly min(n-1, max(1, round(n*eval_fraction))) rows, "
                    "chosen by selection sampling on a seeded hash of each row"),
@@ -268,8 +276,8 @@ KINDS: dict[str, TaskKind] = {
         train_metric="label_accuracy",
         serving_outputs={"probabilities": "float32 [batch, num_labels] (sigmoid)",
                          "labels": "tf.string [batch, num_labels]: the labels whose "
-                                   "probability is over multi_label_threshold, in label "
-                                   "order, then \"\" padding"},
+                                   "probability is over multi_label_threshold (tuned: "
+                                   "its own), in label order, then \"\" padding"},
         eval_kind="label_counts", one_name_per_row=False,
         split_rule="stratified by each row's first label: per first label exactly "
                    "min(n-1, max(1, round(n*eval_fraction))) rows, chosen by selection "

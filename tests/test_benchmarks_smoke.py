@@ -144,6 +144,7 @@ SMOKE = {
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
     "early_stopping": ([], None),  # bertflow's two arms, no peer
     "evaluation_cost": ([], None),  # bertflow's train step only
+    "tuned_thresholds": ([], None),  # one bertflow run per seed, three thresholds
 }
 
 
@@ -234,6 +235,12 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         (run,) = model["runs"]
         # max_steps 6, eval_every_steps 2: evaluations at steps 2, 4 and 6
         assert run["steps"] == 6 and len(run["evaluation_s"]) == 2
+    if script == "tuned_thresholds":
+        (run,) = data["runs"]
+        # ~10 validation rows: every label has too few positives and keeps 0.5, so the
+        # tuned arm's figures are the global 0.5 arm's, counted by another process
+        assert sorted(run["fallback_labels"]) == sorted(run["thresholds"])
+        assert run["arms"]["tuned"] == run["arms"]["global_0.5"]
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [

@@ -17,7 +17,7 @@ Layers, lowest first (a module may import its own layer and those below):
 
     tasks (the package: environment and version), tasks.errors
     tasks.io            storage, URIs, readers, credentials: no config, no steps
-    tasks.topology, tasks.task_kinds, tasks.class_weights
+    tasks.topology, tasks.task_kinds, tasks.class_weights, tasks.thresholds
     tasks.config
     tasks.params_doc, tasks.params_form
     tasks.model         encoder, layers, tokenizer and word-piece aligner, CPU kernels
@@ -48,7 +48,7 @@ SCRIPTS = ("dags", "plugins")  # files Airflow loads by path, named "dags/<file>
 LAYERS: list[tuple[str, ...]] = [
     ("tasks", "tasks.errors"),
     ("tasks.io",),
-    ("tasks.topology", "tasks.task_kinds", "tasks.class_weights"),
+    ("tasks.topology", "tasks.task_kinds", "tasks.class_weights", "tasks.thresholds"),
     ("tasks.config",),
     ("tasks.params_doc", "tasks.params_form"),
     # tasks.model below training (issue 47): it owns the CPU kernels its layers run on and

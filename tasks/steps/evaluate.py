@@ -2,15 +2,16 @@
 
 Each replica turns its batches into sufficient statistics that add up: for classification a
 confusion matrix, for multi-label per-label true/false positives and false negatives plus
-exact-match rows (at multi_label_threshold). They are summed across replicas and workers,
-never averaged per batch. Every example lands in exactly one batch of one replica (the
-partial last batch is kept, filler rows are ignored), so counts are exact under any strategy,
-and all metrics follow from the sums on the host. Entities (token classification) need
-whole sentences: each sentence's true and predicted tags are gathered and counted by
-conlleval's rules on the host (tasks/training/entity_metrics.py). Regression's Spearman correlation needs
-ranks, which no sum gives: its (label, prediction) pairs are gathered from every replica
-(strategy.gather; the eval set is small) and MSE, Pearson and Spearman are computed from all
-of them on the host in float64.
+exact-match rows (at multi_label_threshold, or the thresholds tuned on the validation rows:
+tasks/thresholds.py). They are summed across replicas and workers, never averaged per batch.
+Every example lands in exactly one batch of one replica (the partial last batch is kept,
+filler rows are ignored), so counts are exact under any strategy, and all metrics follow
+from the sums on the host. Entities (token classification) need whole sentences: each
+sentence's true and predicted tags are gathered and counted by conlleval's rules on the host
+(tasks/training/entity_metrics.py). Regression's Spearman correlation needs ranks, which no
+sum gives: its (label, prediction) pairs are gathered from every replica (strategy.gather;
+the eval set is small) and MSE, Pearson and Spearman are computed from all of them on the
+host in float64.
 
 By default (`evaluate_in_train`) the train step runs `evaluate_model` right after training,
 on the model in memory, and this step only checks and publishes its metrics: on small data
@@ -24,6 +25,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tasks import thresholds
 from tasks.training import checkpoint, determinism, entity_metrics, inputs, model as model_lib
 from tasks.training import strategy as strategy_lib
 from tasks.io import storage
@@ -71,7 +73,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
             model = checkpoint.load_classifier(
                 model_dir, tok["labels"],
                 cpu_kernels=strategy_lib.use_cpu_kernels(device, name), head=kind.head)
-        metrics = evaluate_model(cfg, tok, strategy, name, model)
+        metrics = evaluate_model(cfg, tok, strategy, name, model,
+                                 threshold=served_threshold(cfg, kind, trained))
     if not strategy_lib.is_chief():
         evaluation_publish.check_count(tok, metrics)  # every worker fails alike
         return ctx.manifest_uri("evaluate")
@@ -80,24 +83,34 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
                                       seconds=time.perf_counter() - started)
 
 
+def served_threshold(cfg: RunConfig, kind: TaskKind, trained: dict):
+    """The threshold the exported model serves with (tasks/thresholds.py): the tuned ones
+    the train manifest `trained` records, or the configured value."""
+    return thresholds.for_evaluation(cfg, kind.name, trained.get("thresholds"))
+
+
 def evaluate_model(cfg: RunConfig, tok: dict, strategy, name: str, model,
-                   split: str = "eval") -> dict:
+                   split: str = "eval", threshold=None) -> dict:
     """metrics.json's content: every row of the `split` shards that `tok` (the tokenize
-    manifest) lists (eval: the test rows), through `model` under `strategy` (`name`). Every
-    worker calls it; the counts are summed or gathered across all of them."""
+    manifest) lists (eval: the test rows), through `model` under `strategy` (`name`), at
+    `threshold` (served_threshold). Every worker calls it; the counts are summed or
+    gathered across all of them."""
     with inputs.local_shards(tok, split) as files:
-        return split_metrics(cfg, tok, strategy, name, model, files, split)()
+        return split_metrics(cfg, tok, strategy, name, model, files, split, threshold)()
 
 
 def split_metrics(cfg: RunConfig, tok: dict, strategy, name: str, model, files: list[str],
-                  split: str = "eval"):
+                  split: str = "eval", threshold=None):
     """A function of no arguments returning evaluate_model's metrics of `files` (the local
     shards of `split`) for the model's current weights. Its graphs are traced once, at the
-    first call: evaluation during training calls it again at every evaluation."""
+    first call: evaluation during training calls it again at every evaluation. `threshold`
+    None: the one of thresholds.during_training (no tuned ones yet)."""
     kind = task_kind(tok.get("task", "classification"))
+    if threshold is None:
+        threshold = thresholds.during_training(cfg, kind.name)
     compute = metrics_function(kind, strategy, model, files, tok["labels"],
                                cfg.eval_batch_size * strategy.num_replicas_in_sync,
-                               cfg.multi_label_threshold, static_shapes=name == "tpu",
+                               threshold, static_shapes=name == "tpu",
                                max_seq_length=cfg.max_seq_length,
                                label_spec=tok.get("label_spec"))
 
@@ -110,7 +123,7 @@ def split_metrics(cfg: RunConfig, tok: dict, strategy, name: str, model, files: 
 
 
 def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list[str],
-                 global_batch_size: int, threshold: float, static_shapes: bool = False,
+                 global_batch_size: int, threshold=0.5, static_shapes: bool = False,
                  max_seq_length: int = 0, label_spec: dict | None = None) -> dict:
     """metrics.json's content (without "task") for the task's evaluation kind."""
     return metrics_function(kind, strategy, model, files, labels, global_batch_size,
@@ -118,13 +131,15 @@ def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list
 
 
 def metrics_function(kind: TaskKind, strategy, model, files: list[str], labels: list[str],
-                     global_batch_size: int, threshold: float, static_shapes: bool = False,
+                     global_batch_size: int, threshold=0.5, static_shapes: bool = False,
                      max_seq_length: int = 0, label_spec: dict | None = None):
-    """task_metrics as a function of no arguments, its input and graphs built once."""
+    """task_metrics as a function of no arguments, its input and graphs built once.
+    `threshold`: multi-label, one for every label or one per label; classification, the
+    binary decision threshold on the second label's probability, or None for argmax."""
     args = (strategy, model, files, global_batch_size, static_shapes, max_seq_length,
             label_spec)
     if kind.eval_kind == "confusion":
-        counts = summing(*args, confusion_counts(len(labels)))
+        counts = summing(*args, confusion_counts(len(labels), threshold))
         return lambda: classification_metrics(counts(), labels)
     if kind.eval_kind == "label_counts":
         counts, n = summing(*args, multi_label_counts(len(labels), threshold)), len(labels)
@@ -133,7 +148,7 @@ def metrics_function(kind: TaskKind, strategy, model, files: list[str], labels: 
             total = counts()
             return multi_label_metrics({"per_label": total[:3 * n].reshape(3, n),
                                         "exact": total[3 * n], "rows": total[3 * n + 1]},
-                                       labels, threshold)
+                                       labels, _plain(threshold))
         return multi_label
     if kind.eval_kind == "entities":
         tags = tag_gathering(*args)
@@ -157,21 +172,39 @@ def confusion_matrix(strategy: tf.distribute.Strategy, model, files: list[str],
                    None, confusion_counts(num_labels))()
 
 
-def confusion_counts(num_labels: int):
-    """(counts of one batch's real rows, zeros): a [label, prediction] matrix."""
+def _plain(threshold):
+    """A threshold as metrics.json records it: a number, or a list of one per label."""
+    return [float(t) for t in threshold] if isinstance(threshold, (list, tuple)) else threshold
+
+
+def positive_probability(logits):
+    """Binary classification: the second label's softmax probability, float32 [batch]."""
+    return tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1)[:, 1]
+
+
+def confusion_counts(num_labels: int, decision_threshold: float | None = None):
+    """(counts of one batch's real rows, zeros): a [label, prediction] matrix. The
+    prediction is the argmax, or with a binary `decision_threshold` the second label where
+    its probability is over it."""
     def counts(labels, logits):
         predicted = tf.argmax(logits, -1, output_type=tf.int32)
+        if decision_threshold is not None:
+            predicted = tf.cast(positive_probability(logits) > decision_threshold, tf.int32)
         return tf.math.confusion_matrix(labels, predicted, num_classes=num_labels,
                                         dtype=tf.int64)
     return counts, tf.zeros((num_labels, num_labels), tf.int64)
 
 
-def multi_label_counts(num_labels: int, threshold: float):
+def multi_label_counts(num_labels: int, threshold):
     """(counts, zeros): per label true positives, false positives, false negatives, then
     the rows whose every label is right and the rows, as one int64 vector [3L + 2]. A label
-    is predicted when its sigmoid is over `threshold`, as the exported model decides."""
+    is predicted when its sigmoid is over `threshold` (one, or one per label), as the
+    exported model decides."""
+    bound = tf.constant(threshold, tf.float32)
+
     def counts(labels, logits):
-        predicted, truth = tf.sigmoid(logits) > threshold, labels > 0.5
+        predicted = tf.sigmoid(tf.cast(logits, tf.float32)) > bound
+        truth = labels > 0.5
         both = tf.cast(predicted & truth, tf.int64)
         tp = tf.reduce_sum(both, 0)
         fp = tf.reduce_sum(tf.cast(predicted, tf.int64), 0) - tp
@@ -180,6 +213,49 @@ def multi_label_counts(num_labels: int, threshold: float):
         rows = tf.shape(labels, out_type=tf.int64)[:1]
         return tf.concat([tp, fp, fn, [exact], rows], 0)
     return counts, tf.zeros([3 * num_labels + 2], tf.int64)
+
+
+def threshold_counts(kind: TaskKind, num_labels: int, grid=thresholds.GRID):
+    """(counts, zeros) for tuning thresholds (tasks/thresholds.choose): for each label (a
+    binary classification: the second label) and each threshold t of `grid`, the rows whose
+    probability is over t and the true positives among them, then each label's positives
+    and the rows, as one int64 vector [2 x labels x grid + labels + 1]. One pass over the
+    rows gives every threshold's F1."""
+    bound = tf.constant(grid, tf.float32)
+    if kind.name == "classification":
+        num_labels = 1
+
+    def counts(labels, logits):
+        if kind.name == "classification":
+            probability = positive_probability(logits)[:, None]
+            truth = tf.equal(tf.reshape(labels, [-1, 1]), 1)
+        else:
+            probability, truth = tf.sigmoid(tf.cast(logits, tf.float32)), labels > 0.5
+        over = probability[:, :, None] > bound  # [rows, labels, grid]
+        tp = tf.reduce_sum(tf.cast(over & truth[:, :, None], tf.int64), 0)
+        predicted = tf.reduce_sum(tf.cast(over, tf.int64), 0)
+        positives = tf.reduce_sum(tf.cast(truth, tf.int64), 0)
+        rows = tf.shape(probability, out_type=tf.int64)[:1]
+        return tf.concat([tf.reshape(tp, [-1]), tf.reshape(predicted, [-1]), positives,
+                          rows], 0)
+    return counts, tf.zeros([2 * num_labels * len(grid) + num_labels + 1], tf.int64)
+
+
+def tuned_thresholds(cfg: RunConfig, tok: dict, strategy, name: str, model,
+                     files: list[str]) -> dict:
+    """The train manifest's `thresholds` record: each label's threshold chosen on the
+    validation shards `files` for the model's current weights (tasks/thresholds.py).
+    Binary classification: the second of its two labels."""
+    kind = task_kind(tok.get("task", "classification"))
+    labels = tok["labels"]
+    batch = cfg.eval_batch_size * strategy.num_replicas_in_sync
+    count = summing(strategy, model, files, batch, name == "tpu", cfg.max_seq_length,
+                    tok.get("label_spec"), threshold_counts(kind, len(labels)))
+    if kind.name == "classification":
+        record = thresholds.choose(count(), labels[1:], cfg.decision_threshold_metric,
+                                   "decision_threshold")
+        return {**record, "positive_label": labels[1]}
+    return thresholds.choose(count(), labels)
 
 
 def eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length, label_spec):

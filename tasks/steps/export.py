@@ -9,6 +9,7 @@ run's first export attempt, so an Airflow retry publishes the same version, neve
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import subprocess
 import tempfile
@@ -18,13 +19,13 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
-from tasks.model.hf_weights import save_hf_checkpoint
+from tasks.model.hf_weights import CONFIG, save_hf_checkpoint
 from tasks.training import checkpoint
 from tasks.runs import goodput, lineage, runlayout
 from tasks.io import storage
 from tasks.config import RunConfig
 from tasks.io.uris import join_uri
-from tasks import fresh_load
+from tasks import fresh_load, thresholds
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.model.text_encoder import BertTextEncoder
@@ -76,6 +77,7 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
     metrics = storage.read_json(evaluation["metrics_uri"])
     labels, has_pair = data["labels"], data["has_pair"]
     kind = task_kind(data.get("task", "classification"))
+    threshold = thresholds.for_evaluation(cfg, kind.name, train.get("thresholds"))
 
     with FreshLoadCheck() as fresh_load:  # its interpreter starts while the model is built
         with storage.staged_local_dir(train["model_dir"]) as model_dir:
@@ -85,8 +87,8 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
             write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
                                 tokens["lower_case"], tokens["max_seq_length"],
                                 kind.problem_type)
-        module = serving_module(encoder, model, labels, has_pair, kind,
-                                cfg.multi_label_threshold)
+            record_thresholds(out, kind.name, labels, threshold, train.get("thresholds"))
+        module = serving_module(encoder, model, labels, has_pair, kind, threshold)
         saved = out / "saved_model"
         tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
         fresh_load.check(saved, module, has_pair)
@@ -121,8 +123,27 @@ def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
                   model_input_names=inputs).save_pretrained(out)
 
 
+def record_thresholds(out: Path, task: str, labels: list[str], threshold,
+                      tuned: dict | None) -> None:
+    """The served thresholds in the Hugging Face config.json (transformers keeps unknown
+    keys as config attributes): multi-label `label_thresholds` {label: threshold}; binary
+    classification `decision_threshold` on the probability of `decision_positive_label`;
+    and `threshold_source`: tuned (on the validation rows) or configured."""
+    if threshold is None:  # argmax, or a task without thresholds
+        return
+    if task == "multi_label":
+        per_label = threshold if isinstance(threshold, list) else [threshold] * len(labels)
+        entry = {"label_thresholds": dict(zip(labels, per_label))}
+    else:
+        entry = {"decision_threshold": threshold, "decision_positive_label": labels[1]}
+    path = out / CONFIG
+    config = json.loads(path.read_text())
+    config.update(entry, threshold_source="tuned" if tuned else "configured")
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
 def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool,
-                   kind: TaskKind | None = None, threshold: float = 0.5):
+                   kind: TaskKind | None = None, threshold=0.5):
     """A tf.Module whose `serve` maps raw strings to the task's outputs
     (tasks/task_kinds.py, `serving_outputs`): classification `probabilities` and `label`;
     multi-label `probabilities` and `labels`; regression `score`; token classification the
@@ -241,7 +262,9 @@ def evaluation_section(kind: TaskKind, metrics: dict) -> str:
              "precision": "entity precision", "recall": "entity recall"}
     lines = [f"- {names[m]}: {metrics[m]:.4f}"
              for m in kind.gate_metrics + kind.reported_metrics if m in metrics]
-    if "threshold" in metrics:
+    if isinstance(metrics.get("threshold"), list):
+        lines.append("- thresholds: one per label, tuned on the validation rows (above)")
+    elif "threshold" in metrics:
         lines.append(f"- threshold: {metrics['threshold']}")
     if "truncated_sentences" in metrics:
         lines.append(f"- sentences cut by max_seq_length: {metrics['truncated_sentences']} "
@@ -264,6 +287,37 @@ def evaluation_section(kind: TaskKind, metrics: dict) -> str:
 
 def _number(value) -> str:
     return "" if value is None else f"{value:.4f}"
+
+
+def threshold_setting(cfg: RunConfig, task: str, tuned: dict | None) -> str:
+    """The model card's line on the thresholds the model serves with."""
+    if tuned:
+        return (f"{tuned['param']} tuned on {tuned['validation_rows']} validation rows for "
+                f"{tuned['metric']} (below)")
+    if task == "multi_label":
+        return f"multi_label_threshold {cfg.multi_label_threshold}"
+    if task == "classification" and cfg.decision_threshold != thresholds.FALLBACK:
+        return f"decision_threshold {cfg.decision_threshold}"
+    return "none (argmax)" if task == "classification" else "none"
+
+
+def tuned_section(tuned: dict | None) -> str:
+    """The model card's table of the thresholds tuned on the validation rows."""
+    if not tuned:
+        return ""
+    metric = tuned["metric"]
+    grid = tuned["grid"]
+    lines = ["", f"### Thresholds tuned on the validation rows ({tuned['param']})",
+             f"Each label's threshold of {grid['low']} to {grid['high']} by {grid['step']} "
+             f"with the best validation {metric}; labels with fewer than "
+             f"{tuned['min_positives']} validation positives keep "
+             f"{tuned['fallback_threshold']}. The test rows were not read to choose.", "",
+             f"| label | threshold | validation {metric} | validation positives | fallback |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {label} | {e['threshold']} | {e[f'validation_{metric}']:.4f} | "
+              f"{e['positives']} | {'yes' if e['fallback'] else 'no'} |"
+              for label, e in tuned["per_label"].items()]
+    return "\n".join(lines)
 
 
 ROLE_NAMES = {"eval": "test"}
@@ -291,6 +345,7 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "frozen": (train.get("freeze") or {}).get("setting", "none"),
         "class weights": (dict(zip(data["labels"], train["class_weights"]))
                           if train.get("class_weights") else "none"),
+        "thresholds": threshold_setting(cfg, kind.name, train.get("thresholds")),
         "final loss": train.get("final_loss"),
         "saved weights": (f"{validated['exported']} step by validation "
                           f"{validated.get('metric')} (best {validated.get('best_value')} "
@@ -317,6 +372,7 @@ tokenizer files): `{"AutoModelForTokenClassification" if kind.per_token else "Au
 ## Training
 - base checkpoint: {base_checkpoint_line(cfg, train)}
 {chr(10).join(f"- {k}: {v}" for k, v in settings.items())}
+{tuned_section(train.get("thresholds"))}
 
 ## Evaluation on the test rows ({metrics.get("num_examples")} examples)
 {evaluation_section(kind, metrics)}

@@ -23,7 +23,7 @@ from typing import Iterator
 import tensorflow as tf
 import tf_keras
 
-from tasks import class_weights
+from tasks import class_weights, thresholds
 from tasks.model.hf_weights import save_hf_checkpoint
 from tasks.steps import evaluate
 from tasks.training import (checkpoint, checkpoint_publish, determinism, inputs, memory,
@@ -88,6 +88,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
                                strategy.num_replicas_in_sync, weights)
     check_validation(cfg, tok, plan, name)
+    check_thresholds(cfg, tok)
     resolved = checkpoint.resolve_base_checkpoint(cfg)
     base = resolved.path
     # A run that would not fit this worker's memory stops here, not in the kernel's OOM killer.
@@ -186,6 +187,10 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             if progress.history is not None:
                 progress.history.best = validated
                 progress.history.write()
+        tuned = None
+        if thresholds.tuned_param(cfg):  # on the weights the run saves, before the test rows
+            with clock.evaluation():
+                tuned = tune_thresholds(cfg, tok, strategy, name, model, validation_files)
         if chief:
             with clock.checkpoint():
                 save_hf_checkpoint(model, labels, out / "model", kind.problem_type)
@@ -194,7 +199,9 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         if evaluates_here(cfg, name):  # after the save: the model is safe whatever happens
             validating_s = clock.evaluation_s  # the validation evaluations' share
             with clock.evaluation():
-                metrics = evaluate.evaluate_model(cfg, tok, strategy, name, model)
+                metrics = evaluate.evaluate_model(
+                    cfg, tok, strategy, name, model,
+                    threshold=thresholds.for_evaluation(cfg, kind.name, tuned))
             evaluation = {"metrics_uri": join_uri(step_uri, EVAL_METRICS),
                           "num_examples": metrics["num_examples"],
                           "seconds": round(clock.evaluation_s - validating_s, 3)}
@@ -235,6 +242,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         # stopped early and which weights were saved ("best" or "last"); None: no
         # validation rows.
         "validation": validated,
+        # Thresholds tuned on the validation rows (tasks/thresholds.py); None: as configured.
+        "thresholds": tuned,
         "examples_per_second": progress.examples_per_second,
         "final_loss": progress.epoch_loss,
         "train_seconds": progress.train_seconds,
@@ -263,6 +272,33 @@ def check_validation(cfg: RunConfig, tok: dict, plan: model_lib.TrainPlan, name:
         raise ConfigError("eval_every_steps", f"{cfg.eval_every_steps} is more than the "
                                               f"run's {plan.total_steps} steps: no evaluation "
                                               "would run before the last step; lower it")
+
+
+def check_thresholds(cfg: RunConfig, tok: dict) -> None:
+    """Refuse, before any model is loaded, thresholds this run's data cannot take."""
+    tuned = thresholds.tuned_param(cfg)
+    if tuned and "validation" not in tok["splits"]:
+        raise ConfigError(tuned, "tuned, but this run's data has no validation split: set "
+                                 "validation_uri or validation_fraction and run the data step "
+                                 "again with this config")
+    if cfg.task == "classification" and cfg.decision_threshold != thresholds.FALLBACK and \
+            len(tok["labels"]) != 2:
+        raise ConfigError("decision_threshold", f"applies to two labels; this run's data has "
+                                                f"{len(tok['labels'])}: leave it at 0.5")
+
+
+def tune_thresholds(cfg: RunConfig, tok: dict, strategy, name: str, model,
+                    files: list[str]) -> dict:
+    """Thresholds chosen on the validation shards `files` (every worker counts its share;
+    under parameter_server the chief alone, as its validation evaluations run)."""
+    if name == "parameter_server":
+        strategy, name = tf.distribute.OneDeviceStrategy("/cpu:0"), "one_device"
+    record = evaluate.tuned_thresholds(cfg, tok, strategy, name, model, files)
+    chosen = ", ".join(f"{label} {entry['threshold']}" + (" (fallback)" * entry["fallback"])
+                       for label, entry in record["per_label"].items())
+    print(f"train: {record['param']} tuned on {record['validation_rows']} validation rows "
+          f"for {record['metric']}: {chosen}", flush=True)
+    return record
 
 
 def pruning_hook(cfg: RunConfig, ctx: RunContext, strategy, name: str, chief: bool,
