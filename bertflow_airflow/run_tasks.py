@@ -47,6 +47,10 @@ def checked_run(context, cfg):
 
     dag_run = context["dag_run"]
     cfg = validate.check_inputs_and_model(cfg)
+    if cfg.mlflow_tracking_uri and cfg.mlflow_conn_id:
+        from tasks.tracking import mlflow_log
+
+        mlflow_log.credentials(cfg)  # a connection that is missing or empty fails here
     run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
     logical = dag_run.logical_date
     iso = logical.isoformat() if logical else None
@@ -113,11 +117,27 @@ def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
     return result
 
 
+@task
+def log_to_mlflow(run_uri: str, export_manifest_uri: str) -> dict | None:
+    """The run and its exported version in MLflow (mlflow_tracking_uri; None when off). Here,
+    in the controller, not in a worker: it only reads the run folder and talks HTTP, and the
+    tracker's credentials stay in this process. A server that is down or refuses the
+    credentials leaves a warning and a failed record (the run page shows it), not a failed
+    task."""
+    from tasks.tracking import mlflow_log
+
+    return mlflow_log.log_run(*load_run(run_uri))
+
+
 def gate_approve_promote(run_uri, export_manifest_uri) -> None:
     """gate_eval (the candidate and the champion scored on the same test rows, in a worker)
     -> gate -> approval (a person, only with require_approval and a passed gate; skipped
-    otherwise) -> promote, for the run folder that exported the candidate."""
+    otherwise) -> promote, for the run folder that exported the candidate; log_to_mlflow
+    beside them, before promote."""
     compared = WorkerStepOperator(task_id="gate_eval", step="gate_eval", run_uri=run_uri)
     gated = gate(run_uri, export_manifest_uri)
     approval = CandidateApproval(task_id="approval", gate_task_id="gate")
-    export_manifest_uri >> compared >> gated >> approval >> promote(run_uri, export_manifest_uri)
+    promoted = promote(run_uri, export_manifest_uri)
+    export_manifest_uri >> compared >> gated >> approval >> promoted
+    # Beside the gate; before promote, which moves the registered version's champion alias.
+    log_to_mlflow(run_uri, export_manifest_uri) >> promoted

@@ -469,6 +469,22 @@ class RunConfig(BaseModel):
         description="Airflow connection whose password is a Hugging Face token, for a "
                     "base_model on the Hub that is gated or private. Empty: the HF_TOKEN "
                     "environment variable, else anonymous.")
+    mlflow_tracking_uri: str = Field(
+        default="", title="MLflow tracking URI", max_length=2048,
+        description="An MLflow tracking server (http:// or https://, or databricks) that "
+                    "each run logs its config, metrics, model card and lineage to, under "
+                    "the experiment's name; exported versions are registered under "
+                    "model_name and promote moves their champion alias. No credentials in "
+                    "the URI: use mlflow_conn_id or MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN. "
+                    "Empty: off. A server that is down or refuses the credentials does not "
+                    "fail the run. See docs/mlflow.md.")
+    mlflow_conn_id: str = Field(
+        default="", title="MLflow connection id",
+        description="Airflow connection with the tracking server's credentials: login and "
+                    "password for basic auth, or a password alone (or extra "
+                    "{\"token\": ...}) for a bearer token. Empty: the "
+                    "MLFLOW_TRACKING_USERNAME, MLFLOW_TRACKING_PASSWORD or "
+                    "MLFLOW_TRACKING_TOKEN environment variables, else none.")
     gate_metric: Literal[("auto",) + GATE_METRICS] = Field(  # type: ignore[valid-type]
         default="auto", title="Quality-gate metric",
         description="Higher is better. auto: the task's first. classification: accuracy, "
@@ -703,6 +719,7 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     if not KINDS[cfg.task].wired:
         raise ConfigError("task", f"{cfg.task}: not wired yet")
     check_capacity(cfg)
+    check_tracking_uri(cfg.mlflow_tracking_uri)
     if cfg.provisioner == "tpu_vm" and cfg.accelerator not in ("auto", "tpu"):
         raise ConfigError("accelerator", f"provisioner tpu_vm runs on TPUs; set accelerator "
                                          f"to tpu or auto, not {cfg.accelerator}")
@@ -726,6 +743,23 @@ def check_capacity(cfg: "RunConfig") -> None:
         raise ConfigError("capacity", f"reservation {cfg.reservation!r} is set but capacity "
                                       f"is {cfg.capacity}; set capacity to reservation, or "
                                       "clear reservation")
+
+
+def check_tracking_uri(uri: str) -> None:
+    """An MLflow server's address, without credentials (config.json, the logged params and
+    the lineage all hold it). The value is not echoed: it may hold a password."""
+    if not uri:
+        return
+    scheme, _, rest = uri.partition("://")
+    if uri != "databricks" and scheme not in ("http", "https", "databricks"):
+        raise ConfigError("mlflow_tracking_uri", "must start with http://, https:// or "
+                                                 "databricks (a tracking server; bertflow "
+                                                 "logs nothing to local files)")
+    if "@" in rest.split("/")[0] or "?" in rest or any(c.isspace() for c in uri):
+        raise ConfigError("mlflow_tracking_uri", "holds user info, a query or spaces; put "
+                                                 "credentials in mlflow_conn_id or the "
+                                                 "MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN "
+                                                 "environment variables")
 
 
 def check_training_loop(cfg: RunConfig, strategy: str) -> None:

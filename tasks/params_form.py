@@ -50,6 +50,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
                             "checkpoint_every_steps", "eval_batch_size", "evaluate_in_train"),
     "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id",
                                            "hf_conn_id"),
+    "Experiment tracking (advanced)": ("mlflow_tracking_uri", "mlflow_conn_id"),
 }
 
 

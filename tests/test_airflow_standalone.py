@@ -59,7 +59,7 @@ from ui_helpers import CHROMIUM, Browser, MakeAirflow
 
 DAG_ID = "bert_finetune"
 TASK_IDS = {"validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
-            "export", "gate_eval", "gate", "promote"}
+            "export", "gate_eval", "gate", "log_to_mlflow", "promote"}
 # and approval: skipped unless require_approval
 TINY = {"max_steps": 2, "max_seq_length": 32, "epochs": 1, "per_replica_batch_size": 8}
 RUN_TIMEOUT = 12 * 60

@@ -45,7 +45,8 @@ def test_task_ids_and_dependencies(dag):
         "gate_eval": {"export"},
         "gate": {"export", "gate_eval"},
         "approval": {"gate"},
-        "promote": {"export", "approval"},
+        "log_to_mlflow": {"export"},
+        "promote": {"export", "approval", "log_to_mlflow"},
     }
     # Every task reads the run folder that validate created (approval reads the gate's XCom).
     assert all("validate" in t.upstream_task_ids for t in dag.tasks

@@ -35,8 +35,9 @@ SECRETS = (S3_SECRET, GCS_TOKEN)
 
 TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 3, "per_replica_batch_size": 8,
         "num_shards": 1, "num_workers": 1, "eval_batch_size": 64}
+# and approval, skipped: require_approval is off
 TASKS = ("validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
-         "export", "gate_eval", "gate", "promote")  # and approval, skipped: require_approval is off
+         "export", "gate_eval", "gate", "log_to_mlflow", "promote")
 
 # Each scenario: where the data is and how train_uri names it, where the model is exported,
 # where the run folders live.

@@ -17,7 +17,7 @@ from bertflow_airflow.demo import output_to, progress_line
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 TASKS = ["validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
-         "export", "gate_eval", "gate", "approval", "promote"]
+         "export", "gate_eval", "gate", "approval", "log_to_mlflow", "promote"]
 LINE = re.compile(r"^  (?P<task>\w+) +(?P<state>\w+) +(?P<seconds>\d+\.\d|-) s(  \(try \d+\))?$")
 
 

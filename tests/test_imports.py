@@ -55,7 +55,9 @@ LAYERS: list[tuple[str, ...]] = [
     # the word-piece aligner beside its tokenizer; training builds and trains it.
     ("tasks.model",),
     ("tasks.runs",),
-    ("tasks.training", "tasks.gate"),
+    # tasks.tracking (MLflow) reads run folders and the exported version's lineage; promote
+    # calls it.
+    ("tasks.training", "tasks.gate", "tasks.tracking"),
     ("tasks.provision",),
     ("tasks.steps",),
     ("tasks.__main__",),

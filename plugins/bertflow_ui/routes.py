@@ -266,6 +266,7 @@ def _outcome(root: str, run: dict) -> dict[str, Any]:
         "elsewhere": None if run["export_location"] == default else run["export_location"],
         "gate": {"passed": gate.get("passed"), "reason": gate.get("reason")} if gate else None,
         "comparison": comparison_table(run.get("comparison")),
+        "mlflow": run.get("mlflow"),
     }
 
 

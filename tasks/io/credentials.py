@@ -69,11 +69,13 @@ def worker_env(cfg: ConnectionIds) -> dict[str, str]:
     for field in CONNECTION_FIELDS:
         conn_id = getattr(cfg, field)
         if conn_id:
-            env[env_name(conn_id)] = _connection(field, conn_id).as_json()
+            env[env_name(conn_id)] = connection(field, conn_id).as_json()
     return env
 
 
-def _connection(field: str, conn_id: str):
+def connection(field: str, conn_id: str):
+    """Airflow connection `conn_id` of config field `field` (a ConfigError naming the field
+    when it is not defined). Call it in the controller."""
     # Lazy: only controllers with connections configured need the Airflow SDK.
     from airflow.sdk import BaseHook
     from airflow.sdk.exceptions import AirflowNotFoundException

@@ -333,6 +333,18 @@ def train_goodput(run: str) -> dict[str, Any] | None:
         return None
 
 
+def tracking(run: str) -> dict[str, Any] | None:
+    """What the MLflow steps recorded (tasks/tracking/mlflow_log.py): `logged`, the run's
+    logging and registration (mlflow/manifest.json), and `champion`, promote's move of the
+    alias; None for a run that did not log to MLflow."""
+    logged = _dict(join_uri(run, "mlflow", "manifest.json"))
+    champion = _dict(join_uri(run, "promote", "manifest.json")).get("mlflow")
+    champion = champion if isinstance(champion, dict) else None
+    if not logged and not champion:
+        return None
+    return {"logged": logged or None, "champion": champion}
+
+
 def run_detail(root: str, dag_id: str, run_key: str, *,
                with_sweep: bool = True) -> dict[str, Any]:
     """A run's summary plus what its page draws: the training history, the evaluation metrics
@@ -351,6 +363,7 @@ def run_detail(root: str, dag_id: str, run_key: str, *,
         "gate": _dict(join_uri(run, "gate", "manifest.json")) or None,
         "comparison": _dict(join_uri(run, "gate_eval", "manifest.json")) or None,
         "goodput_detail": train_goodput(run),
+        "mlflow": tracking(run),
         "steps_done": [s for s in ("data", "tokenize", "provision", "train", "evaluate",
                                    "release", "export", "gate_eval", "gate", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],

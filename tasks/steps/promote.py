@@ -24,6 +24,7 @@ from tasks.io.uris import join_uri
 from tasks.errors import StorageError
 from tasks.runs.runlayout import CHAMPION, RunContext
 from tasks.task_kinds import kind as task_kind
+from tasks.tracking import mlflow_log
 
 ATTEMPTS = 10  # compare-and-swap rounds before giving up on a pointer that keeps moving
 
@@ -178,11 +179,15 @@ def run(cfg: RunConfig, ctx: RunContext, approval: Approval | None = None) -> st
     else:
         raise StorageError(f"{pointer}: changed {ATTEMPTS} times while promoting; retry")
 
+    # The MLflow registry's champion alias follows the pointer; a tracker that fails only
+    # warns (tasks/tracking/mlflow_log.py).
+    tracked = mlflow_log.move_champion(cfg, ctx, version_uri) if promoted else None
     return runlayout.write_manifest(ctx.step_uri("promote"), {
         "promoted": promoted, "reason": reason, "version_uri": version_uri,
         "version": exported["version"], "metric": cfg.gate_metric_name, "value": value,
         "champion_uri": pointer, "champion_before": champion,
-        **({"approval": asdict(approval)} if approval is not None else {})})
+        **({"approval": asdict(approval)} if approval is not None else {}),
+        **({"mlflow": tracked} if tracked else {})})
 
 
 def read_comparison(ctx: RunContext) -> dict | None:

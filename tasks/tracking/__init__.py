@@ -1,0 +1,1 @@
+"""Reporting runs to experiment trackers (MLflow): reads run folders, never trains."""
