@@ -46,7 +46,11 @@ def validate(**context) -> str:
     ctx = RunContext(artifact_root=cfg.artifact_root, dag_id=dag_run.dag_id,
                      run_key=run_key_for(run_type, iso, dag_run.run_id, "scores"),
                      run_id=dag_run.run_id, logical_date=iso or "")
-    run_uri = init_run(run_config(cfg), ctx)
+    from tasks.provision.backends import backend_for
+
+    workers_cfg = run_config(cfg)
+    backend_for(workers_cfg).check(workers_cfg, ctx)  # the backend's own config problems
+    run_uri = init_run(workers_cfg, ctx)
     plan = make_plan(cfg, ctx)
     print(f"{plan['rows']} rows in {len(plan['inputs'])} file(s), {len(plan['shards'])} "
           f"shard(s) for {plan['num_workers']} worker(s); model {plan['model']['version']} "

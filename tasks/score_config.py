@@ -95,6 +95,10 @@ class _ScoreFields(BaseModel):
                              "csv, tsv or jsonl file (entity models find the entities)")
         if self.id_column is not None and self.id_column in (text, pair):
             raise ValueError("id_column must differ from the text columns")
+        if self.provisioner == "tpu_vm":
+            raise ValueError("provisioner tpu_vm is not wired for scoring (its VM is made and "
+                             "removed by bert_finetune's provision and release tasks); use "
+                             "local, kubernetes or vertex_ai")
         return self
 
 

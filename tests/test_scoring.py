@@ -299,3 +299,25 @@ def test_dag_emits_the_scores_event(dag_run):
         assert [e.asset.name for e in events] == ["bertflow-scores"]
         assert events[0].extra["output_uri"].startswith(str(tmp / "scores"))
         assert events[0].extra["rows"] == 40
+
+
+def test_the_command_line_scores_a_file_in_one_process(store, tmp_path, capsys):
+    """init-score, score and publish-scores, as docs/scoring.md shows them (in this process:
+    the same main() the module runs)."""
+    from tasks.__main__ import main
+
+    ids = write_input(tmp_path / "in.tsv", 5)
+    run_dir = str(tmp_path / "runs" / "score-1")
+    flags = ["--input-uri", str(tmp_path / "in.tsv"), "--id-column", "id", "--model-name",
+             "tiny", "--export-uri", store["export_uri"], "--artifact-root", store["root"],
+             "--output-uri", str(tmp_path / "out"), "--shard-rows", "3"]
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert "8 rows in 3 shard(s)" in capsys.readouterr().out
+    assert main(["score", "--run-dir", run_dir]) == 0
+    assert capsys.readouterr().out.strip().endswith("score/manifest.json")
+    assert main(["publish-scores", "--run-dir", run_dir]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["rows"], summary["error_rows"], summary["shards"]) == (5, 3, 3)
+    assert sorted(output_ids(summary["output_uri"])) == sorted(ids)
+    assert main(["init-score", "--run-dir", run_dir, *flags, "--text-column", "body"]) == 2
+    assert "no column 'body'; columns found: id, text, note" in capsys.readouterr().err

@@ -90,8 +90,15 @@ def input_folder(input_uri: str) -> str | None:
 
 
 def check_output(cfg) -> str:
-    """The output folder, refused when the input would read it."""
+    """The output folder, refused when the input would read it, or when remote workers
+    could not reach it or the input."""
     output = resolved_output_uri(cfg)
+    if cfg.provisioner != "local":
+        for field, uri in (("input_uri", cfg.input_uri), ("output_uri", output)):
+            if storage.is_local(uri):
+                raise ConfigError(field, f"{uri} is a local path, which remote workers "
+                                         f"({cfg.provisioner}) cannot see; use a gs:// or "
+                                         "s3:// location")
     folder = input_folder(cfg.input_uri)
     if folder and _folder(output).startswith(folder):
         raise ConfigError("output_uri", f"{output} is inside the input's folder {folder}: the "
