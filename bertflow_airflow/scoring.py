@@ -6,10 +6,11 @@ from __future__ import annotations
 from airflow.sdk import Asset, task
 
 from bertflow_airflow.worker_operator import WorkerStepOperator, load_run
+from tasks.runs.run_summary import SCORING_DAG
 
 SCORING_DATA = Asset("bertflow-scoring-data")
 SCORES = Asset("bertflow-scores")
-DAG_ID = "bert_batch_score"
+DAG_ID = SCORING_DAG  # the bertflow page lists its runs apart
 
 
 def event_input_uri(context) -> str | None:
