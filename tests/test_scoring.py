@@ -89,6 +89,23 @@ def test_shared_fields_are_run_configs_own():
     assert run_config(parse_score_config({"num_workers": 3})).num_workers == 3
 
 
+def test_dated_input_and_output_resolve_per_run():
+    """Backfills: {ds} and the other placeholders in input_uri and output_uri resolve to the
+    run's dates (the validate task's run_values), a bad one is refused naming its field."""
+    from datetime import datetime, timezone
+
+    from tasks.io.uri_templates import RunDates, resolve
+
+    day = datetime(2026, 12, 5, tzinfo=timezone.utc)
+    values = {"input_uri": "gs://b/tickets/{ds}/", "output_uri": "gs://b/scores/{ds_nodash}",
+              "text_column": "{ds}"}
+    assert resolve(values, RunDates(day, day, day)) == {
+        "input_uri": "gs://b/tickets/2026-12-05/", "output_uri": "gs://b/scores/20261205",
+        "text_column": "{ds}"}
+    with pytest.raises(ConfigError, match="field 'input_uri'"):
+        parse_score_config({"input_uri": "gs://b/{day}/"})
+
+
 # --- the reader ----------------------------------------------------------------------------
 def test_reader_keeps_every_record_as_a_row_or_an_error(tmp_path):
     path = tmp_path / "in.tsv"
