@@ -134,6 +134,26 @@ def test_reader_jsonl_names_malformed_lines_and_counts_quoted_csv_lines(tmp_path
         (2, "two\nlines", "1"), (4, "third", "2")]
 
 
+def test_output_rows_keep_each_tasks_outputs_as_served():
+    """What serve_rows gives per task (tasks/task_kinds.py serving_outputs) -> output rows:
+    entities cut to num_entities as objects, multi-label names without the "" padding."""
+    from tasks.steps.score import output_rows
+
+    assert output_rows({"label": ["a", "b"], "probabilities": [[0.9, 0.1], [0.2, 0.8]]},
+                       2) == [{"label": "a", "probabilities": [0.9, 0.1]},
+                              {"label": "b", "probabilities": [0.2, 0.8]}]
+    assert output_rows({"labels": [["x", "", ""]], "probabilities": [[0.7, 0.2, 0.1]]},
+                       1) == [{"labels": ["x"], "probabilities": [0.7, 0.2, 0.1]}]
+    assert output_rows({"score": [0.5]}, 1) == [{"score": 0.5}]
+    served = {"num_entities": [1, 0], "entity_group": [["PER", ""], ["", ""]],
+              "start": [[0, -1], [-1, -1]], "end": [[3, -1], [-1, -1]],
+              "word": [["Ann", ""], ["", ""]], "score": [[0.9, 0.0], [0.0, 0.0]]}
+    assert output_rows(served, 2) == [
+        {"entities": [{"entity_group": "PER", "start": 0, "end": 3, "word": "Ann",
+                       "score": 0.9}]},
+        {"entities": []}]
+
+
 # --- checks before any worker --------------------------------------------------------------
 def test_an_input_without_the_text_column_names_the_file_and_its_columns(store, tmp_path):
     write_input(tmp_path / "in" / "a.tsv", 3)
