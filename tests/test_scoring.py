@@ -358,3 +358,11 @@ def test_the_command_line_scores_a_file_in_one_process(store, tmp_path, capsys):
     assert sorted(output_ids(summary["output_uri"])) == sorted(ids)
     assert main(["init-score", "--run-dir", run_dir, *flags, "--text-column", "body"]) == 2
     assert "no column 'body'; columns found: id, text, note" in capsys.readouterr().err
+    # The same plan again keeps the published shards; another input drops them (a retried
+    # worker must not skip shards of the old input).
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert len(shards.published(summary["output_uri"])) == 3
+    write_input(tmp_path / "in.tsv", 6)
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert shards.published(summary["output_uri"]) == {}
+    assert not storage.exists(join_uri(summary["output_uri"], COMPLETE))

@@ -134,9 +134,24 @@ def make_plan(cfg, ctx: RunContext) -> dict:
     plan = {"output_uri": join_uri(output, ctx.run_key), "model": model, "inputs": inputs,
             "rows": sum(f["records"] for f in inputs), "shards": shards,
             "num_workers": min(cfg.num_workers, len(shards))}
+    _drop_stale_output(ctx, plan)
     storage.write_json(join_uri(ctx.run_uri, SCORE_CONFIG), json.loads(cfg.model_dump_json()))
     storage.write_json(plan_uri(ctx), plan)
     return plan
+
+
+def _drop_stale_output(ctx: RunContext, plan: dict) -> None:
+    """A re-run of validate in a run folder (a cleared task) whose input, model or shards
+    changed: the published shards of the old plan are not this plan's, so they go (a
+    retried worker would otherwise skip them)."""
+    uri = plan_uri(ctx)
+    if not storage.exists(uri):
+        return
+    old = storage.read_json(uri)
+    same = all(old.get(k) == plan[k] for k in ("output_uri", "inputs", "shards")) and \
+        (old.get("model") or {}).get("version_uri") == plan["model"]["version_uri"]
+    if not same:
+        storage.delete_prefix(old.get("output_uri") or plan["output_uri"])
 
 
 def read_plan(ctx: RunContext) -> dict:
