@@ -16,13 +16,12 @@ DAG_ID = SCORING_DAG  # the bertflow page lists its runs apart
 def event_input_uri(context) -> str | None:
     """The input_uri a triggering bertflow-scoring-data event names (the newest), if any."""
     events = context.get("triggering_asset_events") or {}
-    for asset, found in events.items():
-        if getattr(asset, "name", None) == SCORING_DATA.name:
-            for event in reversed(list(found)):
-                uri = (event.extra or {}).get("input_uri")
-                if uri:
-                    return uri
-    return None
+    named = [event for asset, found in events.items()
+             if getattr(asset, "name", None) == SCORING_DATA.name for event in found
+             if (event.extra or {}).get("input_uri")]
+    if not named:
+        return None
+    return max(named, key=lambda event: event.timestamp).extra["input_uri"]
 
 
 @task(retries=0)  # a bad input, model or output will not fix itself

@@ -278,6 +278,35 @@ def test_a_worker_killed_mid_way_is_redone_and_every_row_scored_once(store, tmp_
         publish(ctx)
 
 
+def test_a_scoring_data_event_names_the_input():
+    """The triggering events as the Task SDK hands them over (its own accessor and event
+    classes): the newest bertflow-scoring-data event's input_uri wins; a promoted-model
+    event (no input_uri) leaves the Param."""
+    from datetime import datetime, timezone
+
+    from airflow.sdk.execution_time.comms import AssetEventDagRunReferenceResult
+    from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
+
+    from bertflow_airflow.scoring import event_input_uri
+
+    def event(name, extra, day, alias=None):
+        return AssetEventDagRunReferenceResult(
+            asset={"name": name, "uri": name, "extra": {}}, extra=extra,
+            source_task_id="t", source_dag_id="d", source_run_id="r", source_map_index=-1,
+            source_aliases=[{"name": alias}] if alias else [],
+            timestamp=datetime(2026, 12, day, tzinfo=timezone.utc))
+
+    promoted = event("bertflow-model-tiny", {"version_uri": "/m/v1"}, 3,
+                     alias="bertflow-promoted-model")
+    accessor = TriggeringAssetEventsAccessor.build([
+        event("bertflow-scoring-data", {"input_uri": "gs://b/new/"}, 2),
+        event("bertflow-scoring-data", {"input_uri": "gs://b/old/"}, 1), promoted])
+    assert event_input_uri({"triggering_asset_events": accessor}) == "gs://b/new/"
+    only_promoted = TriggeringAssetEventsAccessor.build([promoted])
+    assert event_input_uri({"triggering_asset_events": only_promoted}) is None
+    assert event_input_uri({}) is None
+
+
 # --- bert_batch_score through dag.test() ---------------------------------------------------
 @pytest.fixture(scope="module")
 def dag_run(store, airflow_db, tmp_path_factory):
