@@ -62,6 +62,9 @@ class ScoreWorkersOperator(WorkerStepOperator):
     """The score step's workers: num_workers independent processes (tasks/steps/score.py) on
     the configured backend, re-provisioned after a preemption or a lost worker."""
 
+    # The bertflow page lists scoring runs on its index, without a run page of their own.
+    operator_extra_links = ()
+
     def worker_spec(self, cfg, ctx):
         from tasks.provision.spec import scoring_spec
         from tasks.scoring.plan import read_plan
