@@ -118,6 +118,13 @@ def test_reader_keeps_every_record_as_a_row_or_an_error(tmp_path):
                       9: "expected 3 fields like the header, found 4"}
     assert source.records == 12 and len(source.sha256) == 64
     assert [r.index for r in source.rows(3, 6)] == [3, 4, 5]
+    # Where every 4th record begins: a read from there gives the same rows as from the top.
+    source = ScoreFile(str(path), "auto", "text", id_column="id", every=4)
+    everything = list(source.rows())
+    assert [a["index"] for a in source.starts] == [0, 4, 8]
+    for at in source.starts:
+        assert list(source.rows(at["index"], at["index"] + 4, at=at)) == \
+            everything[at["index"]:at["index"] + 4]
 
 
 def test_reader_jsonl_names_malformed_lines_and_counts_quoted_csv_lines(tmp_path):
@@ -127,11 +134,23 @@ def test_reader_jsonl_names_malformed_lines_and_counts_quoted_csv_lines(tmp_path
     assert [(r.line, r.error.split(":")[0]) for r in rows] == [
         (1, ""), (3, "malformed JSON"), (4, "expected a JSON object, found list"),
         (5, "empty text in column 'text'"), (6, "no field 'text'")]
+    source = ScoreFile(str(path), "auto", "text", every=2)
+    everything = list(source.rows())
+    assert [(a["index"], a["line"]) for a in source.starts] == [(0, 1), (2, 4), (4, 6)]
+    for at in source.starts:
+        assert list(source.rows(at["index"], at["index"] + 2, at=at)) == \
+            everything[at["index"]:at["index"] + 2]
     csv_path = tmp_path / "in.csv"
-    csv_path.write_text('text,id\n"two\nlines",1\nthird,2\n')
-    assert [(r.line, r.text, r.id) for r in ScoreFile(str(csv_path), "auto", "text",
-                                                      id_column="id").rows()] == [
-        (2, "two\nlines", "1"), (4, "third", "2")]
+    csv_path.write_bytes('\ufefftext,id\n"two\nlines",1\n\nthird é,2\r\nfour,3\n'.encode())
+    source = ScoreFile(str(csv_path), "auto", "text", id_column="id", every=1)
+    assert [(r.line, r.text, r.id) for r in source.rows()] == [
+        (2, "two\nlines", "1"), (5, "third é", "2"), (6, "four", "3")]
+    # Offsets count bytes (the BOM, the two-byte é, CRLF): each record read from its own.
+    data = csv_path.read_bytes()
+    assert [data[a["offset"]:].split(b",")[0] for a in source.starts] == [
+        b'"two\nlines"', "third é".encode(), b"four"]
+    assert [next(source.rows(a["index"], a["index"] + 1, at=a)).text
+            for a in source.starts] == ["two\nlines", "third é", "four"]
 
 
 def test_output_rows_keep_each_tasks_outputs_as_served():

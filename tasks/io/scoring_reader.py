@@ -47,47 +47,54 @@ class ScoreFile:
 
     def __init__(self, uri: str, file_format: str, text_column: str,
                  pair_column: Optional[str] = None, id_column: Optional[str] = None,
-                 block_size: int = BLOCK_SIZE):
+                 block_size: int = BLOCK_SIZE, every: int = 10_000):
         self.uri, self.fmt = uri, format_of(uri, file_format)
+        self.every = every  # records between two entries of `starts`
         self.text_column, self.pair_column, self.id_column = text_column, pair_column, id_column
         self.block_size = block_size
         self.sha256 = ""
         self.records = 0
+        self.starts: list[dict] = []
 
-    # --- lines ------------------------------------------------------------------------------
-    def _lines(self, digest=None) -> Iterator[str]:
-        """Decoded lines with their endings; a leading BOM dropped."""
+    # --- lines ---------------------------------------------------------------------------
+    def _lines(self, offset: int = 0, line: int = 1, digest=None) -> Iterator[tuple]:
+        """(line number, byte offset, text with its ending) of each line from byte `offset`
+        (a line start) on, numbered from `line`; a leading BOM dropped."""
         if not storage.exists(self.uri):
             raise DataError(self.uri, "file not found", hint="check input_uri")
 
         def hashed():
-            for block in storage.iter_bytes(self.uri, self.block_size):
+            for block in storage.iter_bytes(self.uri, self.block_size, offset):
                 if digest is not None:
                     digest.update(block)
                 yield block
 
-        first = True
+        position, first = offset, offset == 0
         for block in line_blocks(hashed()):
             if first and block.startswith(codecs.BOM_UTF8):
-                block = block[3:]
+                block, position = block[3:], 3
             first = False
             # \n, \r\n or \r, as open(newline="") splits (str.splitlines would also cut at
             # form feeds and other separators inside a text).
-            yield from io.StringIO(block.decode("utf-8", "surrogateescape"), newline="")
+            for text in io.StringIO(block.decode("utf-8", "surrogateescape"), newline=""):
+                yield line, position, text
+                line += 1
+                position += len(text.encode("utf-8", "surrogateescape"))
 
     def columns(self) -> list[str]:
-        for _, record in self._records(self._lines()):
+        for _, _, record in self._records(self._lines()):
             if isinstance(record, dict):
                 return list(record)
             if isinstance(record, list):
                 return record  # the header
         return []
 
-    def _records(self, lines: Iterator[str]) -> Iterator[tuple[int, object]]:
-        """(line, record): a dict per JSON line, the header then a list per CSV/TSV row, or
-        an error text for a record that cannot be parsed."""
+    def _records(self, lines: Iterator[tuple]) -> Iterator[tuple[int, int, object]]:
+        """(line, byte offset, record) of each record: a dict per JSON line, the header (at
+        the file's start) then a list per CSV/TSV row, or an error text for a record that
+        cannot be parsed."""
         if self.fmt == "jsonl":
-            for number, raw in enumerate(lines, start=1):
+            for number, offset, raw in lines:
                 if not raw.strip():
                     continue
                 try:
@@ -96,10 +103,16 @@ class ScoreFile:
                     record = f"malformed JSON: {err.msg} at column {err.colno}"
                 if not isinstance(record, (dict, str)):
                     record = f"expected a JSON object, found {type(record).__name__}"
-                yield number, record
+                yield number, offset, record
             return
-        reader = csv.reader(lines, delimiter="\t" if self.fmt == "tsv" else ",")
-        end = 0
+        starts: dict[int, int] = {}  # line -> byte offset of the lines csv has read ahead
+
+        def texts():
+            for number, offset, text in lines:
+                starts[number] = offset
+                yield text
+
+        reader = csv.reader(texts(), delimiter="\t" if self.fmt == "tsv" else ",")
         while True:
             try:
                 record = next(reader)
@@ -107,28 +120,47 @@ class ScoreFile:
                 return
             except csv.Error as err:
                 record = f"malformed {self.fmt.upper()} row: {err}"
-            start, end = end + 1, reader.line_num
+            first = min(starts)  # where this record began
+            offset = starts[first]
+            starts.clear()
             if isinstance(record, list) and not any(cell.strip() for cell in record):
                 continue
-            yield start, record
+            yield first, offset, record
 
     # --- rows -------------------------------------------------------------------------------
-    def rows(self, start: int = 0, end: Optional[int] = None) -> Iterator[Row]:
-        """The records with index in [start, end) as Rows; the whole file is read (its
-        sha256 and record count are set at the end), the others are only counted."""
-        digest = hashlib.sha256()
-        records = self._records(self._lines(digest))
-        header = None
-        if self.fmt != "jsonl":
-            first = next(records, None)
-            header = [c.strip() for c in first[1]] if first and isinstance(first[1], list) else []
-            self._require(header)
-        index = 0
-        for line, record in records:
+    def header(self) -> Optional[list[str]]:
+        """A CSV/TSV file's column names (None for JSON Lines), checked to hold the
+        configured columns."""
+        if self.fmt == "jsonl":
+            return None
+        first = next(self._records(self._lines()), None)
+        header = [c.strip() for c in first[2]] if first and isinstance(first[2], list) else []
+        self._require(header)
+        return header
+
+    def rows(self, start: int = 0, end: Optional[int] = None,
+             at: Optional[dict] = None) -> Iterator[Row]:
+        """The records with index in [start, end) as Rows. `at` ({"index", "line",
+        "offset"} of a record, from `starts`) lets the read begin there instead of at the
+        file's start. A read from the start to the end sets `sha256` and `records` (the
+        file's record count) and `starts`: where every `every`-th record begins."""
+        header = self.header()
+        index, line, offset = (at["index"], at["line"], at["offset"]) if at else (0, 1, 0)
+        digest = hashlib.sha256() if offset == 0 else None
+        records = self._records(self._lines(offset, line, digest))
+        if header is not None and offset == 0:
+            next(records, None)  # the header
+        self.starts = []
+        for line, offset, record in records:
+            if index % self.every == 0:
+                self.starts.append({"index": index, "line": line, "offset": offset})
+            if end is not None and index >= end and at is not None:
+                return  # a shard read from its offset stops after its rows
             if start <= index and (end is None or index < end):
                 yield self._row(index, line, record, header)
             index += 1
-        self.records, self.sha256 = index, digest.hexdigest()
+        if digest is not None:
+            self.records, self.sha256 = index, digest.hexdigest()
 
     def _require(self, columns: list[str]) -> None:
         wanted = [c for c in (self.text_column, self.pair_column, self.id_column) if c]
@@ -142,7 +174,7 @@ class ScoreFile:
     def check_columns(self) -> None:
         """DataError naming the file and the columns it has when a configured one is
         missing (JSON Lines: from the first record's keys)."""
-        self._require(self.columns())
+        self._require(self.header() or self.columns())
 
     def _row(self, index: int, line: int, record, header) -> Row:
         if isinstance(record, str):
@@ -168,12 +200,3 @@ class ScoreFile:
                 return Row(index, line, error=f"empty {role.replace('_', ' ')} in column "
                                               f"'{column}'")
         return Row(index, line, cells["text"], cells.get("text_pair"), cells.get("id"))
-
-
-def count(uri: str, file_format: str, text_column: str, pair_column: Optional[str] = None,
-          id_column: Optional[str] = None) -> tuple[int, str]:
-    """(records, sha256) of a file, read once, streamed."""
-    source = ScoreFile(uri, file_format, text_column, pair_column, id_column)
-    for _ in source.rows(0, 0):
-        pass
-    return source.records, source.sha256

@@ -8,8 +8,9 @@ Refused here, each naming what to change:
 - an output location inside the input's folder (the next run would score its own output).
 
 The plan cuts each file into row ranges of shard_rows records (`tasks.io.scoring_reader`
-counts them, hashing each file as it streams by): shard k is `part-{k:05d}`, scored by worker
-k mod num_workers. It is written to `{run}/score/plan.json` with the model's lineage.
+counts them, hashing each file as it streams by, and notes the byte offset and line where
+each range begins, so that a worker reads only its own): shard k is `part-{k:05d}`, scored by
+worker k mod num_workers. It is written to `{run}/score/plan.json` with the model's lineage.
 """
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def check_output(cfg) -> str:
 def sources(cfg) -> list[ScoreFile]:
     files = text_readers.data_files(cfg.input_uri, cfg.file_format)
     return [ScoreFile(uri, cfg.file_format, cfg.text_column, cfg.text_pair_column,
-                      cfg.id_column) for uri in files]
+                      cfg.id_column, every=cfg.shard_rows) for uri in files]
 
 
 def make_plan(cfg, ctx: RunContext) -> dict:
@@ -122,13 +123,14 @@ def make_plan(cfg, ctx: RunContext) -> dict:
         source.check_columns()
     shards, inputs = [], []
     for source in files:
-        for _ in source.rows(0, 0):  # counts and hashes
+        for _ in source.rows(0, 0):  # counts, hashes and notes where each shard begins
             pass
         inputs.append({"uri": source.uri, "records": source.records, "sha256": source.sha256})
-        for start in range(0, source.records, cfg.shard_rows):
+        for at in source.starts:
             shards.append({"name": shard_name(len(shards)), "index": len(shards),
-                           "file": source.uri, "start": start,
-                           "end": min(start + cfg.shard_rows, source.records)})
+                           "file": source.uri, "start": at["index"],
+                           "end": min(at["index"] + cfg.shard_rows, source.records),
+                           "at": at})
     if not shards:
         raise DataError(cfg.input_uri, "no rows to score", hint="check input_uri")
     plan = {"output_uri": join_uri(output, ctx.run_key), "model": model, "inputs": inputs,

@@ -126,7 +126,7 @@ def score_shard(serve, cfg, shard: dict, output: str, model: dict) -> dict:
                                          ensure_ascii=False) + "\n")
                 batch.clear()
 
-            for row in source.rows(shard["start"], shard["end"]):
+            for row in source.rows(shard["start"], shard["end"], at=shard.get("at")):
                 if row.error:
                     errors += 1
                     err.write(json.dumps({"file": shard["file"], "line": row.line,
