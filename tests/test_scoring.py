@@ -27,6 +27,7 @@ from tasks.runs.runlayout import RunContext, init_run
 from tasks.score_config import ScoreConfig, parse_score_config, run_config
 from tasks.scoring import plan as scoring_plan, shards
 from tasks.steps import export, promote
+from storage_servers import S3_CONN_ID, connections, gcs_emulator, root, s3_server  # noqa: F401
 from test_export import LABELS, VOCAB, fake_run, write_model
 
 WORDS = [w for w in VOCAB if not w.startswith(("[", "##"))]
@@ -224,6 +225,35 @@ def test_an_output_inside_the_input_folder_is_refused(tmp_path, input_uri, outpu
             scoring_plan.check_output(cfg)
     else:
         assert scoring_plan.check_output(cfg) == str(tmp_path / output)
+
+
+def test_input_and_output_in_a_bucket(store, root, tmp_path, monkeypatch):
+    """Input read and shards published on each storage backend (GCS and S3 emulators on
+    loopback): the score step's worker in this process, reading its shards from their byte
+    offsets (ranged reads), then the publication."""
+    from tasks.scoring.publish import publish
+    from tasks.steps import score
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    local = tmp_path / "in.tsv"
+    ids = write_input(local, 10)
+    storage.write_bytes(f"{root}/in/tickets.tsv", local.read_bytes())
+    cfg = parse_score_config(score_values(store, tmp_path, input_uri=f"{root}/in/",
+                                          output_uri=f"{root}/scores", shard_rows=4,
+                                          aws_conn_id=S3_CONN_ID))
+    key = "bucket-" + hashlib.sha256(root.encode()).hexdigest()[:8]  # one per backend
+    ctx = RunContext(store["root"], "bert_batch_score", key, key)
+    init_run(run_config(cfg), ctx)
+    plan = scoring_plan.make_plan(cfg, ctx)
+    assert [s["at"]["offset"] > 0 for s in plan["shards"]] == [True] * 4
+    assert score.run(*runlayout.load_run(ctx.run_uri)).endswith("score/manifest.json")
+    summary = publish(ctx)
+    assert (summary["rows"], summary["error_rows"]) == (10, 3)
+    assert summary["output_uri"].startswith(f"{root}/scores/")
+    assert sorted(output_ids(summary["output_uri"])) == sorted(ids)
+    complete = storage.read_json(join_uri(summary["output_uri"], COMPLETE))
+    assert complete["inputs"] == [{"uri": f"{root}/in/tickets.tsv", "records": 13,
+                                   "sha256": hashlib.sha256(local.read_bytes()).hexdigest()}]
 
 
 # --- a worker killed mid-way ---------------------------------------------------------------
