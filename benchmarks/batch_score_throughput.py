@@ -15,7 +15,8 @@ scores with and a Hugging Face checkpoint, which the peer's pipeline loads. The 
   local backend without the warm-start server: each worker pays its TensorFlow import),
   `wall_s` from their start to the last shard; `startup_s` to the first shard's start (import
   and model load), so `plan_s + startup_s` is the fixed cost to the first row scored;
-  `rows_per_s` = rows / wall_s;
+  `rows_per_s` = rows / (last shard's end - first shard's start), the scoring rate as the
+  peer's is counted; `wall_rows_per_s` = rows / wall_s, start-up included;
 - the peer (benchmarks/_peer_score_worker.py in .venv-peer): the pipeline's load and its
   scoring of the same texts in batches of `--batch-size`; `rows_per_s` = rows / score_s
   (its load not counted: in its favour).
@@ -103,9 +104,11 @@ def bertflow_side(work: Path, name: str, tsv: Path, version: str, workers: int,
     _, ctx = load_run(str(run_dir))
     records = shards.published(read_plan(ctx)["output_uri"])
     scored = sum(r["rows"] for r in records.values())
+    first = min(r["started"] for r in records.values())
+    last = max(r["ended"] for r in records.values())
     return {"workers": workers, "rows": scored, "plan_s": plan_s, "wall_s": wall,
-            "startup_s": min(r["started"] for r in records.values()) - started,
-            "rows_per_s": scored / wall}
+            "startup_s": first - started, "rows_per_s": scored / (last - first),
+            "wall_rows_per_s": scored / wall}
 
 
 def peer_side(lines: Path, version: str, batch: int, max_length: int) -> dict:
