@@ -85,7 +85,6 @@ class WorkerStepOperator(BaseOperator):
 
         from tasks.io import credentials, storage
         from tasks.provision.backends import backend_for
-        from tasks.provision.spec import WorkerSpec, single_process_spec
         from tasks.errors import WorkerError
         from tasks.provision import attempts
 
@@ -98,12 +97,7 @@ class WorkerStepOperator(BaseOperator):
                 self.log.info("evaluate: the train step evaluated its model in memory "
                               "(evaluate_in_train); published its metrics, no workers started")
                 return published
-        if self.distributed:
-            manifest = storage.read_json(ctx.manifest_uri("provision"))
-            spec = WorkerSpec.from_dict(manifest["workers"][self.step])
-        else:
-            spec = single_process_spec(self.step, self.run_uri)
-        spec = replace(spec, step=self.step)
+        spec = replace(self.worker_spec(cfg, ctx), step=self.step)
         self.log.info("%s: %d process(es) on %s, strategy %s, cluster %s", self.step,
                       len(spec.roles), cfg.provisioner, spec.strategy or "-",
                       spec.cluster or "single")
@@ -127,6 +121,17 @@ class WorkerStepOperator(BaseOperator):
                 self.map_label = f"{self.map_label} (pruned)".strip()
                 self.log.info("trial %s; its model is kept, never chosen", pruned)
         return manifest_uri
+
+    def worker_spec(self, cfg, ctx):
+        """The step's WorkerSpec: the provisioned cluster's for a distributed step, else one
+        process."""
+        from tasks.io import storage
+        from tasks.provision.spec import WorkerSpec, single_process_spec
+
+        if self.distributed:
+            manifest = storage.read_json(ctx.manifest_uri("provision"))
+            return WorkerSpec.from_dict(manifest["workers"][self.step])
+        return single_process_spec(self.step, self.run_uri)
 
     def on_kill(self) -> None:
         if self._controller is not None:

@@ -33,6 +33,7 @@ STEPS = {
     "export": "tasks.steps.export",
     "gate_eval": "tasks.steps.gate_eval",
     "promote": "tasks.steps.promote",
+    "score": "tasks.steps.score",
 }
 
 
@@ -60,9 +61,9 @@ def _is_text(annotation) -> bool:
     return any(a is str or typing.get_origin(a) is typing.Literal for a in args)
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+def _add_config_flags(parser: argparse.ArgumentParser, model=RunConfig) -> None:
     group = parser.add_argument_group("run configuration (each flag overrides --config)")
-    for name, field in RunConfig.model_fields.items():
+    for name, field in model.model_fields.items():
         default = field.get_default(call_default_factory=True)
         help_text = f"{field.title or name}. {field.description or ''} (default: {default!r})"
         metavar = ("A,B,..." if _is_list(field.annotation) else
@@ -73,9 +74,9 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
                            help=help_text.replace("%", "%%"))
 
 
-def _flag_values(args: argparse.Namespace) -> dict:
+def _flag_values(args: argparse.Namespace, model=RunConfig) -> dict:
     values = {}
-    for name, field in RunConfig.model_fields.items():
+    for name, field in model.model_fields.items():
         raw = getattr(args, f"cfg_{name}")
         if raw is None:
             continue
@@ -138,6 +139,25 @@ def _init_run_command(args: argparse.Namespace) -> str:
     return init_run(validate.check_inputs_and_model(cfg), ctx)
 
 
+def _init_score_command(args: argparse.Namespace) -> str:
+    """A scoring run folder: its config checked, the model resolved, the plan made
+    (tasks/scoring/plan.py), as bert_batch_score's validate task does."""
+    from tasks.score_config import ScoreConfig, parse_score_config, run_config
+    from tasks.scoring.plan import make_plan
+
+    values = json.loads(storage.read_text(args.config)) if args.config else {}
+    values.update(_flag_values(args, ScoreConfig))
+    cfg = parse_score_config(values)
+    key = args.run_dir.rstrip("/").rsplit("/", 1)[-1]
+    ctx = RunContext(artifact_root=cfg.artifact_root, dag_id="manual", run_key=key, run_id=key,
+                     run_dir=args.run_dir.rstrip("/"))
+    init_run(run_config(cfg), ctx)
+    plan = make_plan(cfg, ctx)
+    return (f"{ctx.run_uri}: {plan['rows']} rows in {len(plan['shards'])} shard(s) for "
+            f"model {plan['model']['version']}; next: python -m tasks score --run-dir "
+            f"{ctx.run_uri}, then publish-scores")
+
+
 def _validate_command(run_dir: str) -> str:
     """Every check of the DAG's validate task on an existing run folder (config.json)."""
     cfg, ctx = load_run(run_dir)
@@ -191,6 +211,16 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--run-key", help="checked against the run folder")
     init.add_argument("--config", help="JSON file (URI) with config fields")
     _add_config_flags(init)
+    from tasks.score_config import ScoreConfig
+
+    init = sub.add_parser("init-score", help="create a batch-scoring run folder: check the "
+                                             "input, the model and the output, plan the shards")
+    init.add_argument("--run-dir", required=True, help="the run folder to create")
+    init.add_argument("--config", help="JSON file (URI) with scoring config fields")
+    _add_config_flags(init, ScoreConfig)
+    publish = sub.add_parser("publish-scores", help="check a scoring run's shards and write "
+                                                    "its _COMPLETE.json")
+    publish.add_argument("--run-dir", required=True, help="run folder URI")
     return parser
 
 
@@ -199,6 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "init-run":
             print(_init_run_command(args))
+        elif args.command == "init-score":
+            print(_init_score_command(args))
+        elif args.command == "publish-scores":
+            from tasks.scoring.publish import publish
+
+            print(json.dumps(publish(load_run(args.run_dir)[1]), indent=2))
         elif args.command == "validate":
             print(_validate_command(args.run_dir))
         elif args.command == "preflight":

@@ -702,15 +702,7 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     The UI form sends an emptied field as "" or null: both mean "not set" (None for optional
     fields, "" for text fields whose default is empty).
     """
-    cleaned = {}
-    for key, value in values.items():
-        field = RunConfig.model_fields.get(key)
-        if field is not None and value in ("", None):
-            if _is_optional(field.annotation):
-                value = None
-            elif field.default == "":
-                value = ""
-        cleaned[key] = value
+    cleaned = unset_empty(RunConfig, values)
     try:
         cfg = RunConfig.model_validate(cleaned)
     except ValidationError as err:
@@ -731,6 +723,21 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
                                            "(its optimizer refuses global_clipnorm there); set "
                                            "max_grad_norm to 0 or use another strategy")
     return cfg
+
+
+def unset_empty(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with the form's emptied fields ("" or null) as "not set": None for optional
+    fields of `model`, "" for text fields whose default is empty."""
+    cleaned = {}
+    for key, value in values.items():
+        field = model.model_fields.get(key)
+        if field is not None and value in ("", None):
+            if _is_optional(field.annotation):
+                value = None
+            elif field.default == "":
+                value = ""
+        cleaned[key] = value
+    return cleaned
 
 
 def check_capacity(cfg: "RunConfig") -> None:

@@ -15,7 +15,9 @@ import sys
 from typing import Any
 
 from tasks.config import PROJECT_ROOT, RunConfig
-from tasks.params_form import FIRST_SECTION, SECTIONS, param_schemas
+from tasks.params_form import (FIRST_SECTION, SCORE_SECTIONS, SECTIONS, param_schemas,
+                               score_param_schemas)
+from tasks.score_config import SHARED_FIELDS, ScoreConfig
 
 DOC = PROJECT_ROOT / "docs" / "params.md"
 
@@ -50,8 +52,17 @@ def _type(schema: dict[str, Any]) -> str:
     return "/".join(kinds) if isinstance(kinds, list) else kinds
 
 
-def _default(name: str, value: Any) -> str:
-    field = RunConfig.model_fields[name]
+SCORE_HEADER = """
+# bert_batch_score Params
+
+The batch-scoring DAG's Params (docs/scoring.md), from `ScoreConfig` in `tasks/score_config.py`;
+also `python -m tasks init-score` flags. Those marked "as bert_finetune" are RunConfig's own
+fields, described above.
+"""
+
+
+def _default(name: str, value: Any, model=RunConfig) -> str:
+    field = model.model_fields[name]
     if field.default_factory is not None:  # depends on the environment: say how
         doc = (field.default_factory.__doc__ or field.default_factory.__name__).strip()
         return _cell(doc.splitlines()[0])
@@ -81,6 +92,15 @@ def render() -> str:
                 "|---|---|---|---|"]
         out += [f"| `{n}` | {_type(schemas[n])} | {_default(n, schemas[n]['default'])} | "
                 f"{_what(schemas[n])} |" for n in names]
+    scoring = score_param_schemas()
+    out.append(SCORE_HEADER.rstrip("\n"))
+    for section, names in SCORE_SECTIONS.items():
+        out += [f"\n### {section}\n", "| Param | type | default | what it does |",
+                "|---|---|---|---|"]
+        out += [f"| `{n}` | {_type(scoring[n])} | "
+                f"{_default(n, scoring[n]['default'], ScoreConfig)} | "
+                + ("as bert_finetune |" if n in SHARED_FIELDS else f"{_what(scoring[n])} |")
+                for n in names]
     return "\n".join(out) + "\n"
 
 

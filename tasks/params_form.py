@@ -55,18 +55,43 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 
-def param_schemas() -> dict[str, dict[str, Any]]:
-    """JSON-schema keyword arguments per field, in the shape airflow.sdk.Param takes, in
-    SECTIONS order (the trigger form keeps a section's fields together only if they are
-    adjacent)."""
-    listed = [name for names in SECTIONS.values() for name in names]
-    if sorted(listed) != sorted(RunConfig.model_fields):
-        raise RuntimeError("tasks.params_form.SECTIONS must list every RunConfig field once: "
-                           f"{sorted(set(RunConfig.model_fields) ^ set(listed))}")
-    schema = RunConfig.model_json_schema()
+# bert_batch_score's form (tasks/score_config.py), laid out the same way.
+SCORE_SECTIONS: dict[str, tuple[str, ...]] = {
+    FIRST_SECTION: ("input_uri", "model", "output_uri", "num_workers", "provisioner",
+                    "accelerator"),
+    "Input": ("file_format", "text_column", "text_pair_column", "id_column"),
+    "Model and output": ("model_name", "export_uri", "expected_task", "output_format",
+                         "batch_size", "shard_rows", "max_error_rows"),
+    "Remote workers (advanced)": (
+        "worker_image", "image_registry", "accelerator_type", "machine_type", "worker_cpu",
+        "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",
+        "image_pull_secrets", "node_selector", "tolerations", "gcp_project", "gcp_region",
+        "network", "worker_timeout_minutes", "schedule_timeout_seconds", "capacity",
+        "reservation", "k8s_platform", "max_preemptions"),
+    "Storage and connections (advanced)": ("artifact_root", "gcp_conn_id", "aws_conn_id"),
+}
+
+
+def score_param_schemas() -> dict[str, dict[str, Any]]:
+    """param_schemas() of the scoring DAG's ScoreConfig."""
+    from tasks.score_config import ScoreConfig
+
+    return param_schemas(ScoreConfig, SCORE_SECTIONS)
+
+
+def param_schemas(model=RunConfig, sections: dict[str, tuple[str, ...]] = SECTIONS
+                  ) -> dict[str, dict[str, Any]]:
+    """JSON-schema keyword arguments per field of `model`, in the shape airflow.sdk.Param
+    takes, in `sections` order (the trigger form keeps a section's fields together only if
+    they are adjacent)."""
+    listed = [name for names in sections.values() for name in names]
+    if sorted(listed) != sorted(model.model_fields):
+        raise RuntimeError(f"tasks.params_form: the sections must list every {model.__name__} "
+                           f"field once: {sorted(set(model.model_fields) ^ set(listed))}")
+    schema = model.model_json_schema()
     out: dict[str, dict[str, Any]] = {}
-    defaults = RunConfig().model_dump()
-    for section, name in ((s, n) for s, names in SECTIONS.items() for n in names):
+    defaults = model().model_dump()
+    for section, name in ((s, n) for s, names in sections.items() for n in names):
         prop = schema["properties"][name]
         kwargs: dict[str, Any] = {}
         if "anyOf" in prop:  # Optional[X] -> type [X, "null"]
@@ -77,6 +102,8 @@ def param_schemas() -> dict[str, dict[str, Any]]:
                          "const" not in p)
             kwargs.update({k: v for k, v in inner.items() if k != "type"})
             kwargs["type"] = [t for t in types if t]
+            if "enum" in kwargs and "null" in kwargs["type"]:  # Optional[Literal[...]]
+                kwargs["enum"] = [*kwargs["enum"], None]
         else:
             kwargs.update({k: v for k, v in prop.items() if k not in ("default",)})
         kwargs.pop("title", None)

@@ -42,7 +42,7 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
 @pytest.mark.parametrize("script", ["tokenize_throughput", "train_throughput", "mfu",
                                     "train_step_ablation", "scale", "quality", "determinism",
                                     "evaluation_floor", "evaluation_cost",
-                                    "sweep_pruning"])
+                                    "sweep_pruning", "batch_score_throughput"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
@@ -145,6 +145,7 @@ SMOKE = {
     "early_stopping": ([], None),  # bertflow's two arms, no peer
     "evaluation_cost": ([], None),  # bertflow's train step only
     "tuned_thresholds": ([], None),  # one bertflow run per seed, three thresholds
+    "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
 }
 
 

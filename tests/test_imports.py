@@ -18,10 +18,11 @@ Layers, lowest first (a module may import its own layer and those below):
     tasks (the package: environment and version), tasks.errors
     tasks.io            storage, URIs, readers, credentials: no config, no steps
     tasks.topology, tasks.task_kinds, tasks.class_weights, tasks.thresholds
-    tasks.config
+    tasks.config, tasks.score_config
     tasks.params_doc, tasks.params_form
     tasks.model         encoder, layers, tokenizer and word-piece aligner, CPU kernels
     tasks.runs          run layout, manifests, summaries
+    tasks.scoring       a batch-scoring run's plan, shard records and publication
     tasks.training, tasks.gate
                         strategy, plan and AdamW, inputs, checkpoints; the gate's statistics
     tasks.provision     worker backends (controller side)
@@ -49,12 +50,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("tasks", "tasks.errors"),
     ("tasks.io",),
     ("tasks.topology", "tasks.task_kinds", "tasks.class_weights", "tasks.thresholds"),
-    ("tasks.config",),
+    ("tasks.config", "tasks.score_config"),
     ("tasks.params_doc", "tasks.params_form"),
     # tasks.model below training (issue 47): it owns the CPU kernels its layers run on and
     # the word-piece aligner beside its tokenizer; training builds and trains it.
     ("tasks.model",),
     ("tasks.runs",),
+    ("tasks.scoring",),  # a scoring run's plan, shard records and publication
     # tasks.tracking (MLflow) reads run folders and the exported version's lineage; promote
     # calls it.
     ("tasks.training", "tasks.gate", "tasks.tracking"),

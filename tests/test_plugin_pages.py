@@ -562,3 +562,33 @@ def test_entity_runs_show_a_row_per_entity_type(logged_in, tree):
     assert "truncated_sentences <b>1" in page.text
     assert "<th class='l'>entity type</th>" in page.text
     assert "<td class='l'>LOC</td>" in page.text
+
+
+def test_index_lists_scoring_runs_apart_from_the_experiments(logged_in, tree):
+    """bert_batch_score's runs (tasks/scoring/publish.py's summary, or only the plan of one
+    not published) are listed with their version, rows, unreadable rows and throughput, and
+    never as an experiment's run."""
+    from tasks.io import storage
+    from tasks.io.uris import join_uri
+
+    runs = join_uri(tree, "runs", "bert_batch_score")
+    for key, summary, plan in [
+        ("manual__1", {"model_version": "v1", "rows": 1200, "error_rows": 3, "workers": 2,
+                       "seconds": 4.0, "rows_per_second": 300.0, "output_uri": "/out/a",
+                       "published_at": "2024-03-01T00:00:00+00:00"}, None),
+        ("manual__2", None, {"model": {"version": "v2"}, "rows": 50, "output_uri": "/out/b"})]:
+        storage.write_json(join_uri(runs, key, "context.json"), {
+            "artifact_root": tree, "dag_id": "bert_batch_score", "run_key": key, "run_id": key,
+            "experiment": "default", "logical_date": "", "run_dir": ""})
+        if summary:
+            storage.write_json(join_uri(runs, key, "score", "summary.json"), summary)
+        else:
+            storage.write_json(join_uri(runs, key, "score", "plan.json"), plan)
+    page = logged_in.get("/bertflow/").text
+    table = page.split("<table class='scoring'>", 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr class='scoring-run'.*?</tr>", table, flags=re.S)
+    cells = [re.findall(r"<td[^>]*>(.*?)</td>", row, flags=re.S) for row in rows]
+    assert cells[0][:7] == ["manual__1", "v1", "1200", "3", "2", "4.0 s", "300"]
+    assert cells[1][0].startswith("manual__2") and "not published" in cells[1][0]
+    assert cells[1][1:3] == ["v2", "50"]
+    assert "bert_batch_score" not in page.split("<table class='experiments'>", 1)[1]

@@ -68,6 +68,10 @@ def test_streaming_reads_in_blocks_and_file_upload(root, tmp_path):
         assert b"".join(blocks) == data
         assert len(blocks) == -(-len(data) // block_size)  # ranged reads, not one GET
         assert all(len(b) <= block_size for b in blocks)
+        # From a byte offset (a scoring shard's first row): the rest, in ranged blocks.
+        rest = list(storage.iter_bytes(f"{root}/big.bin", block_size, start=70_001))
+        assert b"".join(rest) == data[70_001:] and all(len(b) <= block_size for b in rest)
+    assert list(storage.iter_bytes(f"{root}/big.bin", 1024, start=len(data))) == []
     storage.write_bytes(f"{root}/empty.bin", b"")
     assert list(storage.iter_bytes(f"{root}/empty.bin", 1024)) == []
     with pytest.raises(StorageError, match=r"nope\.bin: no such (object|file)"):

@@ -186,6 +186,7 @@ def index(sort: str = "date", order: str = "desc") -> str:
                 "order": "asc" if key == sort and descending else "desc"}
                for key, title, _, left in COLUMNS]
     return render("index.html", title="bertflow", root=root, models=models,
+                  scoring=run_summary.scoring_runs(root),
                   groups=_groups(groups, champions, locations[0], sort, descending),
                   columns=columns, sort=sort, descending=descending)
 

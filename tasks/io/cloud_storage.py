@@ -130,7 +130,7 @@ class ObjectStore(ABC):
     @abstractmethod
     def _get(self, bucket: str, key: str) -> bytes: ...
     @abstractmethod
-    def _iter_blocks(self, bucket: str, key: str, block_size: int): ...
+    def _iter_blocks(self, bucket: str, key: str, block_size: int, start: int): ...
     @abstractmethod
     def _put(self, bucket: str, key: str, data: bytes) -> None: ...
     @abstractmethod
@@ -165,11 +165,12 @@ class ObjectStore(ABC):
         with self._errors(uri):
             return self._get(bucket, key)
 
-    def iter_bytes(self, uri: str, block_size: int):
-        """Streaming read: ranged GETs of `block_size` bytes (each retried by the client)."""
+    def iter_bytes(self, uri: str, block_size: int, start: int = 0):
+        """Streaming read from byte `start`: ranged GETs of `block_size` bytes (each retried
+        by the client)."""
         bucket, key = split(uri)
         with self._errors(uri):
-            yield from self._iter_blocks(bucket, key, block_size)
+            yield from self._iter_blocks(bucket, key, block_size, start)
 
     def write_bytes(self, uri: str, data: bytes) -> None:
         bucket, key = split(uri)
@@ -371,11 +372,12 @@ class GCSStore(ObjectStore):
     def _get(self, bucket, key):
         return self._blob(bucket, key).download_as_bytes(checksum="md5", retry=self.retry)
 
-    def _iter_blocks(self, bucket, key, block_size):
+    def _iter_blocks(self, bucket, key, block_size, start):
         # google-cloud-storage's BlobReader: ranged downloads pinned to the object's
         # generation, each retried by the client.
         with self._blob(bucket, key).open("rb", chunk_size=block_size,
                                           retry=self.retry) as reader:
+            reader.seek(start)
             while block := reader.read(block_size):
                 yield block
 
@@ -509,14 +511,14 @@ class S3Store(ObjectStore):
     def _get(self, bucket, key):
         return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
-    def _iter_blocks(self, bucket, key, block_size):
+    def _iter_blocks(self, bucket, key, block_size, start):
         # Ranged GETs pinned to the object's ETag (a change mid-read fails instead of mixing
         # two versions).
         head = self.client.head_object(Bucket=bucket, Key=key)
         size, etag = head["ContentLength"], head["ETag"]
-        for start in range(0, size, block_size):
-            end = min(size, start + block_size) - 1
-            yield self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}",
+        for first in range(start, size, block_size):
+            end = min(size, first + block_size) - 1
+            yield self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={first}-{end}",
                                          IfMatch=etag)["Body"].read()
 
     def _put(self, bucket, key, data):

@@ -55,7 +55,7 @@ def local_path(uri: str) -> Path:
 
 class Storage(Protocol):
     def read_bytes(self, uri: str) -> bytes: ...
-    def iter_bytes(self, uri: str, block_size: int) -> Iterator[bytes]: ...
+    def iter_bytes(self, uri: str, block_size: int, start: int = 0) -> Iterator[bytes]: ...
     def write_bytes(self, uri: str, data: bytes) -> None: ...
     def upload_file(self, path: Path, uri: str) -> None: ...
     def exists(self, uri: str) -> bool: ...
@@ -92,7 +92,7 @@ class LocalStorage:
         except IsADirectoryError:
             raise StorageError(f"{uri}: is a folder, expected a file") from None
 
-    def iter_bytes(self, uri: str, block_size: int) -> Iterator[bytes]:
+    def iter_bytes(self, uri: str, block_size: int, start: int = 0) -> Iterator[bytes]:
         try:
             fh = open(local_path(uri), "rb")
         except FileNotFoundError:
@@ -100,6 +100,7 @@ class LocalStorage:
         except IsADirectoryError:
             raise StorageError(f"{uri}: is a folder, expected a file") from None
         with fh:
+            fh.seek(start)
             while block := fh.read(block_size):
                 yield block
 
@@ -229,10 +230,11 @@ def read_bytes(uri: str) -> bytes:
     return open_storage(uri).read_bytes(uri)
 
 
-def iter_bytes(uri: str, block_size: int = 8 << 20) -> Iterator[bytes]:
-    """The object's bytes in blocks of at most `block_size`: a streaming read (local file
-    reads, ranged GETs on gs:// and s3://), never the whole object in memory."""
-    return open_storage(uri).iter_bytes(uri, block_size)
+def iter_bytes(uri: str, block_size: int = 8 << 20, start: int = 0) -> Iterator[bytes]:
+    """The object's bytes from byte `start` on, in blocks of at most `block_size`: a
+    streaming read (local file reads, ranged GETs on gs:// and s3://), never the whole object
+    in memory."""
+    return open_storage(uri).iter_bytes(uri, block_size, start)
 
 
 def upload_file(path: Path, uri: str) -> None:

@@ -16,7 +16,9 @@ from datetime import datetime
 from tasks.errors import ConfigError
 
 # Fields whose value may hold placeholders.
-TEMPLATED_FIELDS = ("train_uri", "validation_uri", "test_uri", "eval_uri", "export_uri")
+# input_uri and output_uri: bert_batch_score's (tasks/score_config.py).
+TEMPLATED_FIELDS = ("train_uri", "validation_uri", "test_uri", "eval_uri", "export_uri",
+                    "input_uri", "output_uri")
 DATE_NAMES = ("ds", "ds_nodash")
 DATETIME_NAMES = ("logical_date", "data_interval_start", "data_interval_end")
 NAMES = DATE_NAMES + DATETIME_NAMES

@@ -77,6 +77,14 @@ def single_process_spec(step: str, run_uri: str) -> WorkerSpec:
     return WorkerSpec(command=step_command(step, run_uri), step=step)
 
 
+def scoring_spec(run_uri: str, workers: int, accelerated: bool) -> WorkerSpec:
+    """Spec for a batch-scoring run (tasks/steps/score.py): `workers` independent processes
+    that learn their index from TF_CONFIG and build no strategy."""
+    return WorkerSpec(command=step_command("score", run_uri),
+                      cluster={"worker": workers} if workers > 1 else {}, step="score",
+                      accelerated=accelerated)
+
+
 def process_env(environ, *updates: dict[str, str]) -> dict[str, str]:
     """A step process's environment: the controller's, `updates` on top, without a stale
     TF_CONFIG (single-process strategies must not see one), and with this checkout first on

@@ -32,6 +32,10 @@ from tasks.io.uris import join_uri
 from tasks.errors import StorageError
 from tasks.runs.runlayout import CHAMPION
 
+# bert_batch_score's runs score with a version and train nothing: listed apart (scoring_runs),
+# not among the experiments. Its folders: {run}/score/plan.json (validate) and
+# {run}/score/summary.json (publish; tasks/scoring/publish.py).
+SCORING_DAG = "bert_batch_score"
 LOCATION_ID = re.compile(r"[0-9a-f]{16}")  # location_id(): what a request may name
 # dag ids, run keys (runlayout.run_key_for keeps [A-Za-z0-9._-]), model names and versions.
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,249}")
@@ -245,7 +249,8 @@ def experiments(root: str) -> dict[str, list[dict[str, Any]]]:
     "trial", `sweep_key`, `trial_index`, `label` (their searched values) and sit in the
     sweep's experiment."""
     runs, sweeps = list_runs_and_sweeps(root)
-    rows = {(dag_id, run_key): run_summary(root, dag_id, run_key) for dag_id, run_key in runs}
+    rows = {(dag_id, run_key): run_summary(root, dag_id, run_key) for dag_id, run_key in runs
+            if dag_id != SCORING_DAG}
     for dag_id, run_key in sweeps:
         row = rows.get((dag_id, run_key))
         record = read_sweep(root, dag_id, run_key) if row else None
@@ -269,6 +274,33 @@ def experiments(root: str) -> dict[str, list[dict[str, Any]]]:
     for rows in groups.values():
         rows.sort(key=lambda r: str(r["date"]), reverse=True)
     return dict(sorted(groups.items()))
+
+
+def scoring_runs(root: str) -> list[dict[str, Any]]:
+    """bert_batch_score's runs, newest first: the model version, rows, unreadable rows,
+    rows per second and the output of each published one; the version and the planned rows of
+    one not (yet) published."""
+    out = []
+    for dag_id, run_key in list_runs(root):
+        if dag_id != SCORING_DAG:
+            continue
+        run = join_uri(runs_uri(root), dag_id, run_key)
+        summary = _dict(join_uri(run, "score", "summary.json"))
+        plan = {} if summary else _dict(join_uri(run, "score", "plan.json"))
+        context = _dict(join_uri(run, "context.json"))
+        model = plan.get("model") if isinstance(plan.get("model"), dict) else {}
+        out.append({
+            "run_key": run_key, "run_id": context.get("run_id") or run_key,
+            "published": bool(summary),
+            "model_version": summary.get("model_version") or model.get("version"),
+            "task": summary.get("task") or model.get("task"),
+            "rows": summary.get("rows") if summary else plan.get("rows"),
+            "error_rows": summary.get("error_rows"), "workers": summary.get("workers"),
+            "seconds": summary.get("seconds"),
+            "rows_per_second": summary.get("rows_per_second"),
+            "output_uri": summary.get("output_uri") or plan.get("output_uri"),
+            "date": summary.get("published_at") or context.get("logical_date") or ""})
+    return sorted(out, key=lambda r: (str(r["date"]), r["run_key"]), reverse=True)
 
 
 def worker_logs(root: str, dag_id: str, run_key: str) -> list[tuple[str, str]]:

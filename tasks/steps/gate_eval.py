@@ -128,7 +128,7 @@ def score(serve, rows: list, data: dict, task: str) -> unit_scores.UnitScores:
     labels = data["labels"]
     if task == "token_classification":
         texts = [" ".join(row.words) for row in rows]
-        served = _serve(serve, {"text": texts})
+        served = serve_rows(serve, {"text": texts})
         found = [unit_scores.word_spans(
             row.words, served["start"][i][:n], served["end"][i][:n],
             served["entity_group"][i][:n])
@@ -138,7 +138,7 @@ def score(serve, rows: list, data: dict, task: str) -> unit_scores.UnitScores:
     inputs = {"text": [row.text for row in rows]}
     if data["has_pair"]:
         inputs["text_pair"] = [row.text_pair or "" for row in rows]
-    served = _serve(serve, inputs)
+    served = serve_rows(serve, inputs)
     if task == "regression":
         return unit_scores.regression([row.label for row in rows], served["score"])
     index = {label: i for i, label in enumerate(labels)}
@@ -153,7 +153,8 @@ def score(serve, rows: list, data: dict, task: str) -> unit_scores.UnitScores:
     return unit_scores.multi_label(truth, predicted, labels)
 
 
-def _serve(serve, inputs: dict[str, list[str]]) -> dict[str, list]:
+def serve_rows(serve, inputs: dict[str, list[str]],
+               batch_size: int = SERVING_BATCH) -> dict[str, list]:
     """The signature's outputs for every row, rows as lists (strings decoded). Rows go in
     batches of similar length, the longest first (less padding), and come back in order."""
     import tensorflow as tf
@@ -161,8 +162,8 @@ def _serve(serve, inputs: dict[str, list[str]]) -> dict[str, list]:
     texts = inputs["text"]
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
     out: dict[str, list] = {}
-    for start in range(0, len(order), SERVING_BATCH):
-        batch = order[start:start + SERVING_BATCH]
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
         result = serve(**{k: tf.constant([v[i] for i in batch]) for k, v in inputs.items()})
         for name, value in result.items():
             array = value.numpy()

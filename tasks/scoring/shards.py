@@ -1,0 +1,42 @@
+"""Where a scoring run's shards are published, and how a published one is recognised.
+
+Under the run's output folder `{output_uri}/{run}/`:
+    part-NNNNN.jsonl        the scored rows of shard NNNNN, one JSON object per input row
+    errors/part-NNNNN.jsonl its rows that could not be scored (file, line, reason); only
+                            when there are any
+    _shards/part-NNNNN.json its record: rows, error rows, sha256 and size of each file,
+                            start and end times. Written last: a shard is published when its
+                            record exists, so a retried worker skips it and redoes only
+                            shards without one (their files are overwritten whole).
+    _COMPLETE.json          written by the publish task once every shard is (tasks/scoring/
+                            publish.py)
+"""
+from __future__ import annotations
+
+from tasks.io import storage
+from tasks.io.uris import join_uri
+
+RECORDS = "_shards"
+ERRORS = "errors"
+
+
+def part_uri(output: str, name: str) -> str:
+    return join_uri(output, f"{name}.jsonl")
+
+
+def errors_uri(output: str, name: str) -> str:
+    return join_uri(output, ERRORS, f"{name}.jsonl")
+
+
+def record_uri(output: str, name: str) -> str:
+    return join_uri(output, RECORDS, f"{name}.json")
+
+
+def published(output: str) -> dict[str, dict]:
+    """name -> record of every published shard."""
+    out = {}
+    for uri in storage.list_uris(join_uri(output, RECORDS)):
+        if uri.endswith(".json"):
+            name = uri.rsplit("/", 1)[-1][:-len(".json")]
+            out[name] = storage.read_json(uri)
+    return out

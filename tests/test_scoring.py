@@ -1,0 +1,446 @@
+"""Batch scoring (issue 46): the reader that keeps bad rows as values, the checks before any
+worker starts, bert_batch_score through a real dag.test() with two local worker processes,
+and a worker SIGKILLed mid-way whose retry scores every row exactly once.
+
+One tiny classifier is exported once per module (tests/test_export.py's helpers) and promoted
+with the real promote step, so `model: champion` follows a real CHAMPION.json."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from tasks.config import parse_config
+from tasks.errors import BertflowError, ConfigError, DataError
+from tasks.io import storage
+from tasks.io.scoring_reader import ScoreFile
+from tasks.io.uris import COMPLETE, join_uri
+from tasks.params_form import score_param_schemas
+from tasks.runs import runlayout
+from tasks.runs.runlayout import RunContext, init_run
+from tasks.score_config import ScoreConfig, parse_score_config, run_config
+from tasks.scoring import plan as scoring_plan, shards
+from tasks.steps import export, promote
+from storage_servers import S3_CONN_ID, connections, gcs_emulator, root, s3_server  # noqa: F401
+from test_export import LABELS, VOCAB, fake_run, write_model
+
+WORDS = [w for w in VOCAB if not w.startswith(("[", "##"))]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """{"root", "export_uri", "version_uri"}: a promoted tiny classifier."""
+    tmp = tmp_path_factory.mktemp("scoring")
+    model_dir = write_model(tmp / "model")
+    ctx = fake_run(tmp, model_dir, run_id="train-1")
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "tiny"})
+    version_uri = runlayout.read_manifest(export.run(cfg, ctx))["version_uri"]
+    assert runlayout.read_manifest(promote.run(cfg, ctx))["promoted"]
+    return {"root": ctx.artifact_root, "export_uri": cfg.resolved_export_uri(),
+            "version_uri": version_uri, "tmp": tmp}
+
+
+def write_input(path, good: int, seed: int = 0) -> list[str]:
+    """A TSV of `good` scoreable rows (ids g0, g1, ...) and three bad ones (b0: bytes that
+    are not UTF-8, b1: an empty text, b2: a field too many); returns the good ids."""
+    rng = random.Random(seed)
+    lines = [b"id\ttext\tnote"]
+    ids = []
+    for i in range(good):
+        ids.append(f"g{i}")
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 9)))
+        lines.append(f"g{i}\t{text}\tx".encode())
+        if i == good // 3:
+            lines.append(b"b0\ta bad \xff\xfe movie\tx")
+        if i == good // 2:
+            lines.append(b"b1\t  \tx")
+            lines.append(b"b2\ta good\tmovie\tx")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return ids
+
+
+def score_values(store, tmp, **extra) -> dict:
+    return {"artifact_root": store["root"], "export_uri": store["export_uri"],
+            "model_name": "tiny", "output_uri": str(tmp / "scores"), "id_column": "id",
+            **extra}
+
+
+# --- the config ----------------------------------------------------------------------------
+def test_shared_fields_are_run_configs_own():
+    from tasks.config import RunConfig
+
+    ours, theirs = (m.model_json_schema()["properties"] for m in (ScoreConfig, RunConfig))
+    for name in ("text_column", "num_workers", "provisioner", "max_preemptions"):
+        assert ours[name] == theirs[name]
+    schemas = score_param_schemas()
+    assert set(schemas) == set(ScoreConfig.model_fields)
+    assert schemas["model"]["default"] == "champion"
+    assert None in schemas["expected_task"]["enum"]  # the form can leave it empty
+    with pytest.raises(ConfigError, match="reservation"):  # RunConfig's checks run too
+        parse_score_config({"capacity": "reservation"})
+    with pytest.raises(ConfigError, match="id_column must differ"):
+        parse_score_config({"id_column": "text"})
+    assert run_config(parse_score_config({"num_workers": 3})).num_workers == 3
+
+
+def test_dated_input_and_output_resolve_per_run():
+    """Backfills: {ds} and the other placeholders in input_uri and output_uri resolve to the
+    run's dates (the validate task's run_values), a bad one is refused naming its field."""
+    from datetime import datetime, timezone
+
+    from tasks.io.uri_templates import RunDates, resolve
+
+    day = datetime(2026, 12, 5, tzinfo=timezone.utc)
+    values = {"input_uri": "gs://b/tickets/{ds}/", "output_uri": "gs://b/scores/{ds_nodash}",
+              "text_column": "{ds}"}
+    assert resolve(values, RunDates(day, day, day)) == {
+        "input_uri": "gs://b/tickets/2026-12-05/", "output_uri": "gs://b/scores/20261205",
+        "text_column": "{ds}"}
+    with pytest.raises(ConfigError, match="field 'input_uri'"):
+        parse_score_config({"input_uri": "gs://b/{day}/"})
+
+
+# --- the reader ----------------------------------------------------------------------------
+def test_reader_keeps_every_record_as_a_row_or_an_error(tmp_path):
+    path = tmp_path / "in.tsv"
+    ids = write_input(path, 9)
+    source = ScoreFile(str(path), "auto", "text", id_column="id")
+    rows = list(source.rows())
+    assert [r.id for r in rows if not r.error] == ids
+    errors = {r.line: r.error for r in rows if r.error}
+    assert errors == {6: "not valid UTF-8 in column 'text'", 8: "empty text in column 'text'",
+                      9: "expected 3 fields like the header, found 4"}
+    assert source.records == 12 and len(source.sha256) == 64
+    assert [r.index for r in source.rows(3, 6)] == [3, 4, 5]
+    # Where every 4th record begins: a read from there gives the same rows as from the top.
+    source = ScoreFile(str(path), "auto", "text", id_column="id", every=4)
+    everything = list(source.rows())
+    assert [a["index"] for a in source.starts] == [0, 4, 8]
+    for at in source.starts:
+        assert list(source.rows(at["index"], at["index"] + 4, at=at)) == \
+            everything[at["index"]:at["index"] + 4]
+
+
+def test_reader_jsonl_names_malformed_lines_and_counts_quoted_csv_lines(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "a good movie"}\n\nnot json\n[1]\n{"text": ""}\n{"other": 1}\n')
+    rows = list(ScoreFile(str(path), "auto", "text").rows())
+    assert [(r.line, r.error.split(":")[0]) for r in rows] == [
+        (1, ""), (3, "malformed JSON"), (4, "expected a JSON object, found list"),
+        (5, "empty text in column 'text'"), (6, "no field 'text'")]
+    source = ScoreFile(str(path), "auto", "text", every=2)
+    everything = list(source.rows())
+    assert [(a["index"], a["line"]) for a in source.starts] == [(0, 1), (2, 4), (4, 6)]
+    for at in source.starts:
+        assert list(source.rows(at["index"], at["index"] + 2, at=at)) == \
+            everything[at["index"]:at["index"] + 2]
+    csv_path = tmp_path / "in.csv"
+    csv_path.write_bytes('\ufefftext,id\n"two\nlines",1\n\nthird é,2\r\nfour,3\n'.encode())
+    source = ScoreFile(str(csv_path), "auto", "text", id_column="id", every=1)
+    assert [(r.line, r.text, r.id) for r in source.rows()] == [
+        (2, "two\nlines", "1"), (5, "third é", "2"), (6, "four", "3")]
+    # Offsets count bytes (the BOM, the two-byte é, CRLF): each record read from its own.
+    data = csv_path.read_bytes()
+    assert [data[a["offset"]:].split(b",")[0] for a in source.starts] == [
+        b'"two\nlines"', "third é".encode(), b"four"]
+    assert [next(source.rows(a["index"], a["index"] + 1, at=a)).text
+            for a in source.starts] == ["two\nlines", "third é", "four"]
+
+
+def test_output_rows_keep_each_tasks_outputs_as_served():
+    """What serve_rows gives per task (tasks/task_kinds.py serving_outputs) -> output rows:
+    entities cut to num_entities as objects, multi-label names without the "" padding."""
+    from tasks.steps.score import output_rows
+
+    assert output_rows({"label": ["a", "b"], "probabilities": [[0.9, 0.1], [0.2, 0.8]]},
+                       2) == [{"label": "a", "probabilities": [0.9, 0.1]},
+                              {"label": "b", "probabilities": [0.2, 0.8]}]
+    assert output_rows({"labels": [["x", "", ""]], "probabilities": [[0.7, 0.2, 0.1]]},
+                       1) == [{"labels": ["x"], "probabilities": [0.7, 0.2, 0.1]}]
+    assert output_rows({"score": [0.5]}, 1) == [{"score": 0.5}]
+    served = {"num_entities": [1, 0], "entity_group": [["PER", ""], ["", ""]],
+              "start": [[0, -1], [-1, -1]], "end": [[3, -1], [-1, -1]],
+              "word": [["Ann", ""], ["", ""]], "score": [[0.9, 0.0], [0.0, 0.0]]}
+    assert output_rows(served, 2) == [
+        {"entities": [{"entity_group": "PER", "start": 0, "end": 3, "word": "Ann",
+                       "score": 0.9}]},
+        {"entities": []}]
+
+
+# --- checks before any worker --------------------------------------------------------------
+def test_an_input_without_the_text_column_names_the_file_and_its_columns(store, tmp_path):
+    write_input(tmp_path / "in" / "a.tsv", 3)
+    cfg = parse_score_config(score_values(store, tmp_path, input_uri=str(tmp_path / "in") + "/",
+                                          text_column="review"))
+    ctx = RunContext(store["root"], "bert_batch_score", "check-1", "check-1")
+    with pytest.raises(DataError) as err:
+        scoring_plan.make_plan(cfg, ctx)
+    assert str(tmp_path / "in" / "a.tsv") in str(err.value)
+    assert "no column 'review'; columns found: id, text, note" in str(err.value)
+    assert not storage.exists(scoring_plan.plan_uri(ctx))
+
+
+def test_a_version_without_complete_or_of_another_task_is_refused(store, tmp_path):
+    import shutil
+
+    half = tmp_path / "models" / "tiny" / "v-half"
+    shutil.copytree(store["version_uri"], half)
+    (half / COMPLETE).unlink()
+    cfg = parse_score_config(score_values(store, tmp_path, model=str(half)))
+    with pytest.raises(ConfigError, match=f"field 'model'.*{half} is not a completely "
+                                          "published model version"):
+        scoring_plan.resolve_model(cfg)
+    cfg = parse_score_config(score_values(store, tmp_path, expected_task="regression"))
+    with pytest.raises(ConfigError, match="is a classification model, not regression"):
+        scoring_plan.resolve_model(cfg)
+    cfg = parse_score_config(score_values(store, tmp_path, model_name="nobody"))
+    with pytest.raises(ConfigError, match="model_name nobody has no champion yet"):
+        scoring_plan.resolve_model(cfg)
+    cfg = parse_score_config(score_values(store, tmp_path, text_pair_column="note"))
+    with pytest.raises(ConfigError, match="takes one text per row; clear text_pair_column"):
+        scoring_plan.resolve_model(cfg)
+    found = scoring_plan.resolve_model(parse_score_config(score_values(store, tmp_path)))
+    assert found["version_uri"] == store["version_uri"]
+    assert found["lineage"]["run_id"] == "train-1"
+
+
+@pytest.mark.parametrize("input_uri, output, refused", [
+    ("data/", "data/scores", True),
+    ("data/*.tsv", "data/out", True),
+    ("data/in.tsv", "data/out", False),  # a file: its folder is not read
+    ("data/", "database/out", False),
+])
+def test_an_output_inside_the_input_folder_is_refused(tmp_path, input_uri, output, refused):
+    cfg = parse_score_config({"input_uri": f"{tmp_path}/{input_uri}",
+                              "output_uri": str(tmp_path / output)})
+    if refused:
+        with pytest.raises(ConfigError, match="output_uri.*would score its own output"):
+            scoring_plan.check_output(cfg)
+    else:
+        assert scoring_plan.check_output(cfg) == str(tmp_path / output)
+
+
+def test_input_and_output_in_a_bucket(store, root, tmp_path, monkeypatch):
+    """Input read and shards published on each storage backend (GCS and S3 emulators on
+    loopback): the score step's worker in this process, reading its shards from their byte
+    offsets (ranged reads), then the publication."""
+    from tasks.scoring.publish import publish
+    from tasks.steps import score
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    local = tmp_path / "in.tsv"
+    ids = write_input(local, 10)
+    storage.write_bytes(f"{root}/in/tickets.tsv", local.read_bytes())
+    cfg = parse_score_config(score_values(store, tmp_path, input_uri=f"{root}/in/",
+                                          output_uri=f"{root}/scores", shard_rows=4,
+                                          aws_conn_id=S3_CONN_ID))
+    key = "bucket-" + hashlib.sha256(root.encode()).hexdigest()[:8]  # one per backend
+    ctx = RunContext(store["root"], "bert_batch_score", key, key)
+    init_run(run_config(cfg), ctx)
+    plan = scoring_plan.make_plan(cfg, ctx)
+    assert [s["at"]["offset"] > 0 for s in plan["shards"]] == [True] * 4
+    assert score.run(*runlayout.load_run(ctx.run_uri)).endswith("score/manifest.json")
+    summary = publish(ctx)
+    assert (summary["rows"], summary["error_rows"]) == (10, 3)
+    assert summary["output_uri"].startswith(f"{root}/scores/")
+    assert sorted(output_ids(summary["output_uri"])) == sorted(ids)
+    complete = storage.read_json(join_uri(summary["output_uri"], COMPLETE))
+    assert complete["inputs"] == [{"uri": f"{root}/in/tickets.tsv", "records": 13,
+                                   "sha256": hashlib.sha256(local.read_bytes()).hexdigest()}]
+
+
+# --- a worker killed mid-way ---------------------------------------------------------------
+def output_ids(output: str) -> list[str]:
+    ids = []
+    for uri in sorted(storage.list_uris(output)):
+        folder, _, name = uri.rpartition("/")
+        if folder == output and name.startswith("part-") and name.endswith(".jsonl"):
+            ids += [json.loads(line)["id"] for line in storage.read_text(uri).splitlines()]
+    return ids
+
+
+def test_a_worker_killed_mid_way_is_redone_and_every_row_scored_once(store, tmp_path):
+    """Two real local workers (LocalBackend under the attempt loop, as the DAG's score task
+    runs them); worker 1 is SIGKILLed once two of its shards are published. The re-provisioned
+    attempt skips the published shards (their records unchanged) and scores the rest."""
+    from tasks.provision.attempts import read_attempts, run_step
+    from tasks.provision.backends import backend_for
+    from tasks.provision.local.backend import pid_record_uri
+    from tasks.provision.spec import scoring_spec
+    from tasks.scoring.publish import publish
+
+    ids = write_input(tmp_path / "in.tsv", 300)
+    cfg = parse_score_config(score_values(store, tmp_path, input_uri=str(tmp_path / "in.tsv"),
+                                          num_workers=2, shard_rows=4, batch_size=4))
+    ctx = RunContext(store["root"], "bert_batch_score", "fault-1", "fault-1")
+    init_run(run_config(cfg), ctx)
+    plan = scoring_plan.make_plan(cfg, ctx)
+    output = plan["output_uri"]
+    worker1 = {s["name"] for s in plan["shards"] if s["index"] % 2 == 1}
+    killed: dict = {}
+
+    def kill_worker_1():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            done = {n: r for n, r in shards.published(output).items() if n in worker1}
+            if len(done) >= 2 and storage.exists(pid_record_uri(ctx.run_uri, "score")):
+                pids = storage.read_json(pid_record_uri(ctx.run_uri, "score"))["pids"]
+                pid = next(p["pid"] for p in pids if p["index"] == 1)
+                killed.update(records=shards.published(output), pid=pid)
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.02)
+
+    killer = threading.Thread(target=kill_worker_1, daemon=True)
+    killer.start()
+    rcfg, _ = runlayout.load_run(ctx.run_uri)
+    spec = scoring_spec(ctx.run_uri, plan["num_workers"], accelerated=False)
+    lines: list[str] = []
+    run_step(backend_for(rcfg), rcfg, ctx, spec, log=lines.append, secrets={}).run()
+    killer.join(timeout=5)
+
+    assert killed, "worker 1 was never killed"
+    before = {n for n in killed["records"] if n in worker1}
+    assert before and before < worker1, "the kill did not land mid-way"
+    assert [a["outcome"] for a in read_attempts(ctx, "score")] == ["lost", "success"]
+    final = shards.published(output)
+    for name, record in killed["records"].items():  # published once, never redone
+        assert final[name]["started"] == record["started"]
+    assert any("already published (skipped)" in line and "worker 1 of 2" in line
+               and " 0 already" not in line for line in lines)
+    got = output_ids(output)
+    assert sorted(got) == sorted(ids) and len(got) == len(set(got)) == 300
+    summary = publish(ctx)
+    assert (summary["rows"], summary["error_rows"]) == (300, 3)
+    # Past max_error_rows the run fails, naming an errors file.
+    storage.write_json(join_uri(ctx.run_uri, scoring_plan.SCORE_CONFIG),
+                       {**json.loads(cfg.model_dump_json()), "max_error_rows": 2})
+    with pytest.raises(BertflowError, match=r"3 rows could not be scored, more than "
+                                            r"max_error_rows 2: see .*/errors/part-"):
+        publish(ctx)
+
+
+def test_a_scoring_data_event_names_the_input():
+    """The triggering events as the Task SDK hands them over (its own accessor and event
+    classes): the newest bertflow-scoring-data event's input_uri wins; a promoted-model
+    event (no input_uri) leaves the Param."""
+    from datetime import datetime, timezone
+
+    from airflow.sdk.execution_time.comms import AssetEventDagRunReferenceResult
+    from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
+
+    from bertflow_airflow.scoring import event_input_uri
+
+    def event(name, extra, day, alias=None):
+        return AssetEventDagRunReferenceResult(
+            asset={"name": name, "uri": name, "extra": {}}, extra=extra,
+            source_task_id="t", source_dag_id="d", source_run_id="r", source_map_index=-1,
+            source_aliases=[{"name": alias}] if alias else [],
+            timestamp=datetime(2026, 12, day, tzinfo=timezone.utc))
+
+    promoted = event("bertflow-model-tiny", {"version_uri": "/m/v1"}, 3,
+                     alias="bertflow-promoted-model")
+    accessor = TriggeringAssetEventsAccessor.build([
+        event("bertflow-scoring-data", {"input_uri": "gs://b/new/"}, 2),
+        event("bertflow-scoring-data", {"input_uri": "gs://b/old/"}, 1), promoted])
+    assert event_input_uri({"triggering_asset_events": accessor}) == "gs://b/new/"
+    only_promoted = TriggeringAssetEventsAccessor.build([promoted])
+    assert event_input_uri({"triggering_asset_events": only_promoted}) is None
+    assert event_input_uri({}) is None
+
+
+# --- bert_batch_score through dag.test() ---------------------------------------------------
+@pytest.fixture(scope="module")
+def dag_run(store, airflow_db, tmp_path_factory):
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tasks.config import PROJECT_ROOT
+
+    tmp = tmp_path_factory.mktemp("dag")
+    ids = write_input(tmp / "in" / "tickets.tsv", 40, seed=1)
+    conf = score_values(store, tmp, input_uri=str(tmp / "in") + "/", num_workers=2,
+                        shard_rows=7, max_error_rows=3)
+    bag = DagBag(dag_folder=str(PROJECT_ROOT / "dags" / "bert_batch_score.py"))
+    assert not bag.import_errors
+    return bag.dags["bert_batch_score"].test(run_conf=conf), tmp, ids
+
+
+def test_dag_scores_every_row_with_the_champion(dag_run, store):
+    run, tmp, ids = dag_run
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
+        "validate": "success", "score": "success", "publish": "success"}
+    [found] = (tmp / "scores").glob(f"*/{COMPLETE}")
+    output = str(found.parent)
+    assert output == join_uri(str(tmp / "scores"), runlayout.run_key_for("manual", None,
+                                                                          run.run_id))
+    complete = storage.read_json(str(found))
+    assert (complete["rows"], complete["error_rows"], complete["input_rows"]) == (40, 3, 43)
+    assert complete["model"]["version_uri"] == store["version_uri"]
+    assert complete["lineage"]["run_id"] == "train-1"
+    assert complete["inputs"][0]["uri"] == str(tmp / "in" / "tickets.tsv")
+    for entry in complete["files"]:
+        data = storage.read_bytes(join_uri(output, entry["path"]))
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        assert len(data.splitlines()) == entry["rows"]
+    rows = [json.loads(line) for entry in complete["files"]
+            for line in storage.read_text(join_uri(output, entry["path"])).splitlines()]
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    version = store["version_uri"].rsplit("/", 1)[-1]
+    for row in rows:
+        assert row["model_version"] == version and row["label"] in LABELS
+        assert sum(row["probabilities"]) == pytest.approx(1.0, abs=1e-4)
+        assert row["file"] == str(tmp / "in" / "tickets.tsv") and row["line"] >= 2
+    errors = [json.loads(line) for entry in complete["errors"]
+              for line in storage.read_text(join_uri(output, entry["path"])).splitlines()]
+    assert sorted(e["reason"].split(" ")[0] for e in errors) == ["empty", "expected", "not"]
+    assert all(e["file"] == str(tmp / "in" / "tickets.tsv") and e["line"] > 1
+               for e in errors)
+
+
+def test_dag_emits_the_scores_event(dag_run):
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+
+    run, tmp, _ = dag_run
+    with create_session() as session:
+        events = session.query(AssetEvent).filter_by(source_run_id=run.run_id).all()
+        assert [e.asset.name for e in events] == ["bertflow-scores"]
+        assert events[0].extra["output_uri"].startswith(str(tmp / "scores"))
+        assert events[0].extra["rows"] == 40
+
+
+def test_the_command_line_scores_a_file_in_one_process(store, tmp_path, capsys):
+    """init-score, score and publish-scores, as docs/scoring.md shows them (in this process:
+    the same main() the module runs)."""
+    from tasks.__main__ import main
+
+    ids = write_input(tmp_path / "in.tsv", 5)
+    run_dir = str(tmp_path / "runs" / "score-1")
+    flags = ["--input-uri", str(tmp_path / "in.tsv"), "--id-column", "id", "--model-name",
+             "tiny", "--export-uri", store["export_uri"], "--artifact-root", store["root"],
+             "--output-uri", str(tmp_path / "out"), "--shard-rows", "3"]
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert "8 rows in 3 shard(s)" in capsys.readouterr().out
+    assert main(["score", "--run-dir", run_dir]) == 0
+    assert capsys.readouterr().out.strip().endswith("score/manifest.json")
+    assert main(["publish-scores", "--run-dir", run_dir]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["rows"], summary["error_rows"], summary["shards"]) == (5, 3, 3)
+    assert sorted(output_ids(summary["output_uri"])) == sorted(ids)
+    assert main(["init-score", "--run-dir", run_dir, *flags, "--text-column", "body"]) == 2
+    assert "no column 'body'; columns found: id, text, note" in capsys.readouterr().err
+    # The same plan again keeps the published shards; another input drops them (a retried
+    # worker must not skip shards of the old input).
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert len(shards.published(summary["output_uri"])) == 3
+    write_input(tmp_path / "in.tsv", 6)
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert shards.published(summary["output_uri"]) == {}
+    assert not storage.exists(join_uri(summary["output_uri"], COMPLETE))
