@@ -76,7 +76,7 @@ test: install test-deps
 # peer sides need .venv-peer (benchmarks/requirements.txt). Stops at the first that fails.
 BENCHMARKS := tokenize_throughput train_throughput mfu train_step_ablation e2e_demo scale quality model_sizes \
               import_time step_start determinism preemption_save train_fixed_cost matmul_ceiling \
-              evaluation_floor early_stopping evaluation_cost sweep_pruning
+              evaluation_floor early_stopping evaluation_cost sweep_pruning long_texts
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; \
 	  $(BIN)/python benchmarks/$$b.py || exit 1; done

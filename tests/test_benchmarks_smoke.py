@@ -144,6 +144,7 @@ SMOKE = {
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
     "early_stopping": ([], None),  # bertflow's two arms, no peer
     "evaluation_cost": ([], None),  # bertflow's train step only
+    "long_texts": ([], None),  # bertflow's two arms, no peer
 }
 
 
@@ -234,6 +235,12 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         (run,) = model["runs"]
         # max_steps 6, eval_every_steps 2: evaluations at steps 2, 4 and 6
         assert run["steps"] == 6 and len(run["evaluation_s"]) == 2
+    if script == "long_texts":
+        (cut,), (windowed,) = data["runs"]["truncate"], data["runs"]["window"]
+        assert cut["train_texts"] == windowed["train_texts"] == data["sets"]["0"]["train_texts"]
+        # 30-80 words in 16 pieces: every text is cut, and windowed into several
+        assert windowed["train_records"] > 2 * cut["train_records"] == 2 * cut["train_texts"]
+        assert cut["test_texts_cut"] == windowed["test_texts_cut"] == cut["test_texts"]
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
