@@ -1,7 +1,8 @@
 """long_text window (issue 48): the window rule against Hugging Face's overflowing tokens with
 a stride, the Params' refusals, the tokenize step's window records, evaluation that counts
-texts (one replica here, two Mirrored replicas in a fresh process), and the SavedModel that
-windows raw strings in its graph.
+texts (one replica here, two Mirrored replicas in a fresh process), the SavedModel that
+windows raw strings in its graph (the export step, its fresh-process check), and a trained
+example where only windows see the words that decide the label.
 
 Run as a script (`python tests/test_windows.py FILES_JSON`): evaluates windowed records under
 MirroredStrategy on 2 logical CPUs, which must be set before TensorFlow starts."""
@@ -328,7 +329,7 @@ def _words(ids):
     return " ".join(VOCAB[i] for i in ids)
 
 
-def test_the_saved_model_windows_raw_text_and_aggregates_its_windows(tiny_model_dir, tmp_path):
+def test_the_serving_function_windows_raw_text_and_aggregates_its_windows(tiny_model_dir):
     import tensorflow as tf
 
     from tasks.model import windows
@@ -343,10 +344,7 @@ def test_the_saved_model_windows_raw_text_and_aggregates_its_windows(tiny_model_
     texts = [_words(rng.randrange(5, 100) for _ in range(n)) for n in (40, 3, 14, 15, 90)]
     module = export.serving_module(encoder, model, LABELS, False, kind("classification"),
                                    window=(4, "max"))
-    tf.saved_model.save(module, str(tmp_path / "sm"), signatures={"serving_default":
-                                                                  module.serve})
-    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"](
-        text=tf.constant(texts))
+    served = module.serve(tf.constant(texts))  # saved and loaded: the export step's test
     ids, _, text, _ = windows.encode_windows(encoder, tf.constant(texts), 4)
     assert len(ids.to_list()) > len(texts) + 5
     logits = forward(model, ids.to_list())
@@ -361,6 +359,46 @@ def test_the_saved_model_windows_raw_text_and_aggregates_its_windows(tiny_model_
         a = serve(tf.constant(texts[4:5]))["probabilities"].numpy()
         b = serve(tf.constant(end_changed))["probabilities"].numpy()
         assert np.array_equal(a, b) is not moves  # the same pieces give the same bits
+
+
+def test_the_export_step_publishes_a_windowing_saved_model(tmp_path):
+    """build_version on a windowed run's manifests: the SavedModel passes the fresh-process
+    check and serves a long text as its windows' mean, and the card says how."""
+    import tensorflow as tf
+
+    from tasks.io import storage
+    from tasks.model import windows
+    from tasks.model.text_encoder import BertTextEncoder
+    from tasks.runs import runlayout
+    from tasks.steps import export
+    from tasks.training import checkpoint
+    from test_export import VOCAB as WORDS, fake_run, write_model
+
+    model_dir = write_model(tmp_path / "model")
+    ctx = fake_run(tmp_path, model_dir)
+    tokens = runlayout.read_manifest(ctx.manifest_uri("tokenize"))
+    runlayout.write_manifest(ctx.step_uri("tokenize"), {
+        **tokens, "max_seq_length": 12, "long_text": "window", "window_stride": 3,
+        "splits": {"train": {"num_examples": 10, "num_windowed": 4, "num_records": 19,
+                             "num_truncated": 0}}})
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "long_text": "window",
+                        "window_stride": 3, "window_aggregation": "mean",
+                        "max_seq_length": 12})
+    export.build_version(cfg, ctx, tmp_path / "out", "v1")
+    text = " ".join(WORDS[5 + i % 18] for i in range(40))
+    served = tf.saved_model.load(str(tmp_path / "out" / "saved_model")).signatures[
+        "serving_default"](text=tf.constant([text, "a good movie"]))
+    model = checkpoint.load_classifier(model_dir, ["negative", "positive"])
+    encoder = BertTextEncoder(model_dir / "vocab.txt", True, 12)
+    ids, _, index, _ = windows.encode_windows(encoder, tf.constant([text]), 3)
+    assert len(ids.to_list()) > 3
+    want = tf.nn.softmax(forward(model, ids.to_list()).mean(axis=0)).numpy()
+    np.testing.assert_allclose(served["probabilities"].numpy()[0], want, atol=1e-5)
+    assert served["probabilities"].shape == (2, 2)
+    card = storage.read_text(str(tmp_path / "out" / "model_card.md"))
+    assert "long texts: windows overlapping by 3 pieces, the mean of their logits per text " \
+           "(4 of 10 training texts windowed, 19 windows)" in card
+
 
 
 def _end_labelled(n: int, seed: int) -> tuple[list[str], np.ndarray]:
