@@ -472,7 +472,8 @@ def test_a_label_at_the_end_is_learned_with_windows_and_lost_by_truncation(tmp_p
                                        window=None if stride is None else (stride, "mean"))
         predicted = module.serve(tf.constant(held_out))["label"].numpy().astype(str)
         accuracy[mode] = float(np.mean(predicted == np.array(LABELS)[truth]))
-    assert accuracy["window"] >= 0.9 and accuracy["truncate"] <= 0.75, accuracy
+    # Truncated, every text is the same 14 filler pieces: one prediction for all, half right.
+    assert accuracy["window"] >= 0.9 and accuracy["truncate"] == 0.5, accuracy
 
 
 if __name__ == "__main__":
