@@ -1,17 +1,13 @@
 """long_text window (issue 48): the window rule against Hugging Face's overflowing tokens with
 a stride, the Params' refusals, the tokenize step's window records, evaluation that counts
-texts (one replica here, two Mirrored replicas in a fresh process), the SavedModel that
+texts (one replica here; two Mirrored replicas in the train step), the SavedModel that
 windows raw strings in its graph (the export step, its fresh-process check), and a trained
 example where only windows see the words that decide the label.
-
-Run as a script (`python tests/test_windows.py FILES_JSON`): evaluates windowed records under
-MirroredStrategy on 2 logical CPUs, which must be set before TensorFlow starts."""
+"""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -292,36 +288,65 @@ def test_windows_of_a_text_are_put_together_by_id_in_any_order():
                                [[4, 2], [3, 4], [5, 5]])
 
 
-def test_two_mirrored_replicas_put_each_texts_windows_together(tiny_model_dir, tmp_path):
+def write_windowed_run(ctx, splits: dict[str, int], seed: int = 6) -> dict[str, list]:
+    """tokenize/manifest.json of windowed tiny data, as the tokenize step writes it with
+    long_text window; the rows of each split."""
+    from tasks.runs.runlayout import write_manifest
+
+    cache = Path(ctx.artifact_root) / "cache" / "tfrecords" / "windows"
+    rows, entries = {}, {}
+    for k, (split, texts) in enumerate(splits.items()):
+        rows[split] = window_rows(texts, seed=seed + k)
+        folder = cache / split
+        folder.mkdir(parents=True)
+        entries[split] = {"shards": write_windows(folder, rows[split]), "num_examples": texts,
+                          "num_records": len(rows[split]), "num_truncated": 0,
+                          "num_windowed": len({t for t, w, _ in rows[split] if len(w) == 16}),
+                          "length_histogram": {"edges": [], "counts": []}}
+    write_manifest(ctx.step_uri("tokenize"), {
+        "content_hash": "windows", "cache_uri": str(cache), "reused": False,
+        "vocab_size": len(VOCAB), "max_seq_length": 16, "lower_case": True, "has_pair": False,
+        "task": "classification", "labels": LABELS, "long_text": "window", "window_stride": 4,
+        "label_spec": {"dtype": "int64", "shape": [], "text_id": True}, "splits": entries})
+    return rows
+
+
+def test_the_train_step_validates_and_evaluates_texts_under_two_mirrored_replicas(
+        tiny_model_dir, tmp_path):
+    """The train step (a fresh process: 2 logical CPUs, MirroredStrategy) on windows: an
+    epoch is every window, validation and the test evaluation count texts (the evaluate
+    count check passes), and the test metrics equal the saved model's windows aggregated by
+    hand: a text's windows sit in different shards, batches and replicas."""
     import tensorflow as tf
 
+    from tasks.io import storage
+    from tasks.runs.runlayout import read_manifest
     from tasks.training import checkpoint
+    from train_helpers import make_run, run_steps_in_subprocess
 
-    rows = window_rows(31, seed=6)
-    files = write_windows(tmp_path, rows)
-    done = subprocess.run([sys.executable, __file__, json.dumps([str(tiny_model_dir), files])],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    cfg, ctx = make_run(tmp_path, tiny_model_dir, long_text="window", window_stride=4,
+                        max_seq_length=16, devices_per_worker=2, epochs=1,
+                        eval_every_steps=2, window_aggregation="max")
+    rows = write_windowed_run(ctx, {"train": 40, "eval": 31, "validation": 17})
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    trained = read_manifest(ctx.manifest_uri("train"))
+    assert trained["strategy"] == "mirrored" and trained["num_replicas"] == 2
+    assert trained["num_train_records"] == len(rows["train"]) > 40
+    assert trained["steps"] == -(-len(rows["train"]) // trained["global_batch_size"])
+    metrics = storage.read_json(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
+    assert metrics["num_examples"] == 31 < len(rows["eval"])
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
-        model = checkpoint.load_classifier(tiny_model_dir, LABELS)
-    assert got["replicas"] == 2 and got["num_examples"] == 31
-    _close(got, reference_metrics(model, rows, "classification", "mean"))
-
-
-def _mirrored_main(model_dir: str, files: list[str]) -> None:
-    import tensorflow as tf
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from tasks.training import checkpoint
-
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        model = checkpoint.load_classifier(Path(model_dir), LABELS)
-    out = windowed_metrics(strategy, model, files, "classification", "mean")
-    print(json.dumps({**out, "replicas": strategy.num_replicas_in_sync}))
+        model = checkpoint.load_classifier(Path(trained["model_dir"]), LABELS)
+    _close(metrics, reference_metrics(model, rows["eval"], "classification", "max"))
+    # The saved weights are the best validation step's: its record is their score on the
+    # 17 validation texts.
+    history = json.loads(Path(ctx.step_uri("train"), "history.json").read_text())
+    (best,) = [r for r in history["validation"]
+               if r["step"] == trained["validation"]["best_step"]]
+    want = reference_metrics(model, rows["validation"], "classification", "max")
+    assert want["num_examples"] == 17 < len(rows["validation"])
+    assert best["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6)
 
 
 # --- serving --------------------------------------------------------------------------------
@@ -475,6 +500,3 @@ def test_a_label_at_the_end_is_learned_with_windows_and_lost_by_truncation(tmp_p
     # Truncated, every text is the same 14 filler pieces: one prediction for all, half right.
     assert accuracy["window"] >= 0.9 and accuracy["truncate"] == 0.5, accuracy
 
-
-if __name__ == "__main__":
-    _mirrored_main(*json.loads(sys.argv[1]))
