@@ -339,9 +339,12 @@ def long_texts(tokenized: dict) -> str | None:
     if tokenized.get("long_text") != "window":
         return None
     splits = tokenized.get("splits") or {}
-    parts = [f"{name}: {split.get('num_windowed')} of {split.get('num_examples')} texts "
+    # The data step's eval split holds the test rows (docs/experiments.md, Three roles).
+    parts = [f"{role}: {split.get('num_windowed')} of {split.get('num_examples')} texts "
              f"windowed, {split.get('num_records')} windows"
-             for name, split in splits.items() if isinstance(split, dict)]
+             for name, role in (("train", "train"), ("validation", "validation"),
+                                ("eval", "test"))
+             if isinstance(split := splits.get(name), dict)]
     return (f"windows overlapping by {tokenized.get('window_stride')} pieces; "
             + "; ".join(parts))
 
