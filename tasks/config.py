@@ -170,8 +170,24 @@ class RunConfig(BaseModel):
                     "package. See docs/checkpoints.md.")
     max_seq_length: int = Field(
         default=128, ge=8, le=512, title="Max sequence length",
-        description="Tokens per example including [CLS]/[SEP]; longer rows are truncated "
-                    "(the count is recorded in the tokenize manifest).")
+        description="Tokens per example including [CLS]/[SEP]; longer rows are truncated, "
+                    "or cut into windows (long_text); the tokenize manifest counts them.")
+    long_text: Literal["truncate", "window"] = Field(
+        default="truncate", title="Long texts",
+        description="A text longer than max_seq_length: truncate keeps its first pieces; "
+                    "window cuts it into overlapping windows of max_seq_length (each with "
+                    "[CLS]/[SEP]), trains on every window with the text's label, and "
+                    "evaluates and serves one prediction per text from the windows' logits "
+                    "(window_aggregation). Sequence tasks of one text (classification, "
+                    "multi_label, regression).")
+    window_stride: int = Field(
+        default=32, ge=0, le=509, title="Window overlap (pieces)",
+        description="long_text window: word pieces two consecutive windows share. Must be "
+                    "below max_seq_length - 2 (the pieces a window holds).")
+    window_aggregation: Literal["mean", "max"] = Field(
+        default="mean", title="Window aggregation",
+        description="long_text window: a text's logits are the mean, or the element-wise "
+                    "max, of its windows' logits.")
     lower_case: Optional[bool] = Field(
         default=None, title="Lower-case input",
         description="Lower-case and strip accents (uncased checkpoints) or not (cased ones). "
@@ -612,6 +628,7 @@ class RunConfig(BaseModel):
             except ConfigError as err:
                 raise ValueError(err.reason) from None
         self._check_thresholds()
+        self._check_long_text()
         if self.lr_power != 1.0 and self.lr_schedule != "polynomial":
             raise ValueError(f"lr_power is the power of lr_schedule polynomial; with "
                              f"{self.lr_schedule} leave it at 1")
@@ -631,6 +648,30 @@ class RunConfig(BaseModel):
         if self.decision_threshold_metric != "f1" and self.decision_threshold != "tuned":
             raise ValueError("decision_threshold_metric is the metric decision_threshold tuned "
                              "maximizes; set decision_threshold to tuned, or leave it at f1")
+
+    def _check_long_text(self) -> None:
+        """window's settings: refused where windows are not built, or set and unused."""
+        defaults = RunConfig.model_fields
+        if self.long_text == "truncate":
+            for name in ("window_stride", "window_aggregation"):
+                if getattr(self, name) != defaults[name].default:
+                    raise ValueError(f"{name} applies to long_text window; with truncate "
+                                     f"leave it at {defaults[name].default}, or set "
+                                     "long_text to window")
+            return
+        if self.task == "token_classification":
+            raise ValueError("long_text window is built for sequence tasks (classification, "
+                             "multi_label, regression); token_classification: not yet, set "
+                             "long_text to truncate")
+        if self.text_pair_column is not None:
+            raise ValueError("long_text window slides over one text; text pairs are not "
+                             "windowed yet: set long_text to truncate or leave "
+                             "text_pair_column empty")
+        budget = self.max_seq_length - 2  # a window's pieces besides [CLS] and [SEP]
+        if self.window_stride >= budget:
+            raise ValueError(f"window_stride {self.window_stride} must be below "
+                             f"max_seq_length - 2 = {budget} (the pieces a window holds), "
+                             f"or no window would move on; lower it, e.g. to {budget // 4}")
 
     # --- derived --------------------------------------------------------------------------
     @property

@@ -24,8 +24,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Validation and early stopping": (
         "validation_uri", "validation_fraction", "eval_every_steps", "eval_every_epoch",
         "best_checkpoint", "early_stopping_patience", "early_stopping_min_delta"),
-    "Model": ("base_model", "max_seq_length", "lower_case", "lower_case_override",
-              "num_shards"),
+    "Model": ("base_model", "max_seq_length", "long_text", "window_stride",
+              "window_aggregation", "lower_case", "lower_case_override", "num_shards"),
     "Workers": ("strategy", "devices_per_worker", "num_ps", "tpu_address", "tpu_zone",
                 "tpu_project"),
     "Training": ("training_loop", "per_replica_batch_size", "max_steps", "learning_rate",

@@ -146,6 +146,7 @@ SMOKE = {
     "evaluation_cost": ([], None),  # bertflow's train step only
     "tuned_thresholds": ([], None),  # one bertflow run per seed, three thresholds
     "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
+    "long_texts": ([], None),  # bertflow's two arms, no peer
 }
 
 
@@ -242,6 +243,12 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         # tuned arm's figures are the global 0.5 arm's, counted by another process
         assert sorted(run["fallback_labels"]) == sorted(run["thresholds"])
         assert run["arms"]["tuned"] == run["arms"]["global_0.5"]
+    elif script == "long_texts":
+        (cut,), (windowed,) = data["runs"]["truncate"], data["runs"]["window"]
+        assert cut["train_texts"] == windowed["train_texts"] == data["sets"]["0"]["train_texts"]
+        # 30-80 words in 16 pieces: every text is cut, and windowed into several
+        assert windowed["train_records"] > 2 * cut["train_records"] == 2 * cut["train_texts"]
+        assert cut["test_texts_cut"] == windowed["test_texts_cut"] == cut["test_texts"]
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [

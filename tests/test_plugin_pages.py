@@ -592,3 +592,19 @@ def test_index_lists_scoring_runs_apart_from_the_experiments(logged_in, tree):
     assert cells[1][0].startswith("manual__2") and "not published" in cells[1][0]
     assert cells[1][1:3] == ["v2", "50"]
     assert "bert_batch_score" not in page.split("<table class='experiments'>", 1)[1]
+
+
+def test_run_page_counts_windowed_texts(logged_in, tree):
+    """long_text window: the run page's config table says how many texts were windowed,
+    from the tokenize manifest."""
+    from tasks.io import storage
+
+    uri = f"{tree}/runs/{DAG_ID}/{RUN_KEY}/tokenize/manifest.json"
+    storage.write_json(uri, {"long_text": "window", "window_stride": 8, "splits": {
+        "train": {"num_examples": 10, "num_windowed": 3, "num_records": 7},
+        "eval": {"num_examples": 4, "num_windowed": 1, "num_records": 6}}})
+    text = logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text
+    assert ("windows overlapping by 8 pieces; train: 3 of 10 texts windowed, 7 windows; "
+            "test: 1 of 4 texts windowed, 6 windows") in text
+    storage.write_json(uri, {"long_text": "truncate", "splits": {}})
+    assert "long texts" not in logged_in.get(f"/bertflow/runs/{DAG_ID}/{RUN_KEY}").text

@@ -226,6 +226,8 @@ def _config_rows(run: dict) -> list[tuple[str, str]]:
         rows += [("train time", duration(run["train_seconds"])),
                  ("examples/s", fmt(run["examples_per_second"])),
                  ("goodput", fmt(goodput.describe(run["goodput_detail"])))]
+    if run.get("long_texts"):
+        rows.append(("long texts", run["long_texts"]))
     rows.append(("steps done", ", ".join(run["steps_done"]) or "–"))
     return rows
 

@@ -19,8 +19,9 @@ import tensorflow as tf
 # --- tf.train.Example serialization and TFRecord framing, vectorized ----------------------
 # Layout of one record (every length a varint; fields in this order, as tf.io.encode_proto
 # wrote them): Example{1: Features{1: FeatureEntry{1: key, 2: Feature{3: Int64List{1: packed
-# values}}}} x (input_ids, token_type_ids, label)}.
-_KEYS = (b"input_ids", b"token_type_ids", b"label")
+# values}}}} x (input_ids, token_type_ids, label[, text_id])}. text_id: a windowed text's index
+# in its split, on each of its windows' records (tasks/model/windows.py).
+_KEYS = (b"input_ids", b"token_type_ids", b"label", b"text_id")
 _MASK_DELTA = np.uint32(0xA282EAD8)
 
 
@@ -134,7 +135,8 @@ def _place(out: np.ndarray, pieces: np.ndarray, sizes: np.ndarray, at: np.ndarra
 
 
 def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
-                     labels: np.ndarray, framed: bool) -> tuple[np.ndarray, np.ndarray]:
+                     labels: np.ndarray, framed: bool,
+                     text_ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Records of a batch of rows in one uint8 buffer, record i at [starts[i], starts[i + 1]).
 
     framed: each record is a TFRecord (8-byte length, its masked CRC32C, the Example, the
@@ -145,6 +147,7 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     of k values: multi-hot vectors, scores; packed fixed 4-byte little-endian floats, as
     protobuf writes them), or a pair (flat int64 values, row lengths): an Int64List of each
     record's own length (token classification: one tag id per word piece).
+    text_ids: int64 [n], written as a fourth feature `text_id` when given.
     """
     n = len(lengths)
     lengths = np.asarray(lengths, np.int64)
@@ -183,6 +186,9 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     np.cumsum(type_sizes, out=ends[1:])
     sizes.append(nested(_KEYS[1], ends[splits[1:]] - ends[splits[:-1]]))
     sizes.append(nested(_KEYS[2], label_sizes))
+    if text_ids is not None:
+        text_ids = np.asarray(text_ids, np.int64)
+        sizes.append(nested(_KEYS[3], _varint_sizes(text_ids.view(np.uint64))))
     features = sum(1 + _varint_sizes(s[3].view(np.uint64)) + s[3] for s in sizes)
     features = np.asarray(features, np.int64)
     example = 1 + _varint_sizes(features.view(np.uint64)) + features
@@ -207,6 +213,8 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
                            else header(2) if per_row_lists else header(2) + [labels])]
     if per_row_lists:
         pieces.append((list_bytes, label_sizes))
+    if text_ids is not None:
+        pieces.append(_packed_rows(n, header(3) + [text_ids]))
     record = example + (16 if framed else 0)
     starts = np.zeros(n + 1, np.int64)
     np.cumsum(record, out=starts[1:])

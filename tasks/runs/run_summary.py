@@ -377,6 +377,22 @@ def tracking(run: str) -> dict[str, Any] | None:
     return {"logged": logged or None, "champion": champion}
 
 
+def long_texts(tokenized: dict) -> str | None:
+    """The run page's line on windowed texts (long_text window), from the tokenize
+    manifest's counts; None for a run that truncates (or before tokenize ran)."""
+    if tokenized.get("long_text") != "window":
+        return None
+    splits = tokenized.get("splits") or {}
+    # The data step's eval split holds the test rows (docs/experiments.md, Three roles).
+    parts = [f"{role}: {split.get('num_windowed')} of {split.get('num_examples')} texts "
+             f"windowed, {split.get('num_records')} windows"
+             for name, role in (("train", "train"), ("validation", "validation"),
+                                ("eval", "test"))
+             if isinstance(split := splits.get(name), dict)]
+    return (f"windows overlapping by {tokenized.get('window_stride')} pieces; "
+            + "; ".join(parts))
+
+
 def run_detail(root: str, dag_id: str, run_key: str, *,
                with_sweep: bool = True) -> dict[str, Any]:
     """A run's summary plus what its page draws: the training history, the evaluation metrics
@@ -400,6 +416,7 @@ def run_detail(root: str, dag_id: str, run_key: str, *,
                                    "release", "export", "gate_eval", "gate", "promote")
                        if storage.exists(join_uri(run, s, "manifest.json"))],
         "logs": worker_logs(root, dag_id, run_key),
+        "long_texts": long_texts(_dict(join_uri(run, "tokenize", "manifest.json"))),
         "sweep": None, "sweep_record": None, "best": None, "trial_of": None,
     })
     if not with_sweep:

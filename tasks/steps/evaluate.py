@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import thresholds
+from tasks.model import windows
 from tasks.training import checkpoint, determinism, entity_metrics, inputs, model as model_lib
 from tasks.training import strategy as strategy_lib
 from tasks.io import storage
@@ -112,7 +113,8 @@ def split_metrics(cfg: RunConfig, tok: dict, strategy, name: str, model, files: 
                                cfg.eval_batch_size * strategy.num_replicas_in_sync,
                                threshold, static_shapes=name == "tpu",
                                max_seq_length=cfg.max_seq_length,
-                               label_spec=tok.get("label_spec"))
+                               label_spec=tok.get("label_spec"),
+                               aggregation=cfg.window_aggregation)
 
     def metrics() -> dict:
         out = {"task": kind.name, **compute()}
@@ -132,24 +134,25 @@ def task_metrics(kind: TaskKind, strategy, model, files: list[str], labels: list
 
 def metrics_function(kind: TaskKind, strategy, model, files: list[str], labels: list[str],
                      global_batch_size: int, threshold=0.5, static_shapes: bool = False,
-                     max_seq_length: int = 0, label_spec: dict | None = None):
+                     max_seq_length: int = 0, label_spec: dict | None = None,
+                     aggregation: str = "mean"):
     """task_metrics as a function of no arguments, its input and graphs built once.
     `threshold`: multi-label, one for every label or one per label; classification, the
-    binary decision threshold on the second label's probability, or None for argmax."""
+    binary decision threshold on the second label's probability, or None for argmax.
+    Windowed records (long_text window) are scored per text, their windows' logits
+    aggregated by `aggregation`."""
     args = (strategy, model, files, global_batch_size, static_shapes, max_seq_length,
             label_spec)
+    if inputs.windowed(label_spec):
+        found = window_gathering(*args, num_logits=len(labels))
+        score = text_scores(kind, labels, threshold)
+        return lambda: score(*windows.by_text(*found(), aggregation))
     if kind.eval_kind == "confusion":
         counts = summing(*args, confusion_counts(len(labels), threshold))
         return lambda: classification_metrics(counts(), labels)
     if kind.eval_kind == "label_counts":
-        counts, n = summing(*args, multi_label_counts(len(labels), threshold)), len(labels)
-
-        def multi_label() -> dict:
-            total = counts()
-            return multi_label_metrics({"per_label": total[:3 * n].reshape(3, n),
-                                        "exact": total[3 * n], "rows": total[3 * n + 1]},
-                                       labels, _plain(threshold))
-        return multi_label
+        counts = summing(*args, multi_label_counts(len(labels), threshold))
+        return lambda: _multi_label(counts(), labels, threshold)
     if kind.eval_kind == "entities":
         tags = tag_gathering(*args)
         types = entity_metrics.entity_types(labels)
@@ -162,6 +165,27 @@ def metrics_function(kind: TaskKind, strategy, model, files: list[str], labels: 
         return entities
     pairs = pair_gathering(*args)
     return lambda: regression_metrics(*pairs())
+
+
+def _multi_label(total: np.ndarray, labels: list[str], threshold) -> dict:
+    n = len(labels)
+    return multi_label_metrics({"per_label": total[:3 * n].reshape(3, n),
+                                "exact": total[3 * n], "rows": total[3 * n + 1]},
+                               labels, _plain(threshold))
+
+
+def text_scores(kind: TaskKind, labels: list[str], threshold):
+    """A function (truth [texts, label width], logits [texts, outputs]) -> the task's
+    metrics, on the host: the same counters and metrics as the per-row path."""
+    if kind.eval_kind == "confusion":
+        counts = confusion_counts(len(labels), threshold)[0]
+        return lambda truth, logits: classification_metrics(
+            counts(tf.cast(truth[:, 0], tf.int32), logits).numpy(), labels)
+    if kind.eval_kind == "label_counts":
+        counts = multi_label_counts(len(labels), threshold)[0]
+        return lambda truth, logits: _multi_label(counts(truth, logits).numpy(), labels,
+                                                  threshold)
+    return lambda truth, logits: regression_metrics(truth[:, 0], logits[:, 0])
 
 
 def confusion_matrix(strategy: tf.distribute.Strategy, model, files: list[str],
@@ -358,6 +382,49 @@ def pair_gathering(strategy, model, files, global_batch_size, static_shapes=Fals
         found = found[~np.isnan(found[:, 0])]
         return found[:, 0], found[:, 1]
     return pairs
+
+
+def window_gathering(strategy, model, files, global_batch_size, static_shapes=False,
+                     max_seq_length=0, label_spec=None, num_logits=1):
+    """A function of no arguments returning (text ids, labels, logits) of every window of
+    `files` (long_text window), gathered from every replica and worker: a text's windows may
+    sit in different batches and replicas, so they are put together on the host
+    (windows.by_text), never per batch. Its graph is traced once."""
+    data = eval_data(strategy, files, global_batch_size, static_shapes, max_seq_length,
+                     label_spec)
+    block = global_batch_size // strategy.num_replicas_in_sync
+    shape = (label_spec or inputs.CLASS_LABEL)["shape"]
+    width = int(np.prod(shape)) + num_logits  # label values, then logits
+
+    def replica_windows(features, labels):
+        features = dict(features)
+        # int32: what every device gathers (TPUs hold no int64).
+        text_id = tf.boolean_mask(tf.cast(features.pop("text_id"), tf.int32),
+                                  inputs.is_real(labels))
+        truth, logits = _real_rows(model, features, labels)
+        rows = tf.concat([tf.reshape(tf.cast(truth, tf.float32), [-1, width - num_logits]),
+                          tf.cast(logits, tf.float32)], 1)
+        # Same shape from every replica for the collective gather: -1 ids mark filler.
+        missing = block - tf.shape(rows)[0]
+        return (tf.pad(text_id, [[0, missing]], constant_values=-1),
+                tf.pad(rows, [[0, missing], [0, 0]]))
+
+    def add_batch(found, batch):
+        ids, rows = strategy.run(replica_windows, args=batch)
+        return (tf.concat([found[0], strategy.gather(ids, axis=0)], 0),
+                tf.concat([found[1], strategy.gather(rows, axis=0)], 0))
+
+    loop = fold(data, lambda: (
+        tf.compat.v1.placeholder_with_default(tf.zeros([0], tf.int32), shape=[None]),
+        tf.compat.v1.placeholder_with_default(tf.zeros([0, width]), shape=[None, width])),
+        add_batch)
+
+    def found() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids, rows = (x.numpy() for x in loop())
+        real = ids >= 0
+        rows = rows[real]
+        return ids[real], rows[:, :width - num_logits], rows[:, width - num_logits:]
+    return found
 
 
 def gathered_tags(strategy, model, files, global_batch_size, static_shapes=False,

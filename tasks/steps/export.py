@@ -28,6 +28,7 @@ from tasks.io.uris import join_uri
 from tasks import fresh_load, thresholds
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
+from tasks.model import windows
 from tasks.model.text_encoder import BertTextEncoder
 from tasks.model.token_encoding import WordPieceAligner
 from tasks.task_kinds import TaskKind, kind as task_kind
@@ -88,7 +89,8 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
                                 tokens["lower_case"], tokens["max_seq_length"],
                                 kind.problem_type)
             record_thresholds(out, kind.name, labels, threshold, train.get("thresholds"))
-        module = serving_module(encoder, model, labels, has_pair, kind, threshold)
+        module = serving_module(encoder, model, labels, has_pair, kind, threshold,
+                                window_setting(cfg, tokens))
         saved = out / "saved_model"
         tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
         fresh_load.check(saved, module, has_pair)
@@ -142,12 +144,24 @@ def record_thresholds(out: Path, task: str, labels: list[str], threshold,
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+def window_setting(cfg: RunConfig, tokens: dict) -> tuple[int, str] | None:
+    """(overlap, aggregation) when the model was trained on windows (the tokenize manifest
+    says so), else None."""
+    if tokens.get("long_text") != "window":
+        return None
+    return tokens["window_stride"], cfg.window_aggregation
+
+
 def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool,
-                   kind: TaskKind | None = None, threshold=0.5):
+                   kind: TaskKind | None = None, threshold=0.5,
+                   window: tuple[int, str] | None = None):
     """A tf.Module whose `serve` maps raw strings to the task's outputs
     (tasks/task_kinds.py, `serving_outputs`): classification `probabilities` and `label`;
     multi-label `probabilities` and `labels`; regression `score`; token classification the
-    entities of each text (tasks/training/entity_serving.py)."""
+    entities of each text (tasks/training/entity_serving.py). `window` (overlap,
+    aggregation): each text is cut into windows in the graph (tasks/model/windows.py), the
+    windows go through the model as one batch, and each text's outputs come from its
+    windows' aggregated logits."""
     kind = kind or task_kind("classification")
     if kind.per_token:  # raw text in, entities out
         return entity_serving_module(WordPieceAligner(encoder), model, labels)
@@ -159,9 +173,15 @@ def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair:
     label_names = tf.constant(labels)
 
     def predict(texts, pairs=None):
-        ids, types = encoder(texts) if pairs is None else encoder(texts, pairs)
+        if window is not None:
+            ids, types, text, _ = windows.encode_windows(encoder, texts, window[0])
+        else:
+            ids, types = encoder(texts) if pairs is None else encoder(texts, pairs)
         logits = model({"input_ids": ids.to_tensor(), "token_type_ids": types.to_tensor(),
                         "attention_mask": tf.ones_like(ids).to_tensor()}, training=False)
+        if window is not None:
+            logits = windows.aggregate(tf.cast(logits, tf.float32), text, tf.size(texts),
+                                       window[1])
         return kind.serving_outputs_of(logits, label_names, threshold)
 
     if has_pair:
@@ -320,6 +340,17 @@ def tuned_section(tuned: dict | None) -> str:
     return "\n".join(lines)
 
 
+def long_texts_line(cfg: RunConfig, tokens: dict) -> str:
+    """The model card's word on texts over max_seq_length: cut, or windowed (and how)."""
+    train = (tokens.get("splits") or {}).get("train") or {}
+    if tokens.get("long_text") != "window":
+        return f"truncated ({train.get('num_truncated', 0)} training texts cut)"
+    return (f"windows overlapping by {tokens['window_stride']} pieces, the "
+            f"{cfg.window_aggregation} of their logits per text ({train['num_windowed']} "
+            f"of {train['num_examples']} training texts windowed, {train['num_records']} "
+            "windows)")
+
+
 ROLE_NAMES = {"eval": "test"}
 
 
@@ -334,6 +365,7 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
     settings = {
         "task": kind.name, "labels": data["labels"], "text pairs": data["has_pair"],
         "max_seq_length": tokens["max_seq_length"],
+        "long texts": long_texts_line(cfg, tokens),
         "lower_case": (f"{tokens['lower_case']} ({tokens['lower_case_rule']})"
                        if tokens.get("lower_case_rule") else tokens["lower_case"]),
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),

@@ -43,7 +43,7 @@ import numpy as np
 from tasks.training import checkpoint
 from tasks.runs import runlayout
 from tasks.io import storage
-from tasks.steps import prepared
+from tasks.steps import prepared, window_data
 from tasks.steps.prepared import PreparedRow, TokenRow
 from tasks.model.token_encoding import WordPieceAligner
 from tasks.io import tfrecord_io
@@ -77,7 +77,13 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     reused = cached is not None
     if not reused:
         encoder = BertTextEncoder(vocab_file, casing.lower_case, cfg.max_seq_length)
-        cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task)
+        cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task,
+                              cfg.window_stride if cfg.long_text == "window" else None)
+    if cfg.long_text == "window":
+        train = cached["splits"]["train"]
+        print(f"tokenize: {train['num_windowed']} of {train['num_examples']} training texts "
+              f"are longer than max_seq_length {cfg.max_seq_length}: {train['num_records']} "
+              f"windows in all (overlap {cfg.window_stride} pieces)", flush=True)
     if task_kind(task).per_token:
         truncated = cached["splits"]["train"]["num_truncated"]
         print(f"tokenize: max_seq_length {cfg.max_seq_length} cuts {truncated} of "
@@ -96,7 +102,10 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "task": task,
         "labels": data["labels"],
         # The TFRecords' `label` feature (tasks.training.inputs parses by it).
-        "label_spec": task_kind(task).label_spec(len(data["labels"])),
+        "label_spec": {**task_kind(task).label_spec(len(data["labels"])),
+                       **({"text_id": True} if cfg.long_text == "window" else {})},
+        "long_text": cfg.long_text,
+        **({"window_stride": cfg.window_stride} if cfg.long_text == "window" else {}),
         "splits": {name: {**split, "shards": [join_uri(cache, s) for s in split["shards"]]}
                    for name, split in cached["splits"].items()},
     }
@@ -116,6 +125,8 @@ def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "class
                 "lower_case": lower_case, "num_shards": cfg.num_shards}
     if task != "classification":
         settings.update(task=task, num_labels=num_labels)
+    if cfg.long_text == "window":  # truncating runs keep the key they had before windows
+        settings.update(long_text="window", window_stride=cfg.window_stride)
     names = split_names(splits)
     if names != SPLITS:  # two-split runs keep the key they had before validation existed
         settings["splits"] = list(names)
@@ -153,10 +164,14 @@ def _complete_cache_manifest(cache: str) -> dict | None:
 
 
 def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: dict,
-                 num_shards: int, task: str = "classification") -> dict:
+                 num_shards: int, task: str = "classification",
+                 window_stride: int | None = None) -> dict:
     kind, num_labels = task_kind(task), len(data["labels"])
     if kind.per_token:
         codec = _TokenCodec(encoder)
+    elif window_stride is not None:
+        codec = window_data.WindowCodec(
+            encoder, window_stride, lambda values: kind.record_labels(values, num_labels))
     else:
         codec = _RowCodec(encoder, lambda values: kind.record_labels(values, num_labels))
     with tempfile.TemporaryDirectory(prefix="bertflow-tokenize-") as tmp:
@@ -229,8 +244,8 @@ def _chunks(split: str, shards: list[str], total: int, bounds: list[int], row_ty
     k, row = 0, 0
     rows_of_chunk: list = []
 
-    def emit():
-        chunk = (split, k, rows_of_chunk[:])
+    def emit():  # the last item: the chunk's first row's index in the split
+        chunk = (split, k, rows_of_chunk[:], row - len(rows_of_chunk))
         rows_of_chunk.clear()
         return chunk
 
@@ -275,14 +290,17 @@ def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
         bounds = np.linspace(0, total, num_shards + 1).astype(int).tolist()
         edges = _histogram_edges(encoder.max_seq_length)
         counts = np.zeros(len(edges) - 1, np.int64)
-        truncated = 0
+        truncated = records = 0
         for k, lengths, untruncated in _tokenized(
                 codec, _chunks(split, splits[split]["shards"], total, bounds, codec.row_type),
                 folder, names):
             counts += np.histogram(lengths, bins=edges)[0]
             truncated += int(np.sum(untruncated > encoder.max_seq_length))
+            records += len(lengths)
         out[split] = {"shards": names, "num_examples": total, "num_truncated": truncated,
                       "length_histogram": {"edges": edges, "counts": counts.tolist()}}
+        if isinstance(codec, window_data.WindowCodec):
+            out[split] = window_data.split_counts(out[split], records)
     return out
 
 
@@ -309,11 +327,15 @@ def _tokenized(codec, chunks, folder: Path, names: list[str]):
             if following is not None:
                 pending.append((following, pool.submit(tokenize, following)))
             k = chunk[1]
-            ids, lengths, types, untruncated, labels = future.result()
-            if library is not None and getattr(labels, "dtype", None) == np.int64:
+            ids, lengths, types, untruncated, labels, *windowed = future.result()
+            # Windows (window_data.WindowCodec) carry their text's index in the chunk.
+            text_ids = windowed[0] + chunk[3] if windowed else None
+            if library is not None and getattr(labels, "dtype", None) == np.int64 \
+                    and text_ids is None:
                 library.write(folder / names[k], ids, lengths, types, labels)
             else:
-                records, _ = tfrecord_io.example_records(ids, lengths, types, labels, framed=True)
+                records, _ = tfrecord_io.example_records(ids, lengths, types, labels,
+                                                         framed=True, text_ids=text_ids)
                 with open(folder / names[k], "ab") as f:
                     f.write(records.data)
             yield k, lengths, untruncated

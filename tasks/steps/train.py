@@ -25,7 +25,7 @@ import tf_keras
 
 from tasks import class_weights, thresholds
 from tasks.model.hf_weights import save_hf_checkpoint
-from tasks.steps import evaluate
+from tasks.steps import evaluate, window_data
 from tasks.training import (checkpoint, checkpoint_publish, determinism, inputs, memory,
                             preemption, seeded_dropout, token_loss, validation)
 from tasks.training import model as model_lib
@@ -85,7 +85,8 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     weights = None if cfg.class_weights == "none" else class_weights.for_run(
         cfg.class_weights, kind.name, labels,
         read_manifest(ctx.manifest_uri("data"))["splits"]["train"])
-    plan = model_lib.make_plan(cfg, tok["splits"]["train"]["num_examples"],
+    # An epoch is every record: with long_text window, every window of every text.
+    plan = model_lib.make_plan(cfg, window_data.records_of(tok["splits"]["train"]),
                                strategy.num_replicas_in_sync, weights)
     check_validation(cfg, tok, plan, name)
     check_thresholds(cfg, tok)
@@ -149,7 +150,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
             return inputs.train_dataset(files, plan.micro_batch_size, cfg.max_seq_length,
                                         cfg.seed + seed_offset, input_context,
                                         static_shapes=name == "tpu", skip_batches=skip_batches,
-                                        num_rows=tok["splits"]["train"]["num_examples"],
+                                        num_rows=window_data.records_of(tok["splits"]["train"]),
                                         label_spec=tok.get("label_spec"),
                                         group_by_length=groups_by_length(cfg, kind))
 
@@ -231,6 +232,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         "task": kind.name,
         "labels": labels,
         "num_train_examples": tok["splits"]["train"]["num_examples"],
+        "num_train_records": window_data.records_of(tok["splits"]["train"]),
         **plan.to_dict(),
         "base_learning_rate": cfg.learning_rate,
         "lr_scaling": cfg.lr_scaling,

@@ -29,12 +29,21 @@ def per_token(label_spec: dict | None) -> bool:
     return bool((label_spec or {}).get("per_token"))
 
 
-def _feature_spec(label_spec: dict | None) -> dict:
+def windowed(label_spec: dict | None) -> bool:
+    """Records are windows of long texts, each with its text's `text_id` (long_text window:
+    evaluation aggregates a text's windows)."""
+    return bool((label_spec or {}).get("text_id"))
+
+
+def _feature_spec(label_spec: dict | None, text_ids: bool = False) -> dict:
     label_spec = label_spec or CLASS_LABEL
     label = (tf.io.VarLenFeature(tf.int64) if per_token(label_spec)
              else tf.io.FixedLenFeature(label_spec["shape"], label_spec["dtype"]))
-    return {"input_ids": tf.io.VarLenFeature(tf.int64),
+    spec = {"input_ids": tf.io.VarLenFeature(tf.int64),
             "token_type_ids": tf.io.VarLenFeature(tf.int64), "label": label}
+    if text_ids:
+        spec["text_id"] = tf.io.FixedLenFeature([], tf.int64)
+    return spec
 
 
 def pad_label(label_spec: dict | None) -> tf.Tensor:
@@ -82,11 +91,12 @@ def local_shards(tokenize_manifest: dict, split: str) -> Iterator[list[str]]:
         yield [str(local / uri[len(cache):]) for uri in shards]
 
 
-def parse_example(serialized: tf.Tensor,
-                  label_spec: dict | None = None) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+def parse_example(serialized: tf.Tensor, label_spec: dict | None = None,
+                  text_ids: bool = False) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
     """One record -> (features, label): an int32 class index, or float32 labels of
-    `label_spec`'s shape (the tokenize manifest's)."""
-    row = tf.io.parse_single_example(serialized, _feature_spec(label_spec))
+    `label_spec`'s shape (the tokenize manifest's). `text_ids`: features also hold the
+    window's int64 `text_id` (evaluation of windowed records; the model never sees it)."""
+    row = tf.io.parse_single_example(serialized, _feature_spec(label_spec, text_ids))
     input_ids = tf.cast(tf.sparse.to_dense(row["input_ids"]), tf.int32)
     features = {
         "input_ids": input_ids,
@@ -94,6 +104,8 @@ def parse_example(serialized: tf.Tensor,
         # Padding adds zeros, so ones over the real tokens become the mask of every batch.
         "attention_mask": tf.ones_like(input_ids),
     }
+    if text_ids:
+        features["text_id"] = row["text_id"]
     label = row["label"]
     if isinstance(label, tf.SparseTensor):  # per-token labels: one per input id
         label = tf.sparse.to_dense(label)
@@ -236,7 +248,8 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
 
     def trim(features, labels):
         width = tf.reduce_max(tf.reduce_sum(features["attention_mask"], axis=1))
-        return ({name: x[:, :width] for name, x in features.items()},
+        return ({name: x[:, :width] if x.shape.rank > 1 else x  # text_id: one per row
+                 for name, x in features.items()},
                 labels[:, :width] if cut_labels else labels)
 
     windows = rows.padded_batch(batch * window_batches,
@@ -257,13 +270,16 @@ def eval_dataset(files: list[str], global_batch_size: int,
     last batch, so every batch has the same shape.
     """
     batch = _per_replica(global_batch_size, input_context)
-    ds = _records(files, input_context, label_spec=label_spec)
+    text_ids = windowed(label_spec)
+    ds = _records(files, input_context, label_spec=label_spec, text_ids=text_ids)
     if not static_shapes:
         return _length_sorted(ds, batch, WINDOW_BATCHES, label_spec).prefetch(AUTOTUNE)
     filler = ({"input_ids": tf.zeros([1], tf.int32), "token_type_ids": tf.zeros([1], tf.int32),
                "attention_mask": tf.zeros([1], tf.int32)}, pad_label(label_spec))
+    if text_ids:
+        filler[0]["text_id"] = tf.constant(-1, tf.int64)
     ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
-    shapes = ({name: [max_seq_length] for name in filler[0]},
+    shapes = ({name: [] if name == "text_id" else [max_seq_length] for name in filler[0]},
               [max_seq_length] if per_token(label_spec) else filler[1].shape)
     return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True,
                            padding_values=padding_values(label_spec)).prefetch(AUTOTUNE)
@@ -274,7 +290,8 @@ def _per_replica(global_batch_size: int, ctx: tf.distribute.InputContext | None)
 
 
 def _records(files: list[str], ctx: tf.distribute.InputContext | None,
-             shuffle_seed: int | None = None, label_spec: dict | None = None) -> tf.data.Dataset:
+             shuffle_seed: int | None = None, label_spec: dict | None = None,
+             text_ids: bool = False) -> tf.data.Dataset:
     """Parsed rows of this input pipeline's share: whole files when there are enough to go
     round, else every n-th row (both give each row to exactly one pipeline)."""
     if not files:
@@ -295,5 +312,5 @@ def _records(files: list[str], ctx: tf.distribute.InputContext | None,
             deterministic=True)
     if not by_file:
         ds = ds.shard(pipelines, index)
-    return ds.map(lambda record: parse_example(record, label_spec), num_parallel_calls=AUTOTUNE,
-                  deterministic=True)
+    return ds.map(lambda record: parse_example(record, label_spec, text_ids),
+                  num_parallel_calls=AUTOTUNE, deterministic=True)

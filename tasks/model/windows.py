@@ -1,0 +1,76 @@
+"""Sliding windows over long texts (`long_text: window`), in-graph: one rule for the tokenize
+step, which writes each window as a record, and the SavedModel, which windows raw strings
+before the encoder and aggregates the windows' logits per text.
+
+A text of n word pieces, with a budget of b = max_seq_length - 2 pieces per window and an
+overlap of s pieces (`window_stride`), gets windows starting at 0, b - s, 2 (b - s), ...:
+one window when n <= b (the text as truncation would keep it, whole), else
+1 + ceil((n - b) / (b - s)), the last ending at the text's last piece. This is what Hugging
+Face tokenizers return with `return_overflowing_tokens=True, stride=s`. Each window gets
+[CLS] and [SEP] of its own.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+AGGREGATIONS = ("mean", "max")
+
+
+def window_counts(lengths: tf.Tensor, budget: int, stride: int) -> tf.Tensor:
+    """Windows per text of `lengths` pieces (int64 [texts]); an empty text has one."""
+    step = budget - stride
+    if step <= 0:
+        raise ValueError(f"window overlap {stride} must be below the window's {budget} pieces")
+    lengths = tf.cast(lengths, tf.int64)
+    extra = tf.maximum(lengths - budget, 0)
+    return 1 + (extra + step - 1) // step
+
+
+def window_pieces(pieces: tf.RaggedTensor, budget: int, stride: int
+                  ) -> tuple[tf.RaggedTensor, tf.Tensor]:
+    """(windows [windows, (pieces)], text index of each window int64 [windows]) of the
+    texts' word pieces `pieces` [texts, (pieces)]: windows in text order, each text's in
+    order of position."""
+    lengths = pieces.row_lengths()
+    counts = window_counts(lengths, budget, stride)
+    text = tf.repeat(tf.range(tf.size(counts, out_type=tf.int64)), counts)
+    k = tf.ragged.range(counts).flat_values  # a window's place within its text
+    start = k * (budget - stride)
+    size = tf.minimum(tf.cast(budget, tf.int64), tf.gather(lengths, text) - start)
+    first = tf.gather(pieces.row_starts(), text) + start
+    positions = tf.ragged.range(first, first + size).flat_values
+    windows = tf.RaggedTensor.from_row_lengths(tf.gather(pieces.flat_values, positions), size)
+    return windows, text
+
+
+def encode_windows(encoder, texts, stride: int):
+    """(input_ids, token_type_ids) int64 RaggedTensors [windows, (tokens)] and the text index
+    of each window, of raw strings `texts` through `encoder` (a BertTextEncoder: its word
+    pieces, [CLS]/[SEP] ids and max_seq_length), plus each text's length in pieces before
+    windowing, with [CLS]/[SEP] (as the encoder's untruncated lengths)."""
+    pieces = encoder.wordpieces(texts)
+    windows, text = window_pieces(pieces, encoder.max_seq_length - 2, stride)
+    ids, types = tf_text.combine_segments([windows], start_of_sequence_id=encoder.cls_id,
+                                          end_of_segment_id=encoder.sep_id)
+    return ids, tf.cast(types, tf.int64), text, pieces.row_lengths() + 2
+
+
+def aggregate(logits: tf.Tensor, text: tf.Tensor, num_texts, how: str) -> tf.Tensor:
+    """Per-text logits [num_texts, ...] from the windows' `logits` [windows, ...]: the mean or
+    the element-wise max over each text's windows (`text`: a window's text index)."""
+    if how not in AGGREGATIONS:
+        raise ValueError(f"window aggregation {how!r}: use one of {AGGREGATIONS}")
+    reduce = tf.math.unsorted_segment_mean if how == "mean" else tf.math.unsorted_segment_max
+    return reduce(logits, text, num_texts)
+
+
+def by_text(text_ids, truth, logits, how: str):
+    """(truth [texts, ...], logits [texts, ...]) of windows gathered in any order, from any
+    replica (numpy: each window's text id, its text's label, its logits): one row per
+    distinct text id, in id order, its logits aggregated over its windows (`aggregate`)."""
+    ids, first, index = np.unique(text_ids, return_index=True, return_inverse=True)
+    texts = aggregate(tf.constant(logits, tf.float32), tf.constant(index.reshape(-1)),
+                      len(ids), how)
+    return truth[first], texts.numpy()
