@@ -52,16 +52,21 @@ CORPUS = [
 UNSEEN = ["Ωμέγα ψ", "🦄🦖", "\u0000nul\u0001ctl", "ẞ ǅ ﬁ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "Ꭰꭰ ⰀⰁ"]
 
 
-@pytest.fixture(scope="module")
-def bpe_files(tmp_path_factory):
+def train_byte_bpe(folder) -> tuple:
+    """A tiny byte-level BPE on TRAINING, RoBERTa's specials first: (vocab.json, merges.txt)
+    in `folder`."""
     from tokenizers import ByteLevelBPETokenizer
 
-    folder = tmp_path_factory.mktemp("byte_bpe")
     trainer = ByteLevelBPETokenizer()
     trainer.train_from_iterator(TRAINING, vocab_size=600, min_frequency=2,
                                 special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     trainer.save_model(str(folder))
     return folder / "vocab.json", folder / "merges.txt"
+
+
+@pytest.fixture(scope="module")
+def bpe_files(tmp_path_factory):
+    return train_byte_bpe(tmp_path_factory.mktemp("byte_bpe"))
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +183,22 @@ def test_bad_files_are_named(tmp_path):
     vocab.write_text("[1, 2]")
     with pytest.raises(ValueError, match="vocab.json: expected a JSON object"):
         byte_bpe.read_vocab(vocab)
+
+
+def test_words_align_as_roberta_tokenizer_fast_splits_them(encoder, bpe_files):
+    """Token classification: each word tokenized as after a space, its first piece (the one
+    with Ġ) labelled, as RobertaTokenizerFast(add_prefix_space=True) with
+    is_split_into_words=True gives the pieces and word_ids."""
+    from tasks.model.token_encoding import WordPieceAligner
+
+    hf = transformers.RobertaTokenizerFast.from_pretrained(str(bpe_files[0].parent),
+                                                           add_prefix_space=True)
+    sentences = [text.split() for text in CORPUS + UNSEEN if text.split()]
+    aligner = WordPieceAligner(encoder)  # kept: its tf.function holds it weakly
+    out = aligner.encode_words(tf.ragged.constant(sentences))
+    ids, starts = out["input_ids"].to_list(), out["word_starts"].to_list()
+    for sentence, row, row_starts in zip(sentences, ids, starts):
+        want = hf(sentence, is_split_into_words=True)
+        assert row == want["input_ids"]
+        word_ids = want.word_ids()
+        assert row_starts == [word_ids.index(i) for i in range(len(sentence))]

@@ -228,6 +228,9 @@ class RobertaTextEncoder(SegmentEncoder):
 
     PAIR_SEPARATORS = 2
     TOKEN_TYPES = False
+    # A word of a pre-split sentence reads as after a space, its first piece carrying Ġ
+    # (RobertaTokenizerFast with add_prefix_space=True, is_split_into_words=True).
+    WORD_PREFIX = " "
     SPECIALS = ("<s>", "</s>", "<pad>", "<unk>")
 
     def __init__(self, vocab_path, merges_path, max_seq_length: int = 128,

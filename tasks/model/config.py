@@ -24,6 +24,10 @@ TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
                           "distilbert": "DistilBertForTokenClassification",
                           "electra": "ElectraForTokenClassification",
                           "roberta": "RobertaForTokenClassification"}}
+# Each family's tokenizer files, in the order its text encoder reads them.
+WORDPIECE_FILES = ("vocab.txt",)
+TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
+                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt")}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 

@@ -45,6 +45,7 @@ class SegmentEncoder(tf.Module):
 
     PAIR_SEPARATORS = 1  # separators between the two segments of a pair
     TOKEN_TYPES = True  # False: token_type_ids are all 0 (the family has none)
+    WORD_PREFIX = ""  # put before each word of a pre-split sentence (token classification)
 
     @property
     def cls_id(self) -> int:
