@@ -39,7 +39,8 @@ def check_model_dir(model_dir: Path) -> None:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise BertflowError(f"{model_dir}: checkpoint folder not found (set base_model to a "
-                            f"folder with config.json, vocab.txt and model.safetensors)")
+                            f"folder with config.json, vocab.txt (RoBERTa: vocab.json and "
+                            f"merges.txt) and model.safetensors)")
     missing = [name for name in ("config.json", SAFETENSORS)
                if not (model_dir / name).is_file()]
     if missing:
@@ -95,8 +96,10 @@ def tokenizer_files(model_dir: Path) -> list[Path]:
 def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
     """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, or
     RoBERTa's byte-level BPE, which reads text as it is (no lower-casing)."""
+    from tasks.model.config import EncoderConfig
+
     files = tokenizer_files(model_dir)
-    if len(files) == 1:
+    if EncoderConfig.from_pretrained(model_dir).family != "roberta":
         from tasks.model.text_encoder import BertTextEncoder
 
         return BertTextEncoder(files[0], lower_case, max_seq_length)
