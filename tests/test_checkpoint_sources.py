@@ -103,6 +103,10 @@ def test_local_bad_values_are_refused(tmp_path, tiny, cache):
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "deberta",
                                              model_type="deberta-v2"))),
             "model_type 'deberta-v2'", "supported: bert, distilbert, electra, roberta")
+    size = len((tiny / "vocab.txt").read_text().splitlines())
+    refused(RunConfig(base_model=str(variant(tmp_path, tiny, "small", vocab_size=size - 1))),
+            f"vocab.txt has {size} ids but config.json's vocab_size (the embedding matrix) is "
+            f"{size - 1}")
     # A RoBERTa config beside a WordPiece vocabulary: its tokenizer files are named.
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "roberta", model_type="roberta"))),
             "missing vocab.json, merges.txt (a roberta checkpoint's tokenizer is vocab.json "

@@ -186,7 +186,9 @@ def _hub_reader(cfg, src: Source):
 def _check_folder(value: str, uri: str, champion: bool = False) -> None:
     names = _listing(value, uri)
     _pick_files(value, names, uri, champion)
-    _check_config(value, _read_config(value, join_uri(uri, CONFIG)), names, uri)
+    config = _read_config(value, join_uri(uri, CONFIG))
+    _check_config(value, config, names, uri)
+    _check_vocabulary_size(value, config, uri)
 
 
 def _listing(value: str, uri: str) -> dict[str, tuple[int, str | None]]:
@@ -257,6 +259,31 @@ def _check_config(value: str, config: dict, names=None, where: str = "") -> None
     if missing:
         raise _error(value, f"{redact(where)} is missing {', '.join(missing)} (a {family} "
                             f"checkpoint's tokenizer is {' and '.join(needed)})")
+
+
+def _check_vocabulary_size(value: str, config: dict, uri: str) -> None:
+    """A vocabulary with more ids than the embedding matrix has rows is refused: its last
+    pieces would index past the matrix (an error on CPU, silent zeros on GPU)."""
+    from tasks.model.config import TOKENIZER_FILES, EncoderConfig
+
+    encoder = EncoderConfig.from_dict(config)
+    name = TOKENIZER_FILES[encoder.family][0]
+    try:
+        raw = storage.read_bytes(join_uri(uri, name)).decode("utf-8")
+        if name.endswith(".json"):  # piece -> id
+            size = max(json.loads(raw).values(), default=-1) + 1
+        else:  # one piece a line
+            size = len(raw.split("\n")) - raw.endswith("\n")
+    except StorageError as err:
+        raise _unreadable(value, join_uri(uri, name), err) from None
+    except (ValueError, AttributeError, TypeError) as err:
+        raise _error(value, f"{redact(join_uri(uri, name))} is not a vocabulary ({err})"
+                     ) from None
+    if size > encoder.vocab_size:
+        raise _error(value, f"{redact(join_uri(uri, name))} has {size} ids but {CONFIG}'s "
+                            f"vocab_size (the embedding matrix) is {encoder.vocab_size}: ids "
+                            f"from {encoder.vocab_size} on have no embedding; use the "
+                            f"vocabulary the checkpoint was trained with")
 
 
 def _error(value: str, reason: str) -> ConfigError:
