@@ -160,8 +160,9 @@ class RunConfig(BaseModel):
     # --- model and tokenizer ----------------------------------------------------------------
     base_model: str = Field(
         default="", title="Base checkpoint",
-        description="The checkpoint to fine-tune: a BERT, DistilBERT or ELECTRA encoder "
-                    "(config.json with model_type bert, distilbert or electra, vocab.txt, "
+        description="The checkpoint to fine-tune: a BERT, DistilBERT, ELECTRA or RoBERTa "
+                    "encoder (config.json with model_type bert, distilbert, electra or "
+                    "roberta; vocab.txt, or RoBERTa's vocab.json and merges.txt; "
                     "model.safetensors): a local folder; a gs:// "
                     "or s3:// folder; a Hugging Face Hub id with an optional revision, "
                     "google-bert/bert-base-uncased@<tag or commit> (token: hf_conn_id); "

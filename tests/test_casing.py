@@ -197,8 +197,8 @@ def test_a_cased_run_tokenizes_cased_and_its_export_records_it(tmp_path, cased_c
     model = checkpoint.load_classifier(cased_checkpoint, manifest["labels"])
     exported = tmp_path / "export"
     exported.mkdir()
-    export.write_hf_checkpoint(model, manifest["labels"], cased_checkpoint / "vocab.txt",
-                               exported, manifest["lower_case"], manifest["max_seq_length"])
+    export.write_hf_checkpoint(model, manifest["labels"], cased_checkpoint, exported,
+                               manifest["lower_case"], manifest["max_seq_length"])
     again = casing.read(exported, "bert")
     assert (again.lower_case, again.rule) == (False, "tokenizer_config.json do_lower_case")
     served = transformers.AutoTokenizer.from_pretrained(str(exported))

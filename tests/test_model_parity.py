@@ -1,8 +1,9 @@
 """tasks/model against transformers' PyTorch classes (the torch environment of
 tests/torch_env.py; its side is tests/torch_model_reference.py).
 
-- A tiny random BERT (GELU), DistilBERT (ReLU) and ELECTRA (tanh GELU, embedding size 16,
-  hidden size 32), each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
+- A tiny random BERT (GELU), DistilBERT (ReLU), ELECTRA (tanh GELU, embedding size 16,
+  hidden size 32) and RoBERTa (positions from pad_token_id + 1, one token type, tanh head),
+  each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
   PyTorch's last hidden state, pooled output (BERT) and logits within 1e-5, on a padded
   batch with token types; the weights it saves carry exactly PyTorch's key names.
 - The default MiniLM checkpoint (a bare BertModel, no `bert.` prefix): last hidden state and
@@ -29,15 +30,16 @@ from tasks.model.classifier import build_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 
-FAMILIES = ("bert", "distilbert", "electra")
+FAMILIES = ("bert", "distilbert", "electra", "roberta")
 LABELS = ["neg", "neutral", "pos"]
 TOLERANCE = 1e-5
 SCRIPT = Path(__file__).resolve().parent / "torch_model_reference.py"
 
 
 def batch(vocab: int, rows: int, length: int, seed: int) -> dict[str, np.ndarray]:
-    """Random ids with [CLS]-like id 2 first; row i has i padding positions (mask 0, id 0);
-    token type 1 on the second half of each row."""
+    """Random ids with [CLS]-like id 2 first; row i has i padding positions (mask 0, id 1:
+    RoBERTa's pad id, from which transformers' RoBERTa tells padding; the other families read
+    the mask only); token type 1 on the second half of each row."""
     rng = np.random.default_rng(seed)
     ids = rng.integers(5, vocab, size=(rows, length))
     ids[:, 0] = 2
@@ -47,7 +49,8 @@ def batch(vocab: int, rows: int, length: int, seed: int) -> dict[str, np.ndarray
             mask[row, -row:] = 0
     types = np.zeros_like(ids)
     types[:, length // 2:] = 1
-    return {"input_ids": ids * mask, "token_type_ids": types * mask, "attention_mask": mask}
+    return {"input_ids": ids * mask + (1 - mask), "token_type_ids": types * mask,
+            "attention_mask": mask}
 
 
 BATCH = batch(99, rows=3, length=9, seed=0)
@@ -67,11 +70,16 @@ def run_torch(*args) -> None:
         raise AssertionError(f"{SCRIPT.name} {args[0]} failed:\n{done.stderr[-3000:]}")
 
 
-def features(arrays: dict[str, np.ndarray]) -> dict:
+def features(arrays: dict[str, np.ndarray], family: str = "bert") -> dict:
+    """The batch as bertflow's model takes it; RoBERTa's token types all 0 (it has one),
+    as transformers fills them in when given none (torch_model_reference.inputs)."""
     import tensorflow as tf
 
-    return {name: tf.constant(arrays[name], tf.int32)
-            for name in ("input_ids", "token_type_ids", "attention_mask")}
+    out = {name: tf.constant(arrays[name], tf.int32)
+           for name in ("input_ids", "token_type_ids", "attention_mask")}
+    if family == "roberta":
+        out["token_type_ids"] = tf.zeros_like(out["token_type_ids"])
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -108,9 +116,9 @@ def test_outputs_match_pytorch(references, family):
     model, fresh = load(references / family)
     assert fresh == []
     expected = np.load(references / family / "reference.npz")
-    sequence, pooled = model.encoder(features(BATCH), training=False)
+    sequence, pooled = model.encoder(features(BATCH, family), training=False)
     errors = {"last_hidden_state": max_error(sequence, expected["last_hidden_state"]),
-              "logits": max_error(model(features(BATCH), training=False),
+              "logits": max_error(model(features(BATCH, family), training=False),
                                   expected["logits"])}
     if family == "bert":
         errors["pooler_output"] = max_error(pooled, expected["pooler_output"])
@@ -159,7 +167,7 @@ def export_perturbed(out: Path, load_model, labels: list[str], seed: int,
         for variable in model.weights:
             variable.assign_add(rng.normal(0, 0.05, variable.shape).astype(np.float32))
         save_hf_checkpoint(model, labels, out / family)
-        logits[family] = model(features(BATCH), training=False).numpy()
+        logits[family] = model(features(BATCH, family), training=False).numpy()
     run_torch(command, *(out / family for family in FAMILIES))
     return logits
 

@@ -29,7 +29,8 @@ from test_model_parity import (BATCH, FAMILIES, TOLERANCE, check_loaded_alike,
 TAGS = ["O", "B-X", "I-X"]
 ARCHITECTURES = {"bert": "BertForTokenClassification",
                  "distilbert": "DistilBertForTokenClassification",
-                 "electra": "ElectraForTokenClassification"}
+                 "electra": "ElectraForTokenClassification",
+                 "roberta": "RobertaForTokenClassification"}
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +58,7 @@ def load(folder: Path):
 def test_token_logits_match_pytorch(token_references, family):
     model, fresh = load(token_references / family)
     assert fresh == [] and isinstance(model.head, TokenHead)
-    logits = model(features(BATCH), training=False)
+    logits = model(features(BATCH, family), training=False)
     rows, length = BATCH["input_ids"].shape
     assert logits.shape == (rows, length, len(TAGS))
     error = max_error(logits, np.load(token_references / family / "reference_logits.npy"))

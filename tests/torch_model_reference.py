@@ -25,7 +25,9 @@ from transformers import (AutoModelForSequenceClassification, AutoModelForTokenC
                           BertConfig, BertForSequenceClassification, BertForTokenClassification,
                           BertModel, DistilBertConfig, DistilBertForSequenceClassification,
                           DistilBertForTokenClassification, ElectraConfig,
-                          ElectraForSequenceClassification, ElectraForTokenClassification)
+                          ElectraForSequenceClassification, ElectraForTokenClassification,
+                          RobertaConfig, RobertaForSequenceClassification,
+                          RobertaForTokenClassification)
 
 NUM_LABELS = 3
 TINY = dict(vocab_size=99, max_position_embeddings=64, num_labels=NUM_LABELS)
@@ -40,15 +42,23 @@ MODELS = {
     "electra": (ElectraForSequenceClassification, ElectraConfig(
         embedding_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=37, hidden_act="gelu_new", **TINY)),
+    # As released RoBERTa configs set it: one token type, positions from pad_token_id + 1.
+    "roberta": (RobertaForSequenceClassification, RobertaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, **{
+            **TINY, "max_position_embeddings": TINY["max_position_embeddings"] + 2})),
 }
 
 TOKEN_CLASSES = {"bert": BertForTokenClassification,
                  "distilbert": DistilBertForTokenClassification,
-                 "electra": ElectraForTokenClassification}
+                 "electra": ElectraForTokenClassification,
+                 "roberta": RobertaForTokenClassification}
 
 
 def inputs(batch: dict, family: str) -> dict:
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if family != "distilbert"
+    # DistilBERT takes no token types; RoBERTa has one, which transformers fills in.
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"]
+                                               if family not in ("distilbert", "roberta")
                                                else [])
     return {name: torch.from_numpy(batch[name]).long() for name in names}
 

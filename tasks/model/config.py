@@ -1,7 +1,7 @@
 """The encoder's shape and settings, read from a Hugging Face config.json (no transformers).
 
 Keys a config.json leaves out take the defaults of transformers' config class for its family
-(BertConfig, DistilBertConfig, ElectraConfig), as `from_pretrained` does.
+(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig), as `from_pretrained` does.
 """
 from __future__ import annotations
 
@@ -11,17 +11,23 @@ from pathlib import Path
 
 from tasks.errors import ConfigError
 
-FAMILIES = ("bert", "distilbert", "electra")
+FAMILIES = ("bert", "distilbert", "electra", "roberta")
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 ARCHITECTURES = {"bert": "BertForSequenceClassification",
                  "distilbert": "DistilBertForSequenceClassification",
-                 "electra": "ElectraForSequenceClassification"}
+                 "electra": "ElectraForSequenceClassification",
+                 "roberta": "RobertaForSequenceClassification"}
 # transformers' class of each family by task (the task names of tasks.model.heads).
 TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
                       "token_classification": {
                           "bert": "BertForTokenClassification",
                           "distilbert": "DistilBertForTokenClassification",
-                          "electra": "ElectraForTokenClassification"}}
+                          "electra": "ElectraForTokenClassification",
+                          "roberta": "RobertaForTokenClassification"}}
+# Each family's tokenizer files, in the order its text encoder reads them.
+WORDPIECE_FILES = ("vocab.txt",)
+TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
+                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt")}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -33,6 +39,9 @@ _BERT_DEFAULTS = dict(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
                       classifier_dropout=None)
 _ELECTRA_DEFAULTS = {**_BERT_DEFAULTS, "embedding_size": 128, "hidden_size": 256,
                      "num_attention_heads": 4, "intermediate_size": 1024}
+# RobertaConfig's own defaults are BertConfig's but for the special tokens' ids; released
+# RoBERTa configs set 514 positions, 1 token type and eps 1e-5 themselves.
+_ROBERTA_DEFAULTS = {**_BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1}
 _DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
                             sinusoidal_pos_embds=False, n_layers=6, n_heads=12, dim=768,
                             hidden_dim=3072, dropout=0.1, attention_dropout=0.1,
@@ -42,7 +51,7 @@ _DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    family: str  # "bert", "distilbert" or "electra"
+    family: str  # one of FAMILIES
     vocab_size: int
     hidden_size: int
     embedding_size: int  # ELECTRA's may be smaller than hidden_size, then projected
@@ -110,8 +119,9 @@ class EncoderConfig:
 
 
 def _bert_shaped(family: str, raw: dict) -> EncoderConfig:
-    """BERT and ELECTRA: the same keys; ELECTRA's embeddings may be narrower."""
-    c = {**(_ELECTRA_DEFAULTS if family == "electra" else _BERT_DEFAULTS), **raw}
+    """BERT, ELECTRA and RoBERTa: the same keys; ELECTRA's embeddings may be narrower."""
+    defaults = {"electra": _ELECTRA_DEFAULTS, "roberta": _ROBERTA_DEFAULTS}
+    c = {**defaults.get(family, _BERT_DEFAULTS), **raw}
     if c["position_embedding_type"] != "absolute":
         raise ConfigError("base_model", f"config.json: position_embedding_type "
                                         f"{c['position_embedding_type']!r} is not supported "

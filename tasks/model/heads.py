@@ -47,11 +47,13 @@ class ElectraSequenceHead(tf_keras.layers.Layer):
     out_proj. PyTorch applies one Dropout module twice; here they are two layers, so that
     seeded masks of the same shape are not the same mask."""
 
+    ACTIVATION = "gelu"
+
     def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
         super().__init__(**kwargs)
         self.input_dropout = make.dropout(config.classifier_dropout, "input_dropout")
         self.dense = make.dense(config.hidden_size, "dense")
-        self.activation = make.activation("gelu")
+        self.activation = make.activation(self.ACTIVATION)
         self.hidden_dropout = make.dropout(config.classifier_dropout, "hidden_dropout")
         self.out_proj = make.dense(num_labels, "out_proj")
 
@@ -61,10 +63,17 @@ class ElectraSequenceHead(tf_keras.layers.Layer):
         return self.out_proj(hidden)
 
 
+class RobertaSequenceHead(ElectraSequenceHead):
+    """RobertaForSequenceClassification (RobertaClassificationHead): ELECTRA's head with tanh,
+    on <s>: dropout -> dense -> tanh -> dropout -> out_proj."""
+
+    ACTIVATION = "tanh"
+
+
 class TokenHead(tf_keras.layers.Layer):
-    """BertForTokenClassification, DistilBertForTokenClassification and
-    ElectraForTokenClassification, one shape for all three: every token -> dropout ->
-    classifier. The dropout rate is the family's: BERT's and ELECTRA's classifier_dropout
+    """BertForTokenClassification, DistilBertForTokenClassification,
+    ElectraForTokenClassification and RobertaForTokenClassification, one shape for all:
+    every token -> dropout -> classifier. The dropout rate is the family's: BERT's and ELECTRA's classifier_dropout
     (hidden_dropout_prob when unset), DistilBERT's `dropout` (not seq_classif_dropout, which
     only its sequence head uses)."""
 
@@ -81,9 +90,10 @@ class TokenHead(tf_keras.layers.Layer):
 
 HEADS = {SEQUENCE_CLASSIFICATION: {"bert": BertSequenceHead,
                                    "distilbert": DistilBertSequenceHead,
-                                   "electra": ElectraSequenceHead},
+                                   "electra": ElectraSequenceHead,
+                                   "roberta": RobertaSequenceHead},
          TOKEN_CLASSIFICATION: {"bert": TokenHead, "distilbert": TokenHead,
-                                "electra": TokenHead}}
+                                "electra": TokenHead, "roberta": TokenHead}}
 
 
 def build_head(task: str, config: EncoderConfig, num_labels: int,

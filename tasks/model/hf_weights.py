@@ -38,15 +38,14 @@ _BERT_EMBEDDINGS = {
     "embeddings.token_type_embeddings": "embeddings.token_type_embeddings",
     "embeddings.LayerNorm": "embeddings.layer_norm",
 }
+_BERT_BLOCKS = {f"encoder.layer.{{i}}.{k}": f"blocks.{{i}}.{v}" for k, v in _BERT_LAYER.items()}
 # PyTorch module -> encoder attribute path; "{i}" runs over the layers.
 ENCODER_TABLES = {
-    "bert": {**_BERT_EMBEDDINGS,
-             **{f"encoder.layer.{{i}}.{k}": f"blocks.{{i}}.{v}" for k, v in _BERT_LAYER.items()},
-             "pooler.dense": "pooler"},
-    "electra": {**_BERT_EMBEDDINGS,
-                "embeddings_project": "embeddings.projection",
-                **{f"encoder.layer.{{i}}.{k}": f"blocks.{{i}}.{v}"
-                   for k, v in _BERT_LAYER.items()}},
+    "bert": {**_BERT_EMBEDDINGS, **_BERT_BLOCKS, "pooler.dense": "pooler"},
+    "electra": {**_BERT_EMBEDDINGS, "embeddings_project": "embeddings.projection",
+                **_BERT_BLOCKS},
+    # BERT's layout; transformers builds RoBERTa's classifiers without the pooler.
+    "roberta": {**_BERT_EMBEDDINGS, **_BERT_BLOCKS},
     "distilbert": {
         "embeddings.word_embeddings": "embeddings.word_embeddings",
         "embeddings.position_embeddings": "embeddings.position_embeddings",
@@ -67,6 +66,7 @@ HEAD_TABLES = {
     heads.DistilBertSequenceHead: {"pre_classifier": "pre_classifier",
                                    "classifier": "classifier"},
     heads.ElectraSequenceHead: {"classifier.dense": "dense", "classifier.out_proj": "out_proj"},
+    heads.RobertaSequenceHead: {"classifier.dense": "dense", "classifier.out_proj": "out_proj"},
     heads.TokenHead: {"classifier": "classifier"},  # *ForTokenClassification of each family
 }
 # Encoder weights a checkpoint may lack; transformers initialises them afresh (a BERT saved

@@ -158,8 +158,10 @@ class LayerFactory:
         return Dropout(rate, next(self._dropout_index), self.use_cpu_kernels, name=name)
 
     def activation(self, name: str):
-        """The callable of a config's hidden_act ("gelu" is exact, erf-based GELU)."""
-        return {"gelu": self.gelu, "gelu_new": tanh_gelu, "relu": tf.nn.relu}[name]
+        """The callable of a config's hidden_act ("gelu" is exact, erf-based GELU), or of
+        "tanh" (RoBERTa's classification head)."""
+        return {"gelu": self.gelu, "gelu_new": tanh_gelu, "relu": tf.nn.relu,
+                "tanh": tf.math.tanh}[name]
 
 
 def attention_bias(mask: tf.Tensor | None, dtype: tf.DType) -> tf.Tensor | None:
@@ -280,12 +282,28 @@ class Embeddings(tf_keras.layers.Layer):
 
     def call(self, features, training=None):
         ids = features["input_ids"]
-        # Positions 0..seq-1 are a slice of the table, broadcast over the batch.
-        embedded = (tf.gather(self.word_embeddings, ids)
-                    + self.position_embeddings[:tf.shape(ids)[1]])
+        embedded = tf.gather(self.word_embeddings, ids) + self._positions(features)
         if self.token_type_embeddings is not None:
             types = features.get("token_type_ids")
             embedded += (self.token_type_embeddings[0] if types is None
                          else tf.gather(self.token_type_embeddings, types))
         embedded = self.dropout(self.layer_norm(embedded), training=training)
         return embedded if self.projection is None else self.projection(embedded)
+
+    def _positions(self, features) -> tf.Tensor:
+        ids = features["input_ids"]
+        if self.config.family != "roberta":
+            # Positions 0..seq-1 are a slice of the table, broadcast over the batch.
+            return self.position_embeddings[:tf.shape(ids)[1]]
+        # RoBERTa (fairseq): real tokens count from pad_token_id + 1, padding sits at
+        # pad_token_id (transformers' create_position_ids_from_input_ids). A token is padding
+        # when it has the pad id, as transformers decides, or is masked out: bertflow's
+        # batches pad with id 0 (RoBERTa's <s>), which must not take positions.
+        pad = self.config.pad_token_id
+        real = tf.not_equal(ids, tf.cast(pad, ids.dtype))
+        mask = features.get("attention_mask")
+        if mask is not None:
+            real &= tf.cast(mask, tf.bool)
+        real = tf.cast(real, tf.int32)
+        positions = tf.math.cumsum(real, axis=1) * real + pad
+        return tf.gather(self.position_embeddings, positions)

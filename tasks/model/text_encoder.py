@@ -1,7 +1,9 @@
-"""`BertTextEncoder`, the project's one tokenizer: raw strings -> BERT input ids, in-graph
-(tensorflow-text's FastBertTokenizer) and exportable in a SavedModel. The tokenize step writes
-the TFRecords with it and the export step embeds it beside the model, so serving cannot drift
-from training (tasks/steps/tokenize.py has the step's side: caching and serialization).
+"""`BertTextEncoder`, the project's WordPiece tokenizer: raw strings -> BERT input ids,
+in-graph (tensorflow-text's FastBertTokenizer) and exportable in a SavedModel; `SegmentEncoder`,
+its special-token assembly and truncation, shared with RoBERTa's (tasks/model/byte_bpe.py).
+The tokenize step writes the TFRecords with it and the export step embeds it beside the model,
+so serving cannot drift from training (tasks/steps/tokenize.py has the step's side: caching
+and serialization).
 
 The tokenizer's compiled models (fast-wordpiece flatbuffer of the vocab; BERT normalizer,
 slow the first time in a process; timed by hand, no results file) are built once per (vocab,
@@ -31,7 +33,104 @@ MODEL_CACHE_ENV = "BERTFLOW_TOKENIZER_CACHE"  # folder; empty string disables th
 _models: dict[str, tuple[bytes, bytes]] = {}
 
 
-class BertTextEncoder(tf.Module):
+class SegmentEncoder(tf.Module):
+    """Raw strings (and pairs) -> model input ids with the family's special tokens, in-graph
+    and exportable in a SavedModel. A subclass sets `_cls_id`, `_sep_id`, `vocab_size`,
+    `max_seq_length`, `lower_case` and implements `wordpieces(texts)`.
+
+    Single texts: `cls a sep`. Pairs: `cls a sep b sep` with token types 0 then 1 (BERT), or
+    with PAIR_SEPARATORS 2 and no token types `cls a sep sep b sep` (RoBERTa's `<s> A </s></s>
+    B </s>`). Truncation matches Hugging Face's 'longest_first' (`_keep_lengths`).
+    """
+
+    PAIR_SEPARATORS = 1  # separators between the two segments of a pair
+    TOKEN_TYPES = True  # False: token_type_ids are all 0 (the family has none)
+    WORD_PREFIX = ""  # put before each word of a pre-split sentence (token classification)
+
+    @property
+    def cls_id(self) -> int:
+        return self._cls_id
+
+    @property
+    def sep_id(self) -> int:
+        return self._sep_id
+
+    def __call__(self, texts, pairs=None):
+        """(input_ids, token_type_ids) as int64 RaggedTensors [batch, (tokens)]."""
+        if pairs is None:
+            return self.encode(texts)
+        return self.encode_pair(texts, pairs)
+
+    @tf.function(input_signature=[_STRINGS])
+    def encode(self, texts):
+        ids, types, _ = self.encode_with_lengths(texts)
+        return ids, types
+
+    @tf.function(input_signature=[_STRINGS, _STRINGS])
+    def encode_pair(self, texts, pairs):
+        ids, types, _ = self.encode_with_lengths(texts, pairs)
+        return ids, types
+
+    def special_count(self, num_segments: int) -> int:
+        """Special tokens a row of num_segments segments carries."""
+        return 2 if num_segments == 1 else 2 + self.PAIR_SEPARATORS
+
+    def encode_with_lengths(self, texts, pairs=None):
+        """Like __call__, plus each row's length before truncation (with special tokens)."""
+        first = self.wordpieces(texts)
+        if pairs is None:
+            untruncated = first.row_lengths() + 2
+            keep = _keep_lengths([first.row_lengths()], self.max_seq_length, tf)
+            segments = [_head(first, keep[0])]
+        else:
+            second = self.wordpieces(pairs)
+            untruncated = first.row_lengths() + second.row_lengths() + self.special_count(2)
+            keep = _keep_lengths([first.row_lengths(), second.row_lengths()],
+                                 self.max_seq_length, tf, self.special_count(2))
+            head = _head(second, keep[1])
+            for _ in range(self.PAIR_SEPARATORS - 1):  # the extra separators open b
+                opener = tf.fill([head.nrows(), 1], tf.constant(self._sep_id, tf.int64))
+                head = tf.concat([tf.RaggedTensor.from_tensor(opener), head], axis=1)
+            segments = [_head(first, keep[0]), head]
+        ids, types = tf_text.combine_segments(
+            segments, start_of_sequence_id=self._cls_id, end_of_segment_id=self._sep_id)
+        types = tf.cast(types, tf.int64)
+        if not self.TOKEN_TYPES:
+            types = tf.zeros_like(types)
+        return ids, types, untruncated
+
+    def wordpieces(self, texts) -> tf.RaggedTensor:
+        """Token ids of each text, before truncation and without special tokens."""
+        raise NotImplementedError
+
+    def encode_numpy(self, texts, pairs=None):
+        """encode_with_lengths for the tokenize step, as numpy arrays: (flat input ids, row
+        lengths, flat token type ids, pre-truncation lengths).
+
+        Same wordpieces (same op) and the same truncation rule (`_keep_lengths`); only the
+        special-token assembly is done in numpy instead of TensorFlow ops, which in a fresh
+        process cost time each to instantiate (about 50 of them) and are slower than numpy on
+        int64 vectors (by hand, no results file). tests/test_tokenize.py checks both paths
+        give identical output.
+        """
+        segments = []
+        for batch in (texts,) if pairs is None else (texts, pairs):
+            rt = self.wordpieces(tf.constant(batch, dtype=tf.string))
+            segments.append((rt.flat_values.numpy(), rt.row_lengths().numpy()))
+        specials = self.special_count(len(segments))
+        keep = _keep_lengths([lengths for _, lengths in segments], self.max_seq_length, np,
+                             specials)
+        untruncated = sum(lengths for _, lengths in segments) + specials
+        parts = [(values, lengths, k) for (values, lengths), k in zip(segments, keep)]
+        for _ in range(self.PAIR_SEPARATORS - 1 if pairs is not None else 0):
+            parts[1] = _prefix_rows(*parts[1], self._sep_id)
+        ids, lengths, types = _combine_numpy(parts, self._cls_id, self._sep_id)
+        if not self.TOKEN_TYPES:
+            types = np.zeros_like(types)
+        return ids, lengths, types, untruncated
+
+
+class BertTextEncoder(SegmentEncoder):
     """Raw strings -> BERT input ids, in-graph and exportable in a SavedModel.
 
     Matches `transformers.BertTokenizer(do_lower_case=True)` token for token, including
@@ -64,71 +163,9 @@ class BertTextEncoder(tf.Module):
                 fast_wordpiece_model_buffer=_uint8_tensor(wordpiece),
                 fast_bert_normalizer_model_buffer=_uint8_tensor(normalizer))
 
-    @property
-    def cls_id(self) -> int:
-        return self._cls_id
-
-    @property
-    def sep_id(self) -> int:
-        return self._sep_id
-
-    def __call__(self, texts, pairs=None):
-        """(input_ids, token_type_ids) as int64 RaggedTensors [batch, (tokens)]."""
-        if pairs is None:
-            return self.encode(texts)
-        return self.encode_pair(texts, pairs)
-
-    @tf.function(input_signature=[_STRINGS])
-    def encode(self, texts):
-        ids, types, _ = self.encode_with_lengths(texts)
-        return ids, types
-
-    @tf.function(input_signature=[_STRINGS, _STRINGS])
-    def encode_pair(self, texts, pairs):
-        ids, types, _ = self.encode_with_lengths(texts, pairs)
-        return ids, types
-
-    def encode_with_lengths(self, texts, pairs=None):
-        """Like __call__, plus each row's length before truncation (with [CLS]/[SEP])."""
-        first = self.wordpieces(texts)
-        if pairs is None:
-            untruncated = first.row_lengths() + 2
-            keep = _keep_lengths([first.row_lengths()], self.max_seq_length, tf)
-            segments = [_head(first, keep[0])]
-        else:
-            second = self.wordpieces(pairs)
-            untruncated = first.row_lengths() + second.row_lengths() + 3
-            keep = _keep_lengths([first.row_lengths(), second.row_lengths()],
-                                 self.max_seq_length, tf)
-            segments = [_head(first, keep[0]), _head(second, keep[1])]
-        ids, types = tf_text.combine_segments(
-            segments, start_of_sequence_id=self._cls_id, end_of_segment_id=self._sep_id)
-        return ids, tf.cast(types, tf.int64), untruncated
-
     def wordpieces(self, texts) -> tf.RaggedTensor:
         """Token ids of each text, before truncation and without [CLS]/[SEP]."""
         return self._tokenizer.tokenize(texts)
-
-    def encode_numpy(self, texts, pairs=None):
-        """encode_with_lengths for the tokenize step, as numpy arrays: (flat input ids, row
-        lengths, flat token type ids, pre-truncation lengths).
-
-        Same wordpieces (same op) and the same truncation rule (`_keep_lengths`); only the
-        [CLS]/[SEP] assembly is done in numpy instead of TensorFlow ops, which in a fresh
-        process cost time each to instantiate (about 50 of them) and are slower than numpy on
-        int64 vectors (by hand, no results file). tests/test_tokenize.py checks both paths
-        give identical output.
-        """
-        segments = []
-        for batch in (texts,) if pairs is None else (texts, pairs):
-            rt = self.wordpieces(tf.constant(batch, dtype=tf.string))
-            segments.append((rt.flat_values.numpy(), rt.row_lengths().numpy()))
-        keep = _keep_lengths([lengths for _, lengths in segments], self.max_seq_length, np)
-        untruncated = sum(lengths for _, lengths in segments) + len(segments) + 1
-        ids, lengths, types = _combine_numpy(
-            [(values, lengths, k) for (values, lengths), k in zip(segments, keep)],
-            self._cls_id, self._sep_id)
-        return ids, lengths, types, untruncated
 
 
 def _head(rt: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
@@ -138,10 +175,11 @@ def _head(rt: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
     return tf.RaggedTensor.from_row_lengths(tf.gather(rt.values, positions), keep)
 
 
-def _keep_lengths(lengths: list, max_seq_length: int, xp) -> list:
+def _keep_lengths(lengths: list, max_seq_length: int, xp, specials: int = 3) -> list:
     """Tokens each segment keeps (xp: tf or np, the same rule for both).
 
-    One segment keeps its first max_seq_length - 2 tokens. Two segments are cut like
+    One segment keeps its first max_seq_length - 2 tokens. Two segments (with `specials`
+    special tokens around them: 3 for BERT, 4 for RoBERTa) are cut like
     Hugging Face tokenizers' LongestFirst, vectorized over rows: if the shorter segment fits
     in half the budget it stays whole and the longer one takes the rest; otherwise both get
     half, the odd token going to the longer one (to the second when they tie).
@@ -149,7 +187,7 @@ def _keep_lengths(lengths: list, max_seq_length: int, xp) -> list:
     if len(lengths) == 1:
         return [xp.minimum(lengths[0], max_seq_length - 2)]
     len_a, len_b = lengths
-    budget = max_seq_length - 3
+    budget = max_seq_length - specials
     short = xp.minimum(len_a, len_b)
     short_whole = 2 * short <= budget
     keep_short = xp.where(short_whole, short, budget // 2)
@@ -158,6 +196,12 @@ def _keep_lengths(lengths: list, max_seq_length: int, xp) -> list:
     keep_a = xp.minimum(len_a, xp.where(a_longer, keep_long, keep_short))
     keep_b = xp.minimum(len_b, xp.where(a_longer, keep_short, keep_long))
     return [keep_a, keep_b]
+
+
+def _prefix_rows(values, lengths, keep, token: int):
+    """(flat values, row lengths, keep) of rows that each start with `token`."""
+    values = np.insert(np.asarray(values, np.int64), np.cumsum(lengths) - lengths, token)
+    return values, np.asarray(lengths) + 1, np.asarray(keep) + 1
 
 
 def _combine_numpy(parts, cls_id: int, sep_id: int):

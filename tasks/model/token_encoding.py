@@ -10,16 +10,18 @@ position of its first piece in `input_ids` ([CLS] is position 0), or -1 when the
 piece left: truncated away, or made only of characters BERT's normalizer drops (a lone
 zero-width space). Predictions are given back per word by gathering at `word_starts`.
 
-The word pieces are the ones `tasks.model.text_encoder.BertTextEncoder` makes (same vocabulary,
-same lower-casing, same compiled tokenizer): each word is tokenized on its own and the
-pieces regrouped by sentence, so a word is never merged with its neighbour.
+The word pieces are the ones the run's text encoder makes (`BertTextEncoder`: same vocabulary,
+same lower-casing, same compiled tokenizer; or RoBERTa's byte-level BPE, each word with a
+space before it, as RobertaTokenizerFast(add_prefix_space=True) splits words): each word is
+tokenized on its own and the pieces regrouped by sentence, so a word is never merged with
+its neighbour.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 import tensorflow_text as tf_text
 
-from tasks.model.text_encoder import BertTextEncoder
+from tasks.model.text_encoder import SegmentEncoder
 from tasks.task_kinds import IGNORED
 
 _WORDS = tf.RaggedTensorSpec([None, None], tf.string)
@@ -39,7 +41,7 @@ class WordPieceAligner(tf.Module):
     - `num_truncated`: int64 scalar, the rows longer than max_seq_length.
     """
 
-    def __init__(self, encoder: BertTextEncoder):
+    def __init__(self, encoder: SegmentEncoder):
         super().__init__(name="word_piece_aligner")
         self.encoder = encoder
         self.max_seq_length = encoder.max_seq_length
@@ -56,7 +58,10 @@ class WordPieceAligner(tf.Module):
         return self._encode(words, None)
 
     def _encode(self, words: tf.RaggedTensor, tag_ids: tf.RaggedTensor | None) -> dict:
-        pieces = self.encoder.wordpieces(words.flat_values)  # [all words, (pieces)]
+        flat = words.flat_values
+        if self.encoder.WORD_PREFIX:  # RoBERTa: each word as after a space
+            flat = tf.strings.join([self.encoder.WORD_PREFIX, flat])
+        pieces = self.encoder.wordpieces(flat)  # [all words, (pieces)]
         per_word = pieces.row_lengths()
         # Position of each word's first piece within its sentence, [CLS] not counted.
         offsets = tf.RaggedTensor.from_row_lengths(per_word, words.row_lengths())

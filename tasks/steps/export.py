@@ -1,16 +1,16 @@
 """Export step: the fine-tuned classifier and its tokenizer as one SavedModel, published as an
 immutable version `{export_uri}/{model_name}/{version}/`.
 
-The SavedModel takes raw strings (serving parity by construction: it embeds the same
-`BertTextEncoder` that wrote the TFRecords) and is checked in a fresh interpreter that only
-imports tensorflow and tensorflow_text before it is published. The version id is fixed on a
-run's first export attempt, so an Airflow retry publishes the same version, never a second.
+The SavedModel takes raw strings (serving parity by construction: it embeds the same text
+encoder that wrote the TFRecords, `checkpoint.text_encoder`) and is checked in a fresh
+interpreter that only imports tensorflow and tensorflow_text before it is published. The
+version id is fixed on a run's first export attempt, so an Airflow retry publishes the same
+version, never a second.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import subprocess
 import tempfile
 from datetime import datetime, timezone
@@ -29,7 +29,7 @@ from tasks import fresh_load, thresholds
 from tasks.errors import BertflowError
 from tasks.runs.runlayout import RunContext
 from tasks.model import windows
-from tasks.model.text_encoder import BertTextEncoder
+from tasks.model.text_encoder import SegmentEncoder
 from tasks.model.token_encoding import WordPieceAligner
 from tasks.task_kinds import TaskKind, kind as task_kind
 from tasks.training.entity_serving import entity_serving_module
@@ -83,11 +83,10 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
     with FreshLoadCheck() as fresh_load:  # its interpreter starts while the model is built
         with storage.staged_local_dir(train["model_dir"]) as model_dir:
             model = checkpoint.load_classifier(model_dir, labels, head=kind.head)
-            encoder = BertTextEncoder(checkpoint.vocab_path(model_dir), tokens["lower_case"],
-                                      tokens["max_seq_length"])
-            write_hf_checkpoint(model, labels, checkpoint.vocab_path(model_dir), out,
-                                tokens["lower_case"], tokens["max_seq_length"],
-                                kind.problem_type)
+            encoder = checkpoint.text_encoder(model_dir, tokens["lower_case"],
+                                              tokens["max_seq_length"])
+            write_hf_checkpoint(model, labels, model_dir, out, tokens["lower_case"],
+                                tokens["max_seq_length"], kind.problem_type)
             record_thresholds(out, kind.name, labels, threshold, train.get("thresholds"))
         module = serving_module(encoder, model, labels, has_pair, kind, threshold,
                                 window_setting(cfg, tokens))
@@ -105,18 +104,24 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
                        + lineage.card_lines(record))
 
 
-def write_hf_checkpoint(model, labels: list[str], vocab_file: Path, out: Path,
+def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
                         lower_case: bool, max_seq_length: int,
                         problem_type: str = "single_label_classification") -> None:
     """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
     family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
-    (tasks/model/hf_weights.py), vocab.txt and the tokenizer files. PyTorch's
+    (tasks/model/hf_weights.py), `model_dir`'s tokenizer files (vocab.txt; RoBERTa's
+    vocab.json and merges.txt) and the tokenizer's config. PyTorch's
     AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
-    from transformers import BertTokenizer  # the tokenizer files only; no model code
+    from transformers import BertTokenizer, RobertaTokenizerFast  # tokenizer files only
 
     save_hf_checkpoint(model, labels, out, problem_type)
-    shutil.copy(vocab_file, out / checkpoint.VOCAB)
+    checkpoint.copy_tokenizer_files(model_dir, out)
+    if model.config.family == "roberta":
+        RobertaTokenizerFast.from_pretrained(
+            str(out), model_max_length=max_seq_length).save_pretrained(out)
+        return
+    vocab_file = out / checkpoint.VOCAB
     # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
     inputs = (["input_ids", "attention_mask"] if model.config.type_vocab_size == 0
               else ["input_ids", "token_type_ids", "attention_mask"])
@@ -152,7 +157,7 @@ def window_setting(cfg: RunConfig, tokens: dict) -> tuple[int, str] | None:
     return tokens["window_stride"], cfg.window_aggregation
 
 
-def serving_module(encoder: BertTextEncoder, model, labels: list[str], has_pair: bool,
+def serving_module(encoder: SegmentEncoder, model, labels: list[str], has_pair: bool,
                    kind: TaskKind | None = None, threshold=0.5,
                    window: tuple[int, str] | None = None):
     """A tf.Module whose `serve` maps raw strings to the task's outputs

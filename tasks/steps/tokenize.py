@@ -1,9 +1,11 @@
 """Tokenize step: prepared JSON Lines shards -> sharded TFRecords, cached by content.
 
-`BertTextEncoder` (tasks/model/text_encoder.py) is the single tokenizer of the project: this
-step uses it to write the TFRecords and the export step embeds it in the SavedModel, so
-serving cannot drift from training. (The step takes the encoder's wordpieces and truncation rule as they are and only
-adds [CLS]/[SEP] in numpy, `BertTextEncoder.encode_numpy`; tests check it equals the
+The checkpoint family's text encoder (`checkpoint.text_encoder`: WordPiece's
+`BertTextEncoder`, tasks/model/text_encoder.py, or RoBERTa's byte-level BPE,
+tasks/model/byte_bpe.py) is the single tokenizer of a run: this step uses it to write the
+TFRecords and the export step embeds it in the SavedModel, so serving cannot drift from
+training. (The step takes the encoder's wordpieces and truncation rule as they are and only
+adds [CLS]/[SEP] in numpy, `SegmentEncoder.encode_numpy`; tests check it equals the
 TensorFlow path.) No Python runs per row, and the output is byte-identical for identical
 input -- also to tf.io.encode_proto + tf.io.TFRecordWriter (`tasks/io/tfrecord_io.py`), so
 ENCODER_VERSION and existing caches still hold.
@@ -52,10 +54,12 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
 from tasks.task_kinds import kind as task_kind
-from tasks.model.text_encoder import BertTextEncoder
+from tasks.model.config import EncoderConfig
+from tasks.model.text_encoder import SegmentEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"
+ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1"}  # the families with another encoder
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"
@@ -67,18 +71,20 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     data = runlayout.read_manifest(ctx.manifest_uri("data"))
     task = data.get("task", "classification")  # data manifests from before issue 33
     model_dir = checkpoint.resolve_base_model(cfg)
-    vocab_file = checkpoint.vocab_path(model_dir)
+    files = checkpoint.tokenizer_files(model_dir)
     casing = checkpoint.casing(model_dir, cfg)
-    content_hash = _content_hash(data["splits"], vocab_file.read_bytes(), cfg,
-                                 task, len(data["labels"]), casing.lower_case)
+    version = ENCODER_VERSIONS.get(EncoderConfig.from_pretrained(model_dir).family,
+                                   ENCODER_VERSION)
+    content_hash = _content_hash(data["splits"], _tokenizer_bytes(files), cfg,
+                                 task, len(data["labels"]), casing.lower_case, version)
     cache = runlayout.cache_uri(cfg.artifact_root, content_hash)
 
     cached = _complete_cache_manifest(cache)
     reused = cached is not None
     if not reused:
-        encoder = BertTextEncoder(vocab_file, casing.lower_case, cfg.max_seq_length)
+        encoder = checkpoint.text_encoder(model_dir, casing.lower_case, cfg.max_seq_length)
         cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task,
-                              cfg.window_stride if cfg.long_text == "window" else None)
+                              version, cfg.window_stride if cfg.long_text == "window" else None)
     if cfg.long_text == "window":
         train = cached["splits"]["train"]
         print(f"tokenize: {train['num_windowed']} of {train['num_examples']} training texts "
@@ -112,8 +118,18 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     return runlayout.write_manifest(ctx.step_uri("tokenize"), manifest)
 
 
+def _tokenizer_bytes(files: list[Path]) -> bytes:
+    """The tokenizer files' bytes for the cache key: vocab.txt's as they are (the key BERT
+    caches were made with), several files each length-prefixed."""
+    if len(files) == 1:
+        return files[0].read_bytes()
+    parts = [path.read_bytes() for path in files]
+    return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
+
+
 def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "classification",
-                  num_labels: int = 0, lower_case: bool = True) -> str:
+                  num_labels: int = 0, lower_case: bool = True,
+                  encoder_version: str = ENCODER_VERSION) -> str:
     """sha256 over the settings, the vocab and each split's prepared bytes (its shards in
     order), streamed block by block; the same value as hashing each split's bytes whole.
 
@@ -121,7 +137,7 @@ def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "class
     score), so it is part of the key; classification leaves it out, which keeps the caches
     written before tasks existed valid."""
     digest = hashlib.sha256()
-    settings = {"encoder": ENCODER_VERSION, "max_seq_length": cfg.max_seq_length,
+    settings = {"encoder": encoder_version, "max_seq_length": cfg.max_seq_length,
                 "lower_case": lower_case, "num_shards": cfg.num_shards}
     if task != "classification":
         settings.update(task=task, num_labels=num_labels)
@@ -163,8 +179,9 @@ def _complete_cache_manifest(cache: str) -> dict | None:
     return manifest
 
 
-def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: dict,
+def _build_cache(cache: str, content_hash: str, encoder: SegmentEncoder, data: dict,
                  num_shards: int, task: str = "classification",
+                 encoder_version: str = ENCODER_VERSION,
                  window_stride: int | None = None) -> dict:
     kind, num_labels = task_kind(task), len(data["labels"])
     if kind.per_token:
@@ -176,7 +193,7 @@ def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: 
         codec = _RowCodec(encoder, lambda values: kind.record_labels(values, num_labels))
     with tempfile.TemporaryDirectory(prefix="bertflow-tokenize-") as tmp:
         splits = _write_shards(Path(tmp), encoder, data["splits"], num_shards, codec)
-        manifest = {"content_hash": content_hash, "encoder_version": ENCODER_VERSION,
+        manifest = {"content_hash": content_hash, "encoder_version": encoder_version,
                     "vocab_size": encoder.vocab_size, "max_seq_length": encoder.max_seq_length,
                     "lower_case": encoder.lower_case, "has_pair": data["has_pair"],
                     "num_shards": num_shards, "splits": splits}
@@ -191,11 +208,11 @@ def _build_cache(cache: str, content_hash: str, encoder: BertTextEncoder, data: 
 
 class _RowCodec:
     """Prepared rows of a text (and pair) and a label -> record arrays: the encoder's ids
-    (BertTextEncoder.encode_numpy) and `record_labels` of the chunk's labels."""
+    (SegmentEncoder.encode_numpy) and `record_labels` of the chunk's labels."""
 
     row_type = PreparedRow
 
-    def __init__(self, encoder: BertTextEncoder, record_labels=None):
+    def __init__(self, encoder: SegmentEncoder, record_labels=None):
         self.encoder = encoder
         self.record_labels = record_labels or (lambda values: np.array(values, np.int64))
 
@@ -216,7 +233,7 @@ class _TokenCodec:
 
     row_type = TokenRow
 
-    def __init__(self, encoder: BertTextEncoder):
+    def __init__(self, encoder: SegmentEncoder):
         self.aligner = WordPieceAligner(encoder)
 
     def encode(self, rows: list) -> tuple:
@@ -272,7 +289,7 @@ def _chunks(split: str, shards: list[str], total: int, bounds: list[int], row_ty
                             f"hold {row}; run the data step again")
 
 
-def _write_shards(folder: Path, encoder: BertTextEncoder, splits: dict,
+def _write_shards(folder: Path, encoder: SegmentEncoder, splits: dict,
                   num_shards: int, codec=None) -> dict:
     """Write every split's shards and return their manifest entries. Shard k of a split
     holds a contiguous, near-equal row range (file order preserved). The prepared rows are

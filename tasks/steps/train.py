@@ -195,7 +195,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
         if chief:
             with clock.checkpoint():
                 save_hf_checkpoint(model, labels, out / "model", kind.problem_type)
-            shutil.copy(checkpoint.vocab_path(base), out / "model" / checkpoint.VOCAB)
+            checkpoint.copy_tokenizer_files(base, out / "model")
         evaluation = None
         if evaluates_here(cfg, name):  # after the save: the model is safe whatever happens
             validating_s = clock.evaluation_s  # the validation evaluations' share

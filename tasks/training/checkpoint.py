@@ -1,12 +1,14 @@
 """Base checkpoints: find them, check them, and load bertflow's classifier from them.
 
-A checkpoint folder holds `config.json` (a BERT, DistilBERT or ELECTRA config), `vocab.txt`
-and `model.safetensors` in PyTorch's key layout: what the Hugging Face hub and the offline
-default ship, and what the train step writes (tasks/model/hf_weights.py).
+A checkpoint folder holds `config.json` (a BERT, DistilBERT, ELECTRA or RoBERTa config), its
+family's tokenizer files (`vocab.txt`; RoBERTa's `vocab.json` and `merges.txt`) and
+`model.safetensors` in PyTorch's key layout: what the Hugging Face hub and the offline default
+ship, and what the train step writes (tasks/model/hf_weights.py).
 """
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from tasks.errors import BertflowError
@@ -37,8 +39,9 @@ def check_model_dir(model_dir: Path) -> None:
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise BertflowError(f"{model_dir}: checkpoint folder not found (set base_model to a "
-                            f"folder with config.json, vocab.txt and model.safetensors)")
-    missing = [name for name in ("config.json", VOCAB, SAFETENSORS)
+                            f"folder with config.json, vocab.txt (RoBERTa: vocab.json and "
+                            f"merges.txt) and model.safetensors)")
+    missing = [name for name in ("config.json", SAFETENSORS)
                if not (model_dir / name).is_file()]
     if missing:
         hint = (" (a TensorFlow-only tf_model.h5 checkpoint: save it with PyTorch's "
@@ -47,6 +50,7 @@ def check_model_dir(model_dir: Path) -> None:
         raise BertflowError(f"{model_dir}: checkpoint folder is missing "
                             f"{', '.join(missing)}{hint}")
     EncoderConfig.from_pretrained(model_dir)  # an unsupported family is refused here
+    tokenizer_files(model_dir)
 
 
 def casing(model_dir: Path, cfg):
@@ -68,10 +72,48 @@ def lower_case(cfg) -> bool:
 
 
 def vocab_path(model_dir: Path) -> Path:
+    """vocab.txt of a WordPiece checkpoint (BERT, DistilBERT, ELECTRA)."""
     path = Path(model_dir) / VOCAB
     if not path.is_file():
         raise BertflowError(f"{model_dir}: checkpoint folder is missing {VOCAB}")
     return path
+
+
+def tokenizer_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's tokenizer files for its family: what its text encoder reads, what
+    the tokenize cache key hashes and what the train step copies beside the weights."""
+    from tasks.model.config import TOKENIZER_FILES, EncoderConfig
+
+    family = EncoderConfig.from_pretrained(model_dir).family
+    names = TOKENIZER_FILES[family]
+    missing = [name for name in names if not (Path(model_dir) / name).is_file()]
+    if missing:
+        raise BertflowError(f"{model_dir}: checkpoint folder is missing {', '.join(missing)} "
+                            f"(a {family} checkpoint's tokenizer is {' and '.join(names)})")
+    return [Path(model_dir) / name for name in names]
+
+
+def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
+    """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, or
+    RoBERTa's byte-level BPE, which reads text as it is (no lower-casing)."""
+    from tasks.model.config import EncoderConfig
+
+    files = tokenizer_files(model_dir)
+    if EncoderConfig.from_pretrained(model_dir).family != "roberta":
+        from tasks.model.text_encoder import BertTextEncoder
+
+        return BertTextEncoder(files[0], lower_case, max_seq_length)
+    if lower_case:
+        raise BertflowError(f"{model_dir}: a RoBERTa checkpoint's byte-level BPE does not "
+                            "lower-case; leave lower_case empty or false")
+    from tasks.model.byte_bpe import RobertaTextEncoder
+
+    return RobertaTextEncoder(*files, max_seq_length=max_seq_length)
+
+
+def copy_tokenizer_files(model_dir: Path, out: Path) -> None:
+    for path in tokenizer_files(model_dir):
+        shutil.copy(path, Path(out) / path.name)
 
 
 def load_classifier(model_dir: Path, labels: list[str], *, cpu_kernels: bool = False,

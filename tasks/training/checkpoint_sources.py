@@ -36,6 +36,10 @@ from tasks.model.casing import FILES as TOKENIZER_FILES
 from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
+# A checkpoint's vocabulary, by what its folder holds: WordPiece's vocab.txt or byte-level BPE's
+# vocab.json and merges.txt (RoBERTa; checkpoint.check_model_dir then checks that config.json's
+# family is the one that reads them).
+VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"))
 # PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
 WEIGHTS = ("model.safetensors",)
 RECORD = ".bertflow-checkpoint.json"  # in a cache entry: what was fetched, sizes and hashes
@@ -182,7 +186,9 @@ def _hub_reader(cfg, src: Source):
 def _check_folder(value: str, uri: str, champion: bool = False) -> None:
     names = _listing(value, uri)
     _pick_files(value, names, uri, champion)
-    _check_config(value, _read_config(value, join_uri(uri, CONFIG)))
+    config = _read_config(value, join_uri(uri, CONFIG))
+    _check_config(value, config, names, uri)
+    _check_vocabulary_size(value, config, uri)
 
 
 def _listing(value: str, uri: str) -> dict[str, tuple[int, str | None]]:
@@ -205,7 +211,10 @@ def _listing(value: str, uri: str) -> dict[str, tuple[int, str | None]]:
 
 def _pick_files(value: str, names, where: str, champion: bool = False) -> list[str]:
     """The files loading needs, of those `names`; raises naming the missing ones."""
-    missing = [n for n in (CONFIG, VOCAB) if n not in names]
+    missing = [n for n in (CONFIG,) if n not in names]
+    vocabulary = next((v for v in VOCABULARIES if all(n in names for n in v)), None)
+    if vocabulary is None:
+        missing.append(f"{VOCAB} (or RoBERTa's vocab.json and merges.txt)")
     weights = next((w for w in WEIGHTS if w in names), None)
     if weights is None:
         missing.append(" or ".join(WEIGHTS))
@@ -214,7 +223,7 @@ def _pick_files(value: str, names, where: str, champion: bool = False) -> list[s
                 "base_model to a checkpoint folder, or promote a version that has one"
                 if champion else "copy the missing files there, or choose another checkpoint")
         raise _error(value, f"{redact(where)} is missing {', '.join(missing)} ({hint})")
-    return [CONFIG, VOCAB, weights]
+    return [CONFIG, *vocabulary, weights]
 
 
 def _with_tokenizer_files(picked: list[str], names) -> list[str]:
@@ -232,17 +241,49 @@ def _read_config(value: str, uri: str) -> dict:
         raise _error(value, f"{redact(uri)} is not JSON ({err})") from None
 
 
-def _check_config(value: str, config: dict) -> None:
-    """A family bertflow's model builds (tasks/model/config.py), refused before any fetch."""
-    from tasks.model.config import FAMILIES, EncoderConfig
+def _check_config(value: str, config: dict, names=None, where: str = "") -> None:
+    """A family bertflow's model builds (tasks/model/config.py), with its tokenizer files
+    among `names` (when the listing is known), refused before any fetch."""
+    from tasks.model.config import FAMILIES, TOKENIZER_FILES, EncoderConfig
 
     try:
-        EncoderConfig.from_dict(config)
+        family = EncoderConfig.from_dict(config).family
     except ConfigError as err:
         raise _error(value, f"{err.reason}; bertflow fine-tunes {', '.join(FAMILIES)} "
                             f"checkpoints: choose one such as google-bert/bert-base-uncased, "
-                            f"distilbert/distilbert-base-uncased or "
-                            f"google/electra-base-discriminator") from None
+                            f"distilbert/distilbert-base-uncased, "
+                            f"google/electra-base-discriminator or FacebookAI/roberta-base"
+                            ) from None
+    needed = TOKENIZER_FILES[family]
+    missing = [name for name in needed if names is not None and name not in names]
+    if missing:
+        raise _error(value, f"{redact(where)} is missing {', '.join(missing)} (a {family} "
+                            f"checkpoint's tokenizer is {' and '.join(needed)})")
+
+
+def _check_vocabulary_size(value: str, config: dict, uri: str) -> None:
+    """A vocabulary with more ids than the embedding matrix has rows is refused: its last
+    pieces would index past the matrix (an error on CPU, silent zeros on GPU)."""
+    from tasks.model.config import TOKENIZER_FILES, EncoderConfig
+
+    encoder = EncoderConfig.from_dict(config)
+    name = TOKENIZER_FILES[encoder.family][0]
+    try:
+        raw = storage.read_bytes(join_uri(uri, name)).decode("utf-8")
+        if name.endswith(".json"):  # piece -> id
+            size = max(json.loads(raw).values(), default=-1) + 1
+        else:  # one piece a line
+            size = len(raw.split("\n")) - raw.endswith("\n")
+    except StorageError as err:
+        raise _unreadable(value, join_uri(uri, name), err) from None
+    except (ValueError, AttributeError, TypeError) as err:
+        raise _error(value, f"{redact(join_uri(uri, name))} is not a vocabulary ({err})"
+                     ) from None
+    if size > encoder.vocab_size:
+        raise _error(value, f"{redact(join_uri(uri, name))} has {size} ids but {CONFIG}'s "
+                            f"vocab_size (the embedding matrix) is {encoder.vocab_size}: ids "
+                            f"from {encoder.vocab_size} on have no embedding; use the "
+                            f"vocabulary the checkpoint was trained with")
 
 
 def _error(value: str, reason: str) -> ConfigError:
@@ -478,18 +519,19 @@ def _model_info(cfg, src: Source):
 def _check_hub(cfg, src: Source) -> None:
     from huggingface_hub import hf_hub_download
 
+    names = None  # offline: the file list is unknown
     if _offline():
         path = _hub_errors(src.value, src, lambda: hf_hub_download(
             src.location, CONFIG, revision=src.revision, cache_dir=cache_root() / "hub",
             local_files_only=True))
     else:
         info = _model_info(cfg, src)
-        _pick_files(src.value, {s.rfilename for s in info.siblings or ()},
-                    f"{src.location}@{info.sha}")
+        names = {s.rfilename for s in info.siblings or ()}
+        _pick_files(src.value, names, f"{src.location}@{info.sha}")
         path = _hub_errors(src.value, src, lambda: hf_hub_download(
             src.location, CONFIG, revision=info.sha, cache_dir=cache_root() / "hub",
             **_hub_kwargs(cfg)))
-    _check_config(src.value, json.loads(Path(path).read_text()))
+    _check_config(src.value, json.loads(Path(path).read_text()), names, src.location)
 
 
 def _remember_ref(cache: Path, src: Source, sha: str) -> None:
@@ -512,7 +554,7 @@ def _fetch_hub(cfg, src: Source) -> Resolved:
     if _offline():
         folder = Path(_hub_errors(src.value, src, lambda: snapshot_download(
             src.location, revision=src.revision, cache_dir=cache, local_files_only=True,
-            allow_patterns=[CONFIG, VOCAB, *WEIGHTS, *TOKENIZER_FILES])))
+            allow_patterns=[CONFIG, *sum(VOCABULARIES, ()), *WEIGHTS, *TOKENIZER_FILES])))
         present = {p.name for p in folder.iterdir()}
         picked = _with_tokenizer_files(
             _pick_files(src.value, present, f"{src.location} (cached)"), present)

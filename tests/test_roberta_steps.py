@@ -1,0 +1,107 @@
+"""A RoBERTa checkpoint through the steps: validate's checks, data, tokenize (byte-level BPE in
+the TFRecords, equal to RobertaTokenizerFast), train and evaluate (a subprocess, as the CLI
+runs them), export (a SavedModel that serves in a fresh interpreter, which the export step
+checks, and a Hugging Face folder whose tokenizer loads in transformers).
+
+The checkpoint is tiny and random, written by bertflow's own save (tasks/model/hf_weights.py,
+whose RoBERTa keys tests/test_model_parity.py checks against PyTorch's) beside a byte-level
+BPE trained here (tests/test_byte_bpe.py).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.config import RunConfig
+from tasks.errors import BertflowError
+from tasks.io import storage
+from tasks.runs import runlayout
+from tasks.runs.runlayout import RunContext, write_run_config
+from tasks.training import checkpoint
+from test_byte_bpe import CORPUS, train_byte_bpe
+from train_helpers import run_steps_in_subprocess
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [t for t in CORPUS if t.strip()] * 4
+
+
+@pytest.fixture(scope="module")
+def roberta_dir(tmp_path_factory) -> Path:
+    import tf_keras
+
+    from tasks.model.byte_bpe import read_vocab
+    from tasks.model.classifier import build_classifier
+    from tasks.model.config import EncoderConfig
+    from tasks.model.hf_weights import save_hf_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny-roberta")
+    vocab, _ = train_byte_bpe(folder)
+    raw = {"model_type": "roberta", "vocab_size": len(read_vocab(vocab)),
+           "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+           "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
+           "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+    tf_keras.utils.set_random_seed(0)
+    model = build_classifier(EncoderConfig.from_dict(raw), 2)
+    save_hf_checkpoint(model, ["a", "b"], folder)
+    return folder
+
+
+def test_a_roberta_folder_needs_its_merges(roberta_dir, tmp_path):
+    checkpoint.check_model_dir(roberta_dir)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in roberta_dir.iterdir():
+        if path.name != "merges.txt":
+            (broken / path.name).write_bytes(path.read_bytes())
+    with pytest.raises(BertflowError, match=r"missing merges.txt \(a roberta checkpoint's "
+                                            r"tokenizer is vocab.json and merges.txt\)"):
+        checkpoint.check_model_dir(broken)
+    with pytest.raises(BertflowError, match="byte-level BPE does not lower-case"):
+        checkpoint.text_encoder(roberta_dir, True, 32)
+
+
+def test_tokenize_train_evaluate_export(roberta_dir, tmp_path):
+    import tensorflow as tf
+
+    from tasks.steps import data, export, tokenize
+
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\n" + "".join(
+        f"{t.replace(chr(9), ' ').replace(chr(10), ' ').replace(chr(13), ' ')}\t{'ab'[i % 2]}\n"
+        for i, t in enumerate(TEXTS)))
+    root = tmp_path / "art"
+    cfg = RunConfig(base_model=str(roberta_dir), train_uri=str(train), num_shards=1,
+                    artifact_root=str(root), max_seq_length=24, epochs=1,
+                    per_replica_batch_size=8, eval_batch_size=8, mixed_precision="none",
+                    model_name="tiny-roberta", export_uri=str(tmp_path / "models"))
+    ctx = RunContext(artifact_root=str(root), dag_id="test", run_key="roberta")
+    write_run_config(ctx, cfg)
+    storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())  # for the subprocess
+    data.run(cfg, ctx)
+    manifest = json.loads(Path(tokenize.run(cfg, ctx)).read_text())
+    assert manifest["lower_case"] is False
+    assert manifest["lower_case_rule"] == "roberta: byte-level BPE reads text as it is"
+
+    reference = transformers.RobertaTokenizerFast.from_pretrained(str(roberta_dir))
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
+        manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"])]
+    stored = {tuple(r.features.feature["input_ids"].int64_list.value) for r in records}
+    # The data step strips each text's ends (which byte-level BPE would otherwise encode).
+    prepared = [row.split("\t")[0].strip() for row in train.read_text().splitlines()[1:]]
+    assert stored == {tuple(reference(t, truncation=True, max_length=24)["input_ids"])
+                      for t in prepared}
+    assert not any(any(r.features.feature["token_type_ids"].int64_list.value)
+                   for r in records)
+
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version = runlayout.read_manifest(export.run(cfg, ctx))  # checks the fresh interpreter
+    folder = Path(version["version_uri"])
+    exported = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert type(exported).__name__.startswith("RobertaTokenizer")
+    assert exported(prepared[:5])["input_ids"] == reference(prepared[:5])["input_ids"]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["RobertaForSequenceClassification"]
