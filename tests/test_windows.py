@@ -275,6 +275,42 @@ def test_evaluation_counts_texts_from_their_aggregated_windows(tiny_model_dir, t
     _close(got, reference_metrics(model, rows, task, how))
 
 
+def test_tuned_thresholds_count_texts_from_their_aggregated_windows(tiny_model_dir, tmp_path):
+    """multi_label_threshold tuned on windowed validation rows: each text counts once, from
+    its windows' aggregated logits, as the test metrics and the SavedModel count it."""
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from tasks import thresholds
+    from tasks.steps import evaluate
+    from tasks.task_kinds import kind
+    from tasks.training import checkpoint
+
+    rows = window_rows(23, seed=5, task="multi_label")
+    files = write_windows(tmp_path, rows)
+    spec, labels = SPECS["multi_label"]
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope():
+        model = checkpoint.load_classifier(tiny_model_dir, labels, head=kind("multi_label").head)
+    cfg = SimpleNamespace(eval_batch_size=8, max_seq_length=16, window_aggregation="max",
+                          decision_threshold_metric="f1")
+    tok = {"task": "multi_label", "labels": labels, "label_spec": {**spec, "text_id": True}}
+    got = evaluate.tuned_thresholds(cfg, tok, strategy, "one_device", model, files)
+    assert got["validation_rows"] == 23 < len(rows)
+    by_text: dict[int, list] = {}
+    truth = {}
+    for (t, _, label), logits in zip(rows, forward(model, [ids for _, ids, _ in rows])):
+        by_text.setdefault(t, []).append(logits)
+        truth[t] = label
+    texts = sorted(by_text)
+    logits = np.array([np.max(by_text[t], axis=0) for t in texts], np.float32)
+    truth = np.array([np.reshape(truth[t], -1) for t in texts], np.float32)
+    counts = evaluate.threshold_counts(kind("multi_label"), len(labels))[0](
+        tf.constant(truth), tf.constant(logits)).numpy()
+    assert got["per_label"] == thresholds.choose(counts, labels)["per_label"]
+
+
 def test_windows_of_a_text_are_put_together_by_id_in_any_order():
     from tasks.model import windows
 

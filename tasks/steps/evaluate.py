@@ -273,8 +273,19 @@ def tuned_thresholds(cfg: RunConfig, tok: dict, strategy, name: str, model,
     kind = task_kind(tok.get("task", "classification"))
     labels = tok["labels"]
     batch = cfg.eval_batch_size * strategy.num_replicas_in_sync
-    count = summing(strategy, model, files, batch, name == "tpu", cfg.max_seq_length,
-                    tok.get("label_spec"), threshold_counts(kind, len(labels)))
+    args = (strategy, model, files, batch, name == "tpu", cfg.max_seq_length,
+            tok.get("label_spec"))
+    if inputs.windowed(tok.get("label_spec")):
+        # Texts, not windows, are counted: the windows' logits are aggregated per text first,
+        # as the test metrics and the SavedModel do.
+        found = window_gathering(*args, num_logits=len(labels))
+        per_text = threshold_counts(kind, len(labels))[0]
+
+        def count():
+            truth, logits = windows.by_text(*found(), cfg.window_aggregation)
+            return per_text(tf.constant(truth), tf.constant(logits)).numpy()
+    else:
+        count = summing(*args, threshold_counts(kind, len(labels)))
     if kind.name == "classification":
         record = thresholds.choose(count(), labels[1:], cfg.decision_threshold_metric,
                                    "decision_threshold")
