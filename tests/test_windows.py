@@ -235,6 +235,13 @@ def reference_metrics(model, rows, task, how):
     from tasks.steps import evaluate
     from tasks.task_kinds import kind
 
+    labels, logits = texts_by_hand(model, rows, how)
+    return evaluate.text_scores(kind(task), SPECS[task][1], 0.5)(labels, logits)
+
+
+def texts_by_hand(model, rows, how):
+    """(labels, logits) per text in id order: each window alone through the model, a text's
+    logits the mean or max of its windows'."""
     by_text: dict[int, list] = {}
     truth = {}
     for (t, _, label), logits in zip(rows, forward(model, [ids for _, ids, _ in rows])):
@@ -242,8 +249,7 @@ def reference_metrics(model, rows, task, how):
         truth[t] = label
     texts = sorted(by_text)
     logits = np.array([getattr(np, how)(by_text[t], axis=0) for t in texts], np.float32)
-    labels = np.array([np.reshape(truth[t], -1) for t in texts], np.float32)
-    return evaluate.text_scores(kind(task), SPECS[task][1], 0.5)(labels, logits)
+    return np.array([np.reshape(truth[t], -1) for t in texts], np.float32), logits
 
 
 def _close(got: dict, want: dict) -> None:
@@ -298,14 +304,7 @@ def test_tuned_thresholds_count_texts_from_their_aggregated_windows(tiny_model_d
     tok = {"task": "multi_label", "labels": labels, "label_spec": {**spec, "text_id": True}}
     got = evaluate.tuned_thresholds(cfg, tok, strategy, "one_device", model, files)
     assert got["validation_rows"] == 23 < len(rows)
-    by_text: dict[int, list] = {}
-    truth = {}
-    for (t, _, label), logits in zip(rows, forward(model, [ids for _, ids, _ in rows])):
-        by_text.setdefault(t, []).append(logits)
-        truth[t] = label
-    texts = sorted(by_text)
-    logits = np.array([np.max(by_text[t], axis=0) for t in texts], np.float32)
-    truth = np.array([np.reshape(truth[t], -1) for t in texts], np.float32)
+    truth, logits = texts_by_hand(model, rows, "max")
     counts = evaluate.threshold_counts(kind("multi_label"), len(labels))[0](
         tf.constant(truth), tf.constant(logits)).numpy()
     assert got["per_label"] == thresholds.choose(counts, labels)["per_label"]
