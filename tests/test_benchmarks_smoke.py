@@ -139,7 +139,9 @@ SMOKE = {
     "scale": ([], None),
     "determinism": ([], None),  # bertflow's deterministic and not, no peer
     "preemption_save": ([], None),  # bertflow's saves only, to disk and the emulators
-    "train_fixed_cost": ([], None),  # bertflow's train step only, short and long runs
+    # bertflow's train step only, short and long runs; forked from a warm-start server (its
+    # steps in cold interpreters were most of its time; the cold start is step_start's smoke)
+    "train_fixed_cost": (["--start", "warm"], None),
     "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
     "early_stopping": ([], None),  # bertflow's two arms, no peer
