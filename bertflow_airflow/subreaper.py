@@ -21,7 +21,7 @@ PR_GET_CHILD_SUBREAPER = 37
 REAP_TIMEOUT_S = 5.0
 
 
-def _prctl(option: int, arg: int | ctypes.c_int) -> bool:
+def _prctl(option: int, arg: object) -> bool:  # arg: an int, or a pointer (byref)
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)
