@@ -56,6 +56,9 @@ default (`--bertflow-start warm`) each is forked from a warm-start server
 their lifetime. The server starts once here too, before the first run: its start-up is
 recorded (`warm_server_ready_s`) and is in no run's wall time. `--bertflow-start cold` starts
 every step in a fresh interpreter, as the remote backends (pods, Vertex AI, TPU VMs) do.
+`init-run` is outside bertflow's wall too (each run's `init_run_seconds`), and bertflow sorts
+its evaluation rows by length where the peer predicts them in file order: the results file
+says so under `asymmetries`.
 Prints and records the task's metrics (classification: accuracy, macro-F1), final training
 loss and wall time per side and seed,
 then the means and the targets: bertflow's mean >= the peer's on every set, at <= 80% of the
@@ -280,7 +283,9 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
             cfg[k] = v
     cfg_file = work / f"{name}-s{seed}-config.json"
     cfg_file.write_text(json.dumps(cfg))
+    t0 = time.perf_counter()
     common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
+    init_run = time.perf_counter() - t0  # outside wall_seconds (asymmetries())
     times = {}
     for step in STEPS:
         t0 = time.perf_counter()
@@ -298,6 +303,7 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
             "final_loss": train_m.get("final_loss"),
             "train_examples_per_second": train_m.get("examples_per_second"),
             "step_seconds": times, "wall_seconds": sum(times.values()),
+            "init_run_seconds": init_run,
             **({"evaluation_in_train_seconds": train_m["evaluation"]["seconds"]}
                if train_m.get("evaluation") else {}),
             "config": cfg}
@@ -398,6 +404,25 @@ def recipes(args) -> dict:
                      "saves": "a checkpoint every 500 steps (the Trainer's save_strategy "
                               "default), a full checkpoint (weights, optimizer, scheduler) "
                               "at the last step, and the model at the end"}}
+
+
+def asymmetries(args) -> dict:
+    """What this invocation times or orders differently on the two sides (issue 47), so that
+    each results file says it: evaluation order, and what is outside bertflow's wall."""
+    outside = {"init_run": "each run's `python -m tasks init-run` (writing the run's "
+                           "config): init_run_seconds, not in wall_seconds"}
+    if args.bertflow_start == "warm":
+        outside["warm_server_start"] = ("the warm-start server's start, once per invocation "
+                                        "before the first run: warm_server_ready_s, in no "
+                                        "run's wall_seconds")
+    return {"evaluation_order": {
+                "bertflow": "rows sorted by length within windows of batches, each batch "
+                            "padded to its longest row (tasks/training/inputs.py eval_dataset)",
+                "peer": ("length-grouped (group_by_length: the Trainer orders the evaluation "
+                         "rows by length too)" if peer_switch(args, "group-by-length")
+                         else "file order (the Trainer's evaluation: SequentialSampler)")},
+            "outside_bertflow_wall": outside,
+            "outside_peer_wall": {}}
 
 
 def batch_order(group_by_length: str | None) -> str:
@@ -616,7 +641,7 @@ def record(args, earlier: dict | None, results: dict, seeds: list[int], final: b
     if earlier is not None:
         commands = [*earlier.get("commands", [earlier["command"]]), this]
     common.write_results(args.name, {
-        "smoke": args.smoke, "recipes": recipes(args),
+        "smoke": args.smoke, "recipes": recipes(args), "asymmetries": asymmetries(args),
         "bertflow_start": args.bertflow_start,
         "warm_server_ready_s": args.warm_server_ready_s,
         "complete": final, "commands": commands,

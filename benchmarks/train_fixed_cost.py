@@ -47,9 +47,11 @@ from common import median
 BATCH, SEQ = 32, 128
 
 
-def prepare(work: Path, shape_name: str, rows: int, steps: dict[str, int]) -> dict[str, Path]:
+def prepare(work: Path, shape_name: str, rows: int, steps: dict[str, int],
+            warm_socket: Path | None = None) -> dict[str, Path]:
     """The random checkpoint, a TSV of long rows, and one run folder per step count with its
-    data and tokenize steps done (the tokenized shards are shared through the cache)."""
+    data and tokenize steps done (the tokenized shards are shared through the cache), started
+    as the train steps are (`--start`)."""
     vocab = synthetic_inputs.vocab_file()
     model_dir = synthetic_inputs.write_random_checkpoint(synthetic_inputs.MODELS[shape_name],
                                                          work / "model", vocab)
@@ -74,7 +76,7 @@ def prepare(work: Path, shape_name: str, rows: int, steps: dict[str, int]) -> di
         cfg_file.write_text(json.dumps(cfg))
         common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
         for step in ("data", "tokenize"):
-            common.tasks_cli(step, "--run-dir", str(run_dir))
+            common.run_step(step, run_dir, warm_socket)
         runs[name] = run_dir
     return runs
 
@@ -129,7 +131,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="train-fixed-cost-") as tmp, \
             common.warm_server(args.start == "warm", Path(tmp) / "warm.log") as (socket,
                                                                                 server_s):
-        runs_dirs = prepare(Path(tmp), shape, BATCH * args.long, steps)
+        runs_dirs = prepare(Path(tmp), shape, BATCH * args.long, steps, socket)
         runs: dict[str, list[dict]] = {name: [] for name in steps}
 
         def side(name):

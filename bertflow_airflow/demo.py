@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Iterator, TextIO
 
-from bertflow_airflow import sqlite_metadata
+from bertflow_airflow import sqlite_metadata, subreaper
 from tasks import fresh_load
 from tasks.config import DEMO_DIR, PROJECT_ROOT
 
@@ -568,10 +568,25 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
     SCHEDULER_STALE_S (`heartbeat_age`: seconds since the newest heartbeat) and is then
     killed with its children, is followed by a new `airflow scheduler` in the same
     environment and log, unless the one started last ended within SCHEDULER_MIN_LIFE_S.
-    What an ended scheduler leaves (the descendants it had when last seen: executor
-    workers, task processes, its log server) is killed first.
+    What an ended scheduler leaves (executor workers, task processes, its log server) is
+    killed first: this process adopts every orphan of its descendants (bertflow_airflow/
+    subreaper.py) and ends each one at every look; those a scheduler had when last seen
+    are killed too (all there is where no subreaper can be had).
     `command`: what starts one (`airflow scheduler` of this venv). Each one runs in a
     session of its own, whose id is appended to `sessions` for _stop_standalone."""
+    with subreaper.adopting_orphans():
+        keep = subreaper.own_children()  # standalone, the warm-start server
+        try:
+            return _keep_the_scheduler(proc, env, airflow_home, log_path, heartbeat_age,
+                                       command, sessions, keep)
+        finally:
+            subreaper.end_orphans(keep)
+
+
+def _keep_the_scheduler(proc, env, airflow_home, log_path, heartbeat_age, command, sessions,
+                        keep: set[int]) -> int:
+    """_wait_keeping_the_scheduler's loop; `keep`: this process's children that are not
+    orphans (replacement schedulers are added)."""
     import psutil
 
     command = command or [os.path.join(os.path.dirname(sys.executable), "airflow"),
@@ -584,6 +599,9 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
         time.sleep(SCHEDULER_CHECK_S)
         if replacement is not None:
             replacement.poll()  # reaped, so that its exit shows
+        subreaper.end_orphans(keep)
+        if proc.poll() is not None:  # standalone ended: the orphans were its components
+            break
         if scheduler is None:
             continue
         if _exited(scheduler):
@@ -612,6 +630,7 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
             replacement = subprocess.Popen(command, env=env, cwd=str(airflow_home),
                                            stdout=log, stderr=subprocess.STDOUT,
                                            start_new_session=True)
+        keep.add(replacement.pid)
         if sessions is not None:
             sessions.append(replacement.pid)
         scheduler, started = psutil.Process(replacement.pid), time.monotonic()

@@ -139,7 +139,9 @@ SMOKE = {
     "scale": ([], None),
     "determinism": ([], None),  # bertflow's deterministic and not, no peer
     "preemption_save": ([], None),  # bertflow's saves only, to disk and the emulators
-    "train_fixed_cost": ([], None),  # bertflow's train step only, short and long runs
+    # bertflow's train step only, short and long runs; forked from a warm-start server (its
+    # steps in cold interpreters were most of its time; the cold start is step_start's smoke)
+    "train_fixed_cost": (["--start", "warm"], None),
     "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
     "early_stopping": ([], None),  # bertflow's two arms, no peer
@@ -227,6 +229,14 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         # the train step evaluated in memory (evaluate_in_train), and that time is recorded
         (run,) = data["results"]["sst2"]["bertflow"].values()
         assert 0 < run["evaluation_in_train_seconds"] < run["step_seconds"]["train"]
+        # what the sides do differently is in the file (issue 47): init-run and the warm
+        # server's start are outside bertflow's wall; the peer predicts in file order
+        assert 0 < run["init_run_seconds"] and run["wall_seconds"] == sum(
+            run["step_seconds"].values())
+        asym = data["asymmetries"]
+        assert set(asym["outside_bertflow_wall"]) == {"init_run", "warm_server_start"}
+        assert asym["evaluation_order"]["peer"].startswith("file order")
+        assert "sorted by length" in asym["evaluation_order"]["bertflow"]
     if script == "early_stopping":
         for dataset in data["datasets"].values():
             (full,), (early,) = dataset["runs"]["full"], dataset["runs"]["early"]

@@ -12,7 +12,7 @@ import time
 
 import psutil
 
-from bertflow_airflow import demo
+from bertflow_airflow import demo, subreaper
 
 # A stand-in for `airflow standalone`: a child whose command line ends in "scheduler" (as
 # standalone's does) that exits after 1 s and is never reaped (standalone does not wait for
@@ -59,14 +59,50 @@ def test_what_an_ended_scheduler_leaves_is_killed(tmp_path, monkeypatch, capsys)
     and the log server keeps the port that the next scheduler's must bind."""
     monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 0.2)
     pid_file = tmp_path / "child.pid"
-    standalone = subprocess.Popen([sys.executable, "-c", LEAVING, "4", str(pid_file)])
-    time.sleep(0.5)
-    rc = demo._wait_keeping_the_scheduler(standalone, dict(os.environ), tmp_path,
+    _watch_a_scheduler_that_exits(tmp_path, capsys, LEAVING, "4", str(pid_file))
+    assert _ended(int(pid_file.read_text()))
+
+
+def _watch_a_scheduler_that_exits(tmp_path, capsys, standalone: str, *argv: str) -> None:
+    """The watch over the stand-in `standalone` (python -c) whose scheduler exits once: it is
+    started again (FAILING), and the watch returns when the stand-in exits."""
+    proc = subprocess.Popen([sys.executable, "-c", standalone, *argv])
+    time.sleep(0.5)  # its scheduler child exists before the watch looks for it
+    rc = demo._wait_keeping_the_scheduler(proc, dict(os.environ), tmp_path,
                                           tmp_path / "standalone.log", lambda: None,
                                           command=FAILING)
     err = capsys.readouterr().err
     assert rc == 1 and err.count("Airflow's scheduler exited; starting it again") == 1, err
-    assert _ended(int(pid_file.read_text()))
+
+
+# A stand-in for standalone whose scheduler starts a child and dies at once, between two looks
+# of the watch (its descendants, as last seen, never held the child): the child is orphaned.
+# The child starts a grandchild of its own, killed with it. Their pids go to argv[2].
+ORPHANING = """
+import os, subprocess, sys, time
+grandchild = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', " \\
+             "'import time; time.sleep(60)']); open(sys.argv[1], 'a').write(f' {p.pid}');" \\
+             " time.sleep(60)"
+scheduler = "import os, subprocess, sys, time; time.sleep(1.5); p = subprocess.Popen(" \\
+            "[sys.executable, '-c', sys.argv[2], sys.argv[1]]); " \\
+            "open(sys.argv[1], 'w').write(str(p.pid)); os._exit(0)"
+subprocess.Popen([sys.executable, "-c", scheduler, sys.argv[2], grandchild, "scheduler"])
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_an_orphan_born_after_the_last_look_is_adopted_killed_and_reaped(tmp_path, monkeypatch,
+                                                                         capsys):
+    """Issue 47: a killed scheduler's LocalExecutor workers outlived it, re-parented to init,
+    because they were not among its descendants when the watch last looked. The watch is a
+    child subreaper: the orphan comes to it, and it kills and reaps it with its children."""
+    monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 1.0)  # looks at ~1.5 s and ~2.5 s
+    pid_file = tmp_path / "orphans.pid"
+    _watch_a_scheduler_that_exits(tmp_path, capsys, ORPHANING, "5", str(pid_file))
+    orphan, grandchild = (int(pid) for pid in pid_file.read_text().split())
+    assert not psutil.pid_exists(orphan), "the orphan was not killed, or not reaped (a zombie)"
+    assert _ended(grandchild)
+    assert not subreaper.is_subreaper()  # the watch gave the role back
 
 
 def test_a_running_scheduler_is_left_alone(tmp_path, monkeypatch, capsys):
