@@ -140,8 +140,11 @@ def main() -> None:
         shutil.rmtree(out)
         return rows / dt
 
-    enc = tk.BertTextEncoder(str(vocab), True, cfg.max_seq_length)
     import tensorflow as tf
+
+    from tasks.model.text_encoder import BertTextEncoder
+
+    enc = BertTextEncoder(str(vocab), True, cfg.max_seq_length)
 
     def bertflow_tok_alone() -> float:
         t0 = time.perf_counter()
