@@ -205,7 +205,9 @@ def test_mlflows_own_ui_shows_the_run_and_the_champion_version(server, logged, t
                      headers={"Authorization": f"Basic {login.decode()}"})
         browser.navigate(f"{server.url}/#/experiments/{record['experiment_id']}/runs/"
                          f"{record['run_id']}")
-        text = "document.body.innerText"
+        # Right after a navigation the new document may have no body yet: wait_js fails on a
+        # script error, so the text is read only once a body exists.
+        text = "(document.body ? document.body.innerText : '')"
         browser.wait_js(f"{text}.includes({json.dumps(run_key)}) && "
                         f"{text}.includes('train/loss') && {text}.includes('test/accuracy')")
         browser.screenshot(tmp_path / "mlflow-run.png")
