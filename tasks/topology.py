@@ -2,6 +2,8 @@
 without importing TensorFlow; `tasks.training.strategy` builds the actual tf.distribute object."""
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import asdict, dataclass
 
 from tasks.errors import ConfigError
@@ -87,3 +89,12 @@ def cluster_shape(strategy_name: str, topology: Topology) -> dict[str, int]:
     if strategy_name == "parameter_server":
         return {"chief": 1, "worker": topology.num_workers, "ps": topology.num_ps}
     raise ConfigError("strategy", f"unknown strategy {strategy_name}")
+
+
+def cluster_task(environ=os.environ) -> tuple[str, int, int]:
+    """This process's (task type, index, processes of that type) from TF_CONFIG; ("chief",
+    0, 1) without a cluster."""
+    config = json.loads(environ.get("TF_CONFIG") or "{}")
+    task = config.get("task") or {}
+    role = task.get("type", "chief")
+    return role, int(task.get("index", 0)), len((config.get("cluster") or {}).get(role) or ()) or 1

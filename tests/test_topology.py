@@ -1,8 +1,10 @@
 """Strategy resolution from the topology: the mapping and its errors (no TensorFlow)."""
+import json
+
 import pytest
 
 from tasks.errors import ConfigError
-from tasks.topology import Topology, cluster_shape, resolve_strategy_name
+from tasks.topology import Topology, cluster_shape, cluster_task, resolve_strategy_name
 
 
 @pytest.mark.parametrize("topology, visible, expected", [
@@ -41,3 +43,10 @@ def test_cluster_shape_per_strategy():
     assert cluster_shape("multi_worker_mirrored", Topology(num_workers=3)) == {"worker": 3}
     for single in ("one_device", "mirrored", "central_storage", "tpu"):
         assert cluster_shape(single, Topology()) == {}
+
+
+def test_cluster_task_reads_role_index_and_the_roles_size():
+    cluster = {"chief": ["a:1"], "worker": ["b:1", "c:1", "d:1"], "ps": ["e:1"]}
+    config = {"cluster": cluster, "task": {"type": "worker", "index": 2}}
+    assert cluster_task({"TF_CONFIG": json.dumps(config)}) == ("worker", 2, 3)
+    assert cluster_task({}) == ("chief", 0, 1)

@@ -20,7 +20,6 @@ _COMPLETE.json.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,24 +32,16 @@ from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
 from tasks.scoring import shards
 from tasks.scoring.plan import read_plan, read_score_config
+from tasks.topology import cluster_task
 
 WAIT_SECONDS = 0.5  # worker 0's poll for its peers' shards
-
-
-def worker_of(environ) -> tuple[int, int]:
-    """(index, count) of this worker, from TF_CONFIG's worker list; (0, 1) without one."""
-    raw = environ.get("TF_CONFIG")
-    if not raw:
-        return 0, 1
-    config = json.loads(raw)
-    return int(config["task"]["index"]), len(config["cluster"].get("worker", [])) or 1
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
     score_cfg = read_score_config(ctx)
     plan = read_plan(ctx)
     output, model = plan["output_uri"], plan["model"]
-    index, count = worker_of(os.environ)
+    _, index, count = cluster_task()  # a scoring cluster has workers only
     mine = [s for s in plan["shards"] if s["index"] % count == index]
     done = shards.published(output)
     todo = [s for s in mine if s["name"] not in done]

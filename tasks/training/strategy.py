@@ -13,13 +13,13 @@ import time
 import tensorflow as tf
 
 from tasks.errors import BertflowError
-from tasks.topology import Topology, resolve_strategy_name
+from tasks.topology import Topology, cluster_task, resolve_strategy_name
 
 
 def task_role() -> tuple[str, int]:
     """This process's (task type, index) from TF_CONFIG; ("chief", 0) without a cluster."""
-    task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task") or {}
-    return task.get("type", "chief"), int(task.get("index", 0))
+    role, index, _ = cluster_task()
+    return role, index
 
 
 def is_chief() -> bool:
