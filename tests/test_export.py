@@ -308,3 +308,18 @@ def test_the_fresh_load_check_stops_its_interpreter_when_the_export_fails():
     with pytest.raises(RuntimeError), export.FreshLoadCheck() as fresh:
         raise RuntimeError("the export failed before the check")
     assert fresh._proc.returncode is not None  # killed, not left waiting on stdin
+
+
+def test_serving_strips_the_ends_python_strips():
+    """The data step reads texts with str.strip(); serving's in-graph strip_ends matches it
+    on every code point of the Basic Multilingual Plane and a few beyond."""
+    import tensorflow as tf
+
+    from tasks.steps.export import strip_ends
+
+    points = [c for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF] + [0x1F600, 0x10FFFD]
+    texts = [f"{chr(c)}{chr(c)}a {chr(c)} b{chr(c)}" for c in points]
+    got = [t.decode() for t in strip_ends(tf.constant(texts)).numpy()]
+    wrong = [hex(c) for c, text, out in zip(points, texts, got) if out != text.strip()]
+    assert not wrong, wrong[:10]
+    assert sum(chr(c).isspace() for c in points) > 20  # the check saw whitespace to strip

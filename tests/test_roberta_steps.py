@@ -105,3 +105,10 @@ def test_tokenize_train_evaluate_export(roberta_dir, tmp_path):
     assert exported(prepared[:5])["input_ids"] == reference(prepared[:5])["input_ids"]
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["RobertaForSequenceClassification"]
+    # Serving strips a text's ends as the data step did: byte-level BPE would give " x" and
+    # "x" different pieces.
+    serve = tf.saved_model.load(str(folder / "saved_model")).signatures["serving_default"]
+    texts = prepared[:4]
+    padded = [f" \u3000{t}\n\t" for t in texts]
+    assert (serve(text=tf.constant(padded))["probabilities"].numpy().tolist()
+            == serve(text=tf.constant(texts))["probabilities"].numpy().tolist())

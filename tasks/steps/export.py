@@ -157,6 +157,18 @@ def window_setting(cfg: RunConfig, tokens: dict) -> tuple[int, str] | None:
     return tokens["window_stride"], cfg.window_aggregation
 
 
+# Python's str.isspace() characters: the data step reads each text with str.strip()
+# (tasks/io/text_readers.py), so serving strips the same ends. It matters for byte-level BPE,
+# where " x" and "x" give different pieces.
+_PY_SPACE = r"[\t\n\x0b\x0c\r\x1c-\x1f\x{85}\p{Z}]"
+_ENDS = f"^{_PY_SPACE}+|{_PY_SPACE}+$"
+
+
+def strip_ends(texts: tf.Tensor) -> tf.Tensor:
+    """`str.strip()` of each string, in the graph."""
+    return tf.strings.regex_replace(texts, _ENDS, "")
+
+
 def serving_module(encoder: SegmentEncoder, model, labels: list[str], has_pair: bool,
                    kind: TaskKind | None = None, threshold=0.5,
                    window: tuple[int, str] | None = None):
@@ -178,6 +190,8 @@ def serving_module(encoder: SegmentEncoder, model, labels: list[str], has_pair: 
     label_names = tf.constant(labels)
 
     def predict(texts, pairs=None):
+        texts = strip_ends(texts)
+        pairs = None if pairs is None else strip_ends(pairs)
         if window is not None:
             ids, types, text, _ = windows.encode_windows(encoder, texts, window[0])
         else:
