@@ -401,6 +401,14 @@ class RunConfig(BaseModel):
         description="Classification and token classification: train against (1 - s) x the "
                     "one-hot label + s / classes (the Trainer's label_smoothing_factor). "
                     "Evaluation and the gate score plain predictions.")
+    token_loss_normalizer: Literal["batch", "dataset"] = Field(
+        default="batch", title="Token loss normalizer",
+        description="Token classification: what a step's summed loss over labelled word "
+                    "pieces is divided by. batch: the step's own labelled pieces (the "
+                    "Trainer's mean). dataset: a fixed count, the training split's labelled "
+                    "words per row times the step's rows, so that every piece weighs the "
+                    "same in every batch, also in batches grouped by length (whose counts "
+                    "differ).")
     weight_decay: float = Field(default=0.01, ge=0, lt=1, title="AdamW weight decay")
     grad_accum_steps: int = Field(default=1, ge=1, le=1024, title="Gradient accumulation",
                                   description="Micro-batches per optimizer step.")
@@ -620,6 +628,9 @@ class RunConfig(BaseModel):
             class_weights.parse_map(self.class_weights)
         except ConfigError as err:
             raise ValueError(err.reason) from None
+        if self.token_loss_normalizer != "batch" and self.task != "token_classification":
+            raise ValueError(f"token_loss_normalizer applies to token_classification, not "
+                             f"{self.task}; set it to batch")
         if self.class_weights != "none" and self.task == "regression":
             raise ValueError("class_weights applies to tasks with labels, not regression; "
                              "set it to none")

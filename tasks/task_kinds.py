@@ -174,17 +174,21 @@ class TaskKind:
 
     # --- training ------------------------------------------------------------------------
     def keras_loss(self, reduction=None, label_smoothing: float = 0.0,
-                   class_weights: tuple[float, ...] | None = None):
+                   class_weights: tuple[float, ...] | None = None,
+                   pieces_per_row: float | None = None):
         """The loss as a Keras loss object (per example with reduction NONE): sparse softmax
         cross-entropy (against smoothed labels with `label_smoothing`, each example weighted
         by its class's `class_weights`); per-label sigmoid cross-entropy averaged over labels
         (BCEWithLogits' mean over labels and examples, as every row has num_labels terms;
-        `class_weights` are the labels' pos_weight); squared error."""
+        `class_weights` are the labels' pos_weight); squared error. Per token: over the
+        labelled pieces, divided by `pieces_per_row` per row when set, else by the batch's
+        labelled pieces."""
         import tf_keras
 
         kwargs = {} if reduction is None else {"reduction": reduction}
         if self.per_token:
-            return _token_keras_loss(label_smoothing, class_weights, **kwargs)
+            return _token_keras_loss(label_smoothing, class_weights, pieces_per_row,
+                                     **kwargs)
         if self.name == "classification" and (label_smoothing or class_weights):
             return _smoothed_keras_loss(label_smoothing, class_weights, **kwargs)
         if self.name == "classification":
@@ -387,12 +391,15 @@ def _pos_weighted_keras_loss(pos_weight: tuple[float, ...], **kwargs):
     return PosWeightedCrossEntropy(name="pos_weighted_cross_entropy", **kwargs)
 
 
-def _token_keras_loss(label_smoothing: float = 0.0, class_weights=None, **kwargs):
+def _token_keras_loss(label_smoothing: float = 0.0, class_weights=None,
+                      pieces_per_row: float | None = None, **kwargs):
     """A Keras loss whose batch mean (Keras' default reduction) is the mean over the batch's
     labelled pieces, as transformers' CrossEntropyLoss(ignore_index=-100) takes it: each row
     reports its pieces' loss sum scaled by rows / labelled pieces of the batch. Under a
     distribution strategy that is each replica's mean, averaged over replicas (the custom
-    loop takes the exact mean over the global batch: tasks/training/token_loss.py)."""
+    loop takes the exact mean over the global batch: tasks/training/token_loss.py).
+    `pieces_per_row` (token_loss_normalizer dataset): each row's sum divided by that fixed
+    count instead, whatever the batch's pieces."""
     import tensorflow as tf
     import tf_keras
 
@@ -400,6 +407,8 @@ def _token_keras_loss(label_smoothing: float = 0.0, class_weights=None, **kwargs
         def call(self, y_true, y_pred):
             sums, counts = masked_token_losses(y_true, y_pred, label_smoothing,
                                                class_weights)
+            if pieces_per_row is not None:
+                return sums / pieces_per_row
             rows = tf.cast(tf.shape(sums)[0], tf.float32)
             return sums * rows / tf.maximum(tf.reduce_sum(counts), 1.0)
 

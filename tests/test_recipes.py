@@ -348,3 +348,66 @@ def test_layer_rates_reach_training_and_the_manifest(tmp_path, tiny_model_dir): 
     key = next(k for k in base if "embeddings.word_embeddings" in k)
     moved = {n: float(np.abs(w[key] - base[key]).max()) for n, w in weights.items()}
     assert 0 < moved["decayed"] < moved["flat"] / 3
+
+
+# --- token_loss_normalizer (tasks/training/token_loss.py) ------------------------------------
+def test_the_dataset_normalizer_divides_each_row_by_a_fixed_count():
+    """TokenCrossEntropy (fit's loss): with pieces_per_row each row's sum over that count,
+    whatever the batch's labelled pieces; without it, the mean over the batch's pieces. The
+    batch normalizer makes a batch's weight independent of its pieces (what grouping by
+    length then skews); the fixed count keeps each piece's."""
+    import tensorflow as tf
+
+    from tasks.task_kinds import IGNORED, kind as task_kind
+
+    X = IGNORED
+    labels = tf.constant([[X, 1, 2, X], [X, 0, X, X]])
+    logits = tf.constant(np.random.default_rng(0).normal(0, 2, (2, 4, 3)), tf.float32)
+    sums = task_kind("token_classification").keras_loss(
+        reduction="none", pieces_per_row=1.0)(labels, logits).numpy()
+    fixed = task_kind("token_classification").keras_loss(pieces_per_row=2.5)
+    batch = task_kind("token_classification").keras_loss()
+    assert float(fixed(labels, logits)) == pytest.approx(sums.sum() / (2 * 2.5), rel=1e-6)
+    assert float(batch(labels, logits)) == pytest.approx(sums.sum() / 3, rel=1e-6)
+    # One more labelled piece in the batch: the fixed count does not move.
+    more = tf.constant([[X, 1, 2, X], [X, 0, 1, X]])
+    sums_more = task_kind("token_classification").keras_loss(
+        reduction="none", pieces_per_row=1.0)(more, logits).numpy()
+    assert float(fixed(more, logits)) == pytest.approx(sums_more.sum() / 5, rel=1e-6)
+
+
+def test_the_dataset_normalizer_is_refused_outside_token_classification():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="token_loss_normalizer applies to "
+                                              "token_classification, not multi_label"):
+        RunConfig(task="multi_label", token_loss_normalizer="dataset")
+
+
+def test_the_dataset_normalizer_reaches_both_loops_and_the_manifest(
+        tmp_path, tiny_model_dir):  # noqa: F811
+    """The train step reads the labelled words per row from the data manifest and both loops
+    train with it; the custom loop's weights differ from the batch normalizer's. (Fit and the
+    custom loop do not reach the same weights on per-token tasks with either normalizer: fit
+    averages each replica's own count.)"""
+    from pathlib import Path
+
+    from tasks.runs.runlayout import read_manifest, write_manifest
+    from tasks.steps import train
+    from train_helpers import TAGS
+
+    weights = {}
+    for name, loop, normalizer in (("fit", "fit", "dataset"), ("custom", "custom", "dataset"),
+                                   ("batch", "custom", "batch")):
+        cfg, ctx = make_run(tmp_path / name, tiny_model_dir, training_loop=loop, epochs=1,
+                            task="token_classification", token_loss_normalizer=normalizer)
+        write_manifest(ctx.step_uri("data"), {"splits": {"train": {
+            "num_examples": 128, "label_counts": {TAGS[0]: 900, TAGS[1]: 200, TAGS[2]: 180}}}})
+        train.run(cfg, ctx)
+        manifest = read_manifest(ctx.manifest_uri("train"))
+        expected = 1280 / 128 if normalizer == "dataset" else None
+        assert manifest["pieces_per_row"] == (pytest.approx(expected) if expected else None)
+        assert math.isfinite(manifest["final_loss"])
+        weights[name] = saved_weights(Path(manifest["model_dir"]))
+    assert max(float(np.abs(weights["custom"][k] - weights["batch"][k]).max())
+               for k in weights["batch"]) > 1e-6

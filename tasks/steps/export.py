@@ -393,6 +393,9 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "learning-rate schedule": (f"{train.get('lr_schedule', 'linear')}, "
                                    f"{train.get('warmup_steps')} warm-up steps"),
         "label smoothing": train.get("label_smoothing", 0.0),
+        "token loss divided by": (f"{train['pieces_per_row']:.3f} labelled pieces per row "
+                                  "(token_loss_normalizer dataset)"
+                                  if train.get("pieces_per_row") else None),
         "frozen": (train.get("freeze") or {}).get("setting", "none"),
         "class weights": (dict(zip(data["labels"], train["class_weights"]))
                           if train.get("class_weights") else "none"),
@@ -422,7 +425,7 @@ tokenizer files): `{"AutoModelForTokenClassification" if kind.per_token else "Au
 
 ## Training
 - base checkpoint: {base_checkpoint_line(cfg, train)}
-{chr(10).join(f"- {k}: {v}" for k, v in settings.items())}
+{chr(10).join(f"- {k}: {v}" for k, v in settings.items() if v is not None)}
 {tuned_section(train.get("thresholds"))}
 
 ## Evaluation on the test rows ({metrics.get("num_examples")} examples)

@@ -82,12 +82,16 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     tok = read_manifest(ctx.manifest_uri("tokenize"))
     labels = tok["labels"]  # the outputs' names (regression: one, the label column)
     kind = task_kind(tok.get("task", "classification"))
+    # The data manifest's training counts, read only by the settings that need them.
+    needs_counts = cfg.class_weights != "none" or cfg.token_loss_normalizer != "batch"
+    train_split = (read_manifest(ctx.manifest_uri("data"))["splits"]["train"]
+                   if needs_counts else {})
     weights = None if cfg.class_weights == "none" else class_weights.for_run(
-        cfg.class_weights, kind.name, labels,
-        read_manifest(ctx.manifest_uri("data"))["splits"]["train"])
+        cfg.class_weights, kind.name, labels, train_split)
     # An epoch is every record: with long_text window, every window of every text.
     plan = model_lib.make_plan(cfg, window_data.records_of(tok["splits"]["train"]),
-                               strategy.num_replicas_in_sync, weights)
+                               strategy.num_replicas_in_sync, weights,
+                               token_loss.pieces_per_row(cfg, train_split))
     check_validation(cfg, tok, plan, name)
     check_thresholds(cfg, tok)
     resolved = checkpoint.resolve_base_checkpoint(cfg)
@@ -609,7 +613,8 @@ def _compile(strategy, model, optimizer, kind: TaskKind | None = None,
              plan: model_lib.TrainPlan | None = None) -> None:
     kind = kind or task_kind("classification")
     loss = kind.keras_loss(label_smoothing=plan.label_smoothing,
-                           class_weights=plan.class_weights) if plan else kind.keras_loss()
+                           class_weights=plan.class_weights,
+                           pieces_per_row=plan.pieces_per_row) if plan else kind.keras_loss()
     with strategy.scope():  # metrics must live in the model's strategy
         model.compile(optimizer=optimizer, loss=loss,
                       metrics=[kind.keras_metric()])
@@ -745,7 +750,9 @@ def _token_train_step(strategy, plan: model_lib.TrainPlan, accumulate, apply):
         total = tf.add_n([strategy.reduce(tf.distribute.ReduceOp.SUM,
                                           strategy.run(labelled, args=(labels,)), axis=None)
                           for _, labels in batches])
-        denominator = tf.maximum(total, 1.0)
+        counted = tf.maximum(total, 1.0)
+        denominator = counted if plan.pieces_per_row is None else tf.constant(
+            plan.pieces_per_row * plan.global_batch_size, tf.float32)
         loss, metric = tf.constant(0.0), tf.constant(0.0)
         for micro, (features, labels) in enumerate(batches):
             with seeded_dropout.micro_batch(micro):
@@ -754,6 +761,6 @@ def _token_train_step(strategy, plan: model_lib.TrainPlan, accumulate, apply):
             loss += strategy.reduce(tf.distribute.ReduceOp.SUM, step_loss, axis=None)
             metric += strategy.reduce(tf.distribute.ReduceOp.SUM, step_metric, axis=None)
         strategy.run(apply)
-        return loss, metric / denominator
+        return loss, metric / counted
 
     return train_step

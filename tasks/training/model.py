@@ -32,6 +32,9 @@ class TrainPlan:
     lr_power: float = 1.0  # polynomial's
     label_smoothing: float = 0.0
     class_weights: tuple[float, ...] | None = None  # per label (class_weights.py); None: 1
+    # token_loss_normalizer dataset: the training split's labelled words per row (a step's
+    # divisor is this x its rows); None: each step's own labelled pieces.
+    pieces_per_row: float | None = None
 
     @property
     def micro_batch_size(self) -> int:
@@ -43,7 +46,8 @@ class TrainPlan:
 
 
 def make_plan(cfg, num_train_examples: int, num_replicas: int,
-              class_weights: tuple[float, ...] | None = None) -> TrainPlan:
+              class_weights: tuple[float, ...] | None = None,
+              pieces_per_row: float | None = None) -> TrainPlan:
     if num_train_examples < 1:
         raise ConfigError("train_uri", "the training split is empty")
     global_batch = cfg.per_replica_batch_size * num_replicas * cfg.grad_accum_steps
@@ -60,7 +64,7 @@ def make_plan(cfg, num_train_examples: int, num_replicas: int,
         learning_rate=scaled_learning_rate(cfg, global_batch),
         epochs=math.ceil(total / steps_per_epoch), lr_schedule=cfg.lr_schedule,
         lr_power=cfg.lr_power, label_smoothing=cfg.label_smoothing,
-        class_weights=class_weights)
+        class_weights=class_weights, pieces_per_row=pieces_per_row)
 
 
 def scaled_learning_rate(cfg, global_batch_size: int) -> float:
