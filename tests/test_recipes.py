@@ -411,3 +411,19 @@ def test_the_dataset_normalizer_reaches_both_loops_and_the_manifest(
         weights[name] = saved_weights(Path(manifest["model_dir"]))
     assert max(float(np.abs(weights["custom"][k] - weights["batch"][k]).max())
                for k in weights["batch"]) > 1e-6
+
+
+def test_the_model_card_states_the_layer_rates_as_trained():
+    """The head's peak after lr_scaling (the manifest's learning_rate is the scaled one), and
+    polynomial's power next to the schedule."""
+    from tasks.steps.export import layer_rates_line, schedule_line
+
+    assert layer_rates_line({"layer_lr_decay": 1.0, "head_learning_rate": None}) == \
+        "none (one rate for every layer)"
+    scaled = {"layer_lr_decay": 0.8, "head_learning_rate": 3e-4, "learning_rate": 2e-4,
+              "base_learning_rate": 1e-4}
+    assert layer_rates_line(scaled) == "x0.8 per layer down from the top; head 0.0006"
+    assert layer_rates_line({**scaled, "layer_lr_decay": 1.0}) == "no layer decay; head 0.0006"
+    assert schedule_line({"lr_schedule": "cosine", "warmup_steps": 7}) == "cosine, 7 warm-up steps"
+    assert schedule_line({"lr_schedule": "polynomial", "lr_power": 2.0, "warmup_steps": 0}) == \
+        "polynomial (power 2.0), 0 warm-up steps"

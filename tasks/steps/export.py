@@ -370,6 +370,27 @@ def long_texts_line(cfg: RunConfig, tokens: dict) -> str:
             "windows)")
 
 
+def schedule_line(train: dict) -> str:
+    """The schedule's shape (with polynomial's power) and its warm-up."""
+    shape = train.get("lr_schedule", "linear")
+    if shape == "polynomial":
+        shape += f" (power {train.get('lr_power', 1.0)})"
+    return f"{shape}, {train.get('warmup_steps')} warm-up steps"
+
+
+def layer_rates_line(train: dict) -> str:
+    """layer_lr_decay and head_learning_rate as trained: the head's peak after lr_scaling."""
+    decay, head = train.get("layer_lr_decay", 1.0), train.get("head_learning_rate")
+    if decay == 1.0 and head is None:
+        return "none (one rate for every layer)"
+    parts = [f"x{decay} per layer down from the top" if decay != 1.0 else "no layer decay"]
+    if head is not None:
+        base = train.get("base_learning_rate")  # lr_scaling scales the head's rate too
+        peak = head * train["learning_rate"] / base if base else head
+        parts.append(f"head {peak:.4g}")
+    return "; ".join(parts)
+
+
 ROLE_NAMES = {"eval": "test"}
 
 
@@ -390,8 +411,8 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
         "steps": train.get("steps"), "learning rate": train.get("learning_rate"),
-        "learning-rate schedule": (f"{train.get('lr_schedule', 'linear')}, "
-                                   f"{train.get('warmup_steps')} warm-up steps"),
+        "learning-rate schedule": schedule_line(train),
+        "layer-wise learning rates": layer_rates_line(train),
         "label smoothing": train.get("label_smoothing", 0.0),
         "token loss divided by": (f"{train['pieces_per_row']:.3f} labelled pieces per row "
                                   "(token_loss_normalizer dataset)"
