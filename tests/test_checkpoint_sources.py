@@ -21,6 +21,7 @@ from tasks.io.uris import join_uri, sha256_file
 from tasks.errors import ConfigError
 from tasks.io import storage
 from tasks.training import checkpoint, checkpoint_sources
+from test_roberta_steps import roberta_dir  # noqa: F401
 from train_helpers import LABELS, write_tiny_model
 
 TOKEN = "hf_bertflow_test_token_5b1e"  # stands for a user's Hub token
@@ -423,3 +424,35 @@ def test_a_remote_worker_s_path_is_read_where_it_is_loaded(tmp_path, tiny):
     cfg = RunConfig(base_model=str(cased(tmp_path, tiny)), provisioner="kubernetes",
                     artifact_root="gs://bucket/art")
     assert checkpoint_sources.casing(cfg) is None
+
+
+# --- RoBERTa from a bucket and the Hub -----------------------------------------------------
+@pytest.mark.parametrize("where", ["gs", "s3", "hub"])
+def test_a_roberta_checkpoint_fetches_its_bpe_files_and_tokenizes_as_transformers(
+        where, request, roberta_dir, cache, monkeypatch):  # noqa: F811
+    """vocab.json and merges.txt are fetched with the weights (no vocab.txt is asked for),
+    and the fetched folder's in-graph tokenizer gives RobertaTokenizerFast's ids."""
+    import tensorflow as tf
+    import transformers
+
+    if where == "hub":
+        fake = request.getfixturevalue("hub")
+        fake.add("org/tiny-roberta", roberta_dir)
+        cfg = RunConfig(base_model="org/tiny-roberta")
+    else:
+        request.getfixturevalue("gcs_emulator" if where == "gs" else "s3_server")
+        conns = {} if where == "gs" else {"aws_conn_id": S3_CONN_ID}
+        storage.configure(storage.Connections(aws_conn_id=conns.get("aws_conn_id", "")))
+        request.addfinalizer(lambda: storage.configure(storage.Connections()))
+        prefix = f"{where}://{BUCKET}/{uuid.uuid4().hex[:12]}"
+        storage.upload_dir(roberta_dir, f"{prefix}/roberta")
+        cfg = RunConfig(base_model=f"{prefix}/roberta", **conns)
+    assert checkpoint_sources.check(cfg) == cfg.base_model
+    resolved = checkpoint.resolve_base_checkpoint(cfg)
+    names = sorted(p.name for p in resolved.path.iterdir())
+    assert {"vocab.json", "merges.txt", "config.json", "model.safetensors"} <= set(names)
+    assert "vocab.txt" not in names
+    encoder = checkpoint.text_encoder(resolved.path, False, 32)
+    texts = ["Hello world, it's 2026!", "naïve café  CJK 漢字 emoji 🙂"]
+    reference = transformers.RobertaTokenizerFast.from_pretrained(str(roberta_dir))
+    assert encoder(tf.constant(texts))[0].to_list() == reference(texts)["input_ids"]
