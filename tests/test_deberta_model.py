@@ -7,7 +7,10 @@ compares it with transformers' PyTorch DebertaV2 classes.
 - The model: a row's logits do not depend on how much padding follows it; a graph traced for
   any batch shape gives the eager logits; every weight gets a gradient; bertflow's CPU
   kernels agree with TensorFlow's ops; mixed bfloat16 keeps float32 weights and logits;
-  seeded dropout numbers the DeBERTa dropout layers.
+  seeded dropout numbers the DeBERTa dropout layers; with a static length the graph holds
+  no float64 op (the log buckets are a constant: TPUs have no float64).
+- A pretrained encoder's checkpoint (MaskedLM keys, v3's unused position table) loads with
+  only the pooler and classifier fresh, as transformers starts them.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from tasks.errors import ConfigError
 from tasks.model import cpu_kernels
 from tasks.model.classifier import build_classifier
 from tasks.model.config import FAMILIES, EncoderConfig
+from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 from tasks.model.layers import Dropout
 from tasks.training import seeded_dropout
 
@@ -159,3 +163,31 @@ def test_seeded_dropout_covers_every_deberta_dropout():
     first, again = (model(batch(), training=True).numpy() for _ in range(2))
     np.testing.assert_array_equal(first, again)
     assert not np.allclose(first, model(batch(), training=False).numpy())
+
+
+def test_a_static_length_puts_no_float64_op_in_the_graph():
+    model = build_classifier(v3(), LABELS)
+    spec = {name: tf.TensorSpec([2, 12], tf.int32) for name in batch()}
+    graph = tf.function(lambda features: model(features, training=False)).get_concrete_function(
+        spec).graph
+    dtypes = {output.dtype for op in graph.get_operations() for output in op.outputs}
+    assert tf.float64 not in dtypes and tf.float32 in dtypes
+
+
+def test_a_pretrained_encoder_loads_with_a_fresh_pooler_and_classifier(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    model = build_classifier(v3(), LABELS)
+    save_hf_checkpoint(model, ["a", "b", "c"], tmp_path)
+    state = {k: v for k, v in load_file(str(tmp_path / "model.safetensors")).items()
+             if k.startswith("deberta.")}
+    # What DebertaV2ForMaskedLM saves beside the encoder, and a position table v3 ignores.
+    state["lm_predictions.lm_head.bias"] = np.zeros(99, np.float32)
+    state["deberta.embeddings.position_embeddings.weight"] = np.zeros((64, 32), np.float32)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    loaded = build_classifier(v3(), LABELS)
+    fresh = load_hf_weights(loaded, tmp_path, keep_head=True)
+    assert sorted(fresh) == ["classifier.bias", "classifier.weight", "pooler.dense.bias",
+                             "pooler.dense.weight"]
+    sequence, _ = loaded.encoder(batch())
+    np.testing.assert_array_equal(sequence.numpy(), model.encoder(batch())[0].numpy())
