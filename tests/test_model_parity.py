@@ -2,10 +2,14 @@
 tests/torch_env.py; its side is tests/torch_model_reference.py).
 
 - A tiny random BERT (GELU), DistilBERT (ReLU), ELECTRA (tanh GELU, embedding size 16,
-  hidden size 32) and RoBERTa (positions from pad_token_id + 1, one token type, tanh head),
+  hidden size 32), RoBERTa (positions from pad_token_id + 1, one token type, tanh head) and
+  DeBERTa-v2 in two settings (v3's: relative positions only, log buckets, shared position
+  projections; and absolute positions, token types, own projections, clipped distances),
   each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
   PyTorch's last hidden state, pooled output (BERT) and logits within 1e-5, on a padded
   batch with token types; the weights it saves carry exactly PyTorch's key names.
+- DeBERTa's log buckets of relative positions equal transformers' over distances
+  -1100..1100 in three settings (v3's 256 buckets and 512 positions among them).
 - The default MiniLM checkpoint (a bare BertModel, no `bert.` prefix): last hidden state and
   pooler output within 1e-5 of PyTorch's BertModel.
 - Export: what save_hf_checkpoint writes of a perturbed model loads in PyTorch's
@@ -30,7 +34,9 @@ from tasks.model.classifier import build_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 
-FAMILIES = ("bert", "distilbert", "electra", "roberta")
+# Cases by family; "deberta-v3" and "deberta-v2" are two settings of model_type deberta-v2
+# (tests/torch_model_reference.py MODELS).
+FAMILIES = ("bert", "distilbert", "electra", "roberta", "deberta-v3", "deberta-v2")
 LABELS = ["neg", "neutral", "pos"]
 TOLERANCE = 1e-5
 SCRIPT = Path(__file__).resolve().parent / "torch_model_reference.py"
@@ -101,7 +107,9 @@ def float32_policy():
 
 
 def load(folder: Path, num_labels: int = len(LABELS)):
-    model = build_classifier(EncoderConfig.from_pretrained(folder), num_labels)
+    # DeBERTa's encoder is built before runs may use it (no tokenizer yet): runnable=False.
+    model = build_classifier(EncoderConfig.from_pretrained(folder, runnable=False),
+                             num_labels)
     fresh = load_hf_weights(model, folder, keep_head=True)
     return model, fresh
 
@@ -126,6 +134,19 @@ def test_outputs_match_pytorch(references, family):
         assert pooled is None
     print(f"{family} max abs error vs PyTorch: {errors}")
     assert max(errors.values()) < TOLERANCE, errors
+
+
+def test_deberta_log_buckets_match_pytorch(references):
+    import tensorflow as tf
+
+    from tasks.model.deberta import log_bucket_positions
+
+    expected = np.load(references / "log_buckets.npz")
+    distances = tf.constant(expected["distances"], tf.int32)
+    for setting in (name for name in expected.files if name != "distances"):
+        size, top = map(int, setting.split("_"))
+        ours = tf.function(log_bucket_positions)(distances, size, top).numpy()
+        np.testing.assert_array_equal(ours, expected[setting], err_msg=setting)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -2,8 +2,9 @@
 *ForTokenClassification (torch side: tests/torch_model_reference.py make-token / load-token,
 in the environment of tests/torch_env.py; helpers shared with tests/test_model_parity.py).
 
-- Tiny random BertForTokenClassification, DistilBertForTokenClassification and
-  ElectraForTokenClassification checkpoints load with no fresh weight and give PyTorch's
+- Tiny random BertForTokenClassification, DistilBertForTokenClassification,
+  ElectraForTokenClassification, RobertaForTokenClassification and
+  DebertaV2ForTokenClassification (two settings) checkpoints load with no fresh weight and give PyTorch's
   logits [batch, seq, labels] within 1e-5 (float32) on a padded batch with token types.
 - The default checkpoint (with a pooler) starts a token model; only the classifier is fresh.
 - save_hf_checkpoint of each, every weight perturbed, names the token architecture and loads
@@ -30,7 +31,9 @@ TAGS = ["O", "B-X", "I-X"]
 ARCHITECTURES = {"bert": "BertForTokenClassification",
                  "distilbert": "DistilBertForTokenClassification",
                  "electra": "ElectraForTokenClassification",
-                 "roberta": "RobertaForTokenClassification"}
+                 "roberta": "RobertaForTokenClassification",
+                 "deberta-v3": "DebertaV2ForTokenClassification",
+                 "deberta-v2": "DebertaV2ForTokenClassification"}
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +52,7 @@ def token_references(tmp_path_factory) -> Path:
 
 
 def load(folder: Path):
-    model = build_classifier(EncoderConfig.from_pretrained(folder), len(TAGS),
+    model = build_classifier(EncoderConfig.from_pretrained(folder, runnable=False), len(TAGS),
                              task=TOKEN_CLASSIFICATION)
     return model, load_hf_weights(model, folder, keep_head=True)
 

@@ -5,7 +5,8 @@
         For each family, a tiny random checkpoint OUT/<family> written by transformers'
         *ForSequenceClassification (save_pretrained), and OUT/<family>/reference.npz with its
         last hidden state, pooled output (BERT) and logits on OUT/batch.npz; OUT/minilm.npz
-        with BertModel's outputs for the checkpoint in MINILM_DIR.
+        with BertModel's outputs for the checkpoint in MINILM_DIR; OUT/log_buckets.npz with
+        DeBERTa's relative position buckets of distances -1100..1100 for a few settings.
     python torch_model_reference.py load FOLDER...
         AutoModelForSequenceClassification.from_pretrained(FOLDER, output_loading_info=True):
         FOLDER/torch_logits.npy on FOLDER/../batch.npz and FOLDER/loading_info.json.
@@ -14,6 +15,8 @@
         OUT/<family>/reference_logits.npy ([batch, seq, labels]) on OUT/batch.npz.
     python torch_model_reference.py load-token FOLDER...
         As load, with AutoModelForTokenClassification.
+A "family" here is a case: "deberta-v3" and "deberta-v2" are two settings of model_type
+deberta-v2.
 """
 import json
 import sys
@@ -23,7 +26,9 @@ import numpy as np
 import torch
 from transformers import (AutoModelForSequenceClassification, AutoModelForTokenClassification,
                           BertConfig, BertForSequenceClassification, BertForTokenClassification,
-                          BertModel, DistilBertConfig, DistilBertForSequenceClassification,
+                          BertModel, DebertaV2Config, DebertaV2ForSequenceClassification,
+                          DebertaV2ForTokenClassification, DistilBertConfig,
+                          DistilBertForSequenceClassification,
                           DistilBertForTokenClassification, ElectraConfig,
                           ElectraForSequenceClassification, ElectraForTokenClassification,
                           RobertaConfig, RobertaForSequenceClassification,
@@ -47,12 +52,28 @@ MODELS = {
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
         type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, **{
             **TINY, "max_position_embeddings": TINY["max_position_embeddings"] + 2})),
+    # DeBERTa-v3's settings: relative positions only, log buckets (8 buckets, so that the
+    # batch's distances up to 8 reach the log range), shared position projections, the
+    # relative embeddings LayerNorm'ed, no token types.
+    "deberta-v3": (DebertaV2ForSequenceClassification, DebertaV2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        relative_attention=True, position_buckets=8, max_relative_positions=16,
+        pos_att_type="p2c|c2p", share_att_key=True, norm_rel_ebd="layer_norm",
+        position_biased_input=False, type_vocab_size=0, **TINY)),
+    # DeBERTa-v2's other paths: absolute positions too, token types, own position
+    # projections, distances clipped at 6 without buckets, a tanh pooler.
+    "deberta-v2": (DebertaV2ForSequenceClassification, DebertaV2Config(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        relative_attention=True, max_relative_positions=6, pos_att_type=["c2p", "p2c"],
+        position_biased_input=True, type_vocab_size=2, pooler_hidden_act="tanh", **TINY)),
 }
 
 TOKEN_CLASSES = {"bert": BertForTokenClassification,
                  "distilbert": DistilBertForTokenClassification,
                  "electra": ElectraForTokenClassification,
-                 "roberta": RobertaForTokenClassification}
+                 "roberta": RobertaForTokenClassification,
+                 "deberta-v3": DebertaV2ForTokenClassification,
+                 "deberta-v2": DebertaV2ForTokenClassification}
 
 
 def inputs(batch: dict, family: str) -> dict:
@@ -76,12 +97,19 @@ def make(out: Path, minilm_dir: str) -> None:
             parameter.add_(0.1 * torch.randn_like(parameter))
         model.save_pretrained(out / family)
         features = inputs(batch, family)
-        encoded = getattr(model, family)(**features)
+        encoded = model.base_model(**features)
         reference = {"last_hidden_state": encoded.last_hidden_state.numpy(),
                      "logits": model(**features).logits.numpy()}
         if family == "bert":
             reference["pooler_output"] = encoded.pooler_output.numpy()
         np.savez(out / family / "reference.npz", **reference)
+
+    # transformers' log buckets over distances far beyond the batch's, per bucket setting.
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
+    distances = torch.arange(-1100, 1101)
+    np.savez(out / "log_buckets.npz", distances=distances.numpy(), **{
+        f"{size}_{top}": make_log_bucket_position(distances, size, top).long().numpy()
+        for size, top in ((8, 16), (256, 512), (64, 1024), (32, 100), (512, 2048))})
 
     minilm = BertModel.from_pretrained(minilm_dir).eval()
     encoded = minilm(**{k[len("minilm_"):]: torch.from_numpy(v).long()

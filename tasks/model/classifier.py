@@ -7,7 +7,7 @@ import tf_keras
 from pathlib import Path
 
 from tasks.model.config import EncoderConfig
-from tasks.model.encoder import Encoder
+from tasks.model.encoder import build_encoder
 from tasks.model.heads import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION, build_head
 from tasks.model.hf_weights import lacks_optional_weights, load_hf_weights
 from tasks.model.layers import Dropout, LayerFactory
@@ -21,13 +21,14 @@ class Classifier(tf_keras.Model):
     def __init__(self, config: EncoderConfig, num_labels: int, *, gelu: str,
                  cpu_kernels: bool, task: str = SEQUENCE_CLASSIFICATION,
                  encoder_from_checkpoint: bool = False):
-        super().__init__(name=f"{config.family}_classifier")
+        super().__init__(name=f"{config.prefix}_classifier")
         self.config, self.num_labels, self.task = config, num_labels, task
         make = LayerFactory(config.initializer_range, gelu, cpu_kernels)
         # Token classification reads no pooled output: no pooler, as in transformers.
-        self.encoder = Encoder(config, make.for_loaded_weights() if encoder_from_checkpoint
-                               else make, with_pooler=task != TOKEN_CLASSIFICATION,
-                               name=config.family)
+        self.encoder = build_encoder(config, make.for_loaded_weights()
+                                     if encoder_from_checkpoint else make,
+                                     with_pooler=task != TOKEN_CLASSIFICATION,
+                                     name=config.prefix)
         self.head = build_head(task, config, num_labels, make)
 
     # Plain Python inside tf.function, for this call and every layer it calls: AutoGraph

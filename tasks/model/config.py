@@ -1,33 +1,46 @@
 """The encoder's shape and settings, read from a Hugging Face config.json (no transformers).
 
 Keys a config.json leaves out take the defaults of transformers' config class for its family
-(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig), as `from_pretrained` does.
+(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig, DebertaV2Config), as
+`from_pretrained` does.
+
+ENCODER_FAMILIES are the families whose encoder bertflow builds; FAMILIES, those a run can
+fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES). DeBERTa-v3's
+encoder is built; its SentencePiece tokenizer is not wired yet, so runs refuse it.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.errors import ConfigError
+from tasks.model import deberta_config
+from tasks.model.deberta_config import DebertaOptions
 
-FAMILIES = ("bert", "distilbert", "electra", "roberta")
+ENCODER_FAMILIES = ("bert", "distilbert", "electra", "roberta", deberta_config.FAMILY)
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 ARCHITECTURES = {"bert": "BertForSequenceClassification",
                  "distilbert": "DistilBertForSequenceClassification",
                  "electra": "ElectraForSequenceClassification",
-                 "roberta": "RobertaForSequenceClassification"}
+                 "roberta": "RobertaForSequenceClassification",
+                 "deberta-v2": "DebertaV2ForSequenceClassification"}
 # transformers' class of each family by task (the task names of tasks.model.heads).
 TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
                       "token_classification": {
                           "bert": "BertForTokenClassification",
                           "distilbert": "DistilBertForTokenClassification",
                           "electra": "ElectraForTokenClassification",
-                          "roberta": "RobertaForTokenClassification"}}
+                          "roberta": "RobertaForTokenClassification",
+                          "deberta-v2": "DebertaV2ForTokenClassification"}}
 # Each family's tokenizer files, in the order its text encoder reads them.
 WORDPIECE_FILES = ("vocab.txt",)
 TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
                    "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt")}
+FAMILIES = tuple(family for family in ENCODER_FAMILIES if family in TOKENIZER_FILES)
+# The module prefix of each family's encoder in transformers' checkpoints (base_model_prefix).
+PREFIXES = {"deberta-v2": "deberta"}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -69,27 +82,39 @@ class EncoderConfig:
     classifier_dropout: float
     initializer_range: float
     pad_token_id: int
+    deberta: DebertaOptions | None = None  # DeBERTa-v2/v3's attention and pooler settings
     raw: dict = field(default_factory=dict, repr=False, compare=False)  # the config.json
 
+    @property
+    def prefix(self) -> str:
+        """The encoder's module prefix in transformers' checkpoints ("bert", "deberta")."""
+        return PREFIXES.get(self.family, self.family)
+
     @classmethod
-    def from_pretrained(cls, folder: Path | str) -> EncoderConfig:
+    def from_pretrained(cls, folder: Path | str, *, runnable: bool = True) -> EncoderConfig:
         path = Path(folder) / "config.json"
         try:
             raw = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise ConfigError("base_model", f"{path}: cannot read it ({err})") from None
-        return cls.from_dict(raw)
+        return cls.from_dict(raw, runnable=runnable)
 
     @classmethod
-    def from_dict(cls, raw: dict) -> EncoderConfig:
+    def from_dict(cls, raw: dict, *, runnable: bool = True) -> EncoderConfig:
+        """The config of `raw`; `runnable`: only a family a run can fine-tune (FAMILIES),
+        else any whose encoder bertflow builds (ENCODER_FAMILIES)."""
         family = raw.get("model_type")
         if family is None and all(key in raw for key in BERT_KEYS):
             family = "bert"
-        if family not in FAMILIES:
+        if family not in (FAMILIES if runnable else ENCODER_FAMILIES):
             found = f"model_type {family!r}" if family else "no model_type"
+            later = (f" ({family}: bertflow builds its encoder but has no in-graph tokenizer "
+                     f"for it yet)" if family in ENCODER_FAMILIES else "")
             raise ConfigError("base_model", f"config.json has {found}; supported: "
-                                            f"{', '.join(FAMILIES)}")
-        config = (_distilbert(raw) if family == "distilbert" else _bert_shaped(family, raw))
+                                            f"{', '.join(FAMILIES)}{later}")
+        config = (_distilbert(raw) if family == "distilbert" else
+                  _deberta(raw) if family == deberta_config.FAMILY else
+                  _bert_shaped(family, raw))
         config._check()
         return config
 
@@ -100,6 +125,11 @@ class EncoderConfig:
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError("base_model", f"config.json: activation {self.hidden_act!r} is "
                                             f"not supported (supported: {', '.join(ACTIVATIONS)})")
+        pooler_act = self.deberta and self.deberta.pooler_hidden_act
+        if pooler_act and pooler_act not in (*ACTIVATIONS, "tanh"):
+            raise ConfigError("base_model", f"config.json: pooler_hidden_act {pooler_act!r} is "
+                                            f"not supported (supported: "
+                                            f"{', '.join(ACTIVATIONS)}, tanh)")
 
     def to_hf_config(self, labels: list[str],
                      problem_type: str = "single_label_classification",
@@ -119,8 +149,10 @@ class EncoderConfig:
 
 
 def _bert_shaped(family: str, raw: dict) -> EncoderConfig:
-    """BERT, ELECTRA and RoBERTa: the same keys; ELECTRA's embeddings may be narrower."""
-    defaults = {"electra": _ELECTRA_DEFAULTS, "roberta": _ROBERTA_DEFAULTS}
+    """BERT, ELECTRA, RoBERTa and DeBERTa: the same keys; ELECTRA's embeddings may be
+    narrower."""
+    defaults = {"electra": _ELECTRA_DEFAULTS, "roberta": _ROBERTA_DEFAULTS,
+                deberta_config.FAMILY: {**_BERT_DEFAULTS, **deberta_config.DEFAULTS}}
     c = {**defaults.get(family, _BERT_DEFAULTS), **raw}
     if c["position_embedding_type"] != "absolute":
         raise ConfigError("base_model", f"config.json: position_embedding_type "
@@ -152,3 +184,12 @@ def _distilbert(raw: dict) -> EncoderConfig:
         hidden_dropout=c["dropout"], attention_dropout=c["attention_dropout"],
         classifier_dropout=c["seq_classif_dropout"], initializer_range=c["initializer_range"],
         pad_token_id=c["pad_token_id"], raw=dict(raw))
+
+
+
+def _deberta(raw: dict) -> EncoderConfig:
+    """BERT's keys with DebertaV2Config's defaults; the head's dropout is cls_dropout."""
+    options = deberta_config.read(raw)
+    config = _bert_shaped(deberta_config.FAMILY,
+                          {**raw, "classifier_dropout": raw.get("cls_dropout")})
+    return dataclasses.replace(config, deberta=options, raw=dict(raw))

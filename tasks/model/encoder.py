@@ -4,6 +4,7 @@ from __future__ import annotations
 import tf_keras
 
 from tasks.model.config import EncoderConfig
+from tasks.model.deberta import DebertaEncoder
 from tasks.model.layers import Embeddings, LayerFactory, TransformerBlock, attention_bias
 
 
@@ -31,3 +32,15 @@ class Encoder(tf_keras.layers.Layer):
             hidden = block(hidden, bias, training=training)
         pooled = None if self.pooler is None else self.pooler(hidden[:, 0])
         return hidden, pooled
+
+
+# Families whose encoder is not BERT's shape; the others are Encoder's.
+ENCODERS = {"deberta-v2": DebertaEncoder}
+
+
+def build_encoder(config: EncoderConfig, make: LayerFactory, with_pooler: bool,
+                  name: str) -> tf_keras.layers.Layer:
+    """The encoder of `config.family`: called with features, returns (sequence, pooled or
+    None)."""
+    return ENCODERS.get(config.family, Encoder)(config, make, with_pooler=with_pooler,
+                                                  name=name)

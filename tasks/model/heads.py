@@ -70,16 +70,35 @@ class RobertaSequenceHead(ElectraSequenceHead):
     ACTIVATION = "tanh"
 
 
-class TokenHead(tf_keras.layers.Layer):
-    """BertForTokenClassification, DistilBertForTokenClassification,
-    ElectraForTokenClassification and RobertaForTokenClassification, one shape for all:
-    every token -> dropout -> classifier. The dropout rate is the family's: BERT's and ELECTRA's classifier_dropout
-    (hidden_dropout_prob when unset), DistilBERT's `dropout` (not seq_classif_dropout, which
-    only its sequence head uses)."""
+class DebertaSequenceHead(tf_keras.layers.Layer):
+    """DebertaV2ForSequenceClassification: ContextPooler (first token -> dropout
+    (pooler_dropout) -> dense -> pooler_hidden_act), then dropout (cls_dropout, else
+    hidden_dropout_prob) -> classifier."""
 
     def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
         super().__init__(**kwargs)
-        rate = (config.hidden_dropout if config.family == "distilbert"
+        self.pooler_dropout = make.dropout(config.deberta.pooler_dropout, "pooler_dropout")
+        self.pooler = make.dense(config.hidden_size, "pooler")
+        self.activation = make.activation(config.deberta.pooler_hidden_act)
+        self.dropout = make.dropout(config.classifier_dropout)
+        self.classifier = make.dense(num_labels, "classifier")
+
+    def call(self, sequence, pooled, training=None):
+        pooled = self.pooler(self.pooler_dropout(sequence[:, 0], training=training))
+        return self.classifier(self.dropout(self.activation(pooled), training=training))
+
+
+class TokenHead(tf_keras.layers.Layer):
+    """BertForTokenClassification, DistilBertForTokenClassification,
+    ElectraForTokenClassification, RobertaForTokenClassification and
+    DebertaV2ForTokenClassification, one shape for all: every token -> dropout -> classifier.
+    The dropout rate is the family's: BERT's and ELECTRA's classifier_dropout
+    (hidden_dropout_prob when unset), DistilBERT's `dropout` (not seq_classif_dropout, which
+    only its sequence head uses), DeBERTa's hidden_dropout_prob (not cls_dropout)."""
+
+    def __init__(self, config: EncoderConfig, num_labels: int, make: LayerFactory, **kwargs):
+        super().__init__(**kwargs)
+        rate = (config.hidden_dropout if config.family in ("distilbert", "deberta-v2")
                 else config.classifier_dropout)
         self.dropout = make.dropout(rate)
         self.classifier = make.dense(num_labels, "classifier")
@@ -91,9 +110,11 @@ class TokenHead(tf_keras.layers.Layer):
 HEADS = {SEQUENCE_CLASSIFICATION: {"bert": BertSequenceHead,
                                    "distilbert": DistilBertSequenceHead,
                                    "electra": ElectraSequenceHead,
-                                   "roberta": RobertaSequenceHead},
+                                   "roberta": RobertaSequenceHead,
+                                   "deberta-v2": DebertaSequenceHead},
          TOKEN_CLASSIFICATION: {"bert": TokenHead, "distilbert": TokenHead,
-                                "electra": TokenHead, "roberta": TokenHead}}
+                                "electra": TokenHead, "roberta": TokenHead,
+                                "deberta-v2": TokenHead}}
 
 
 def build_head(task: str, config: EncoderConfig, num_labels: int,

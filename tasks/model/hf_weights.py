@@ -18,6 +18,7 @@ import tf_keras
 
 from tasks.errors import BertflowError
 from tasks.model import heads, safetensors_stream
+from tasks.model.config import PREFIXES
 
 SAFETENSORS = "model.safetensors"
 CONFIG = "config.json"
@@ -39,6 +40,14 @@ _BERT_EMBEDDINGS = {
     "embeddings.LayerNorm": "embeddings.layer_norm",
 }
 _BERT_BLOCKS = {f"encoder.layer.{{i}}.{k}": f"blocks.{{i}}.{v}" for k, v in _BERT_LAYER.items()}
+_DEBERTA_LAYER = {
+    "attention.self.query_proj": "attention.query",
+    "attention.self.key_proj": "attention.key",
+    "attention.self.value_proj": "attention.value",
+    "attention.self.pos_key_proj": "attention.pos_key",
+    "attention.self.pos_query_proj": "attention.pos_query",
+    **{k: v for k, v in _BERT_LAYER.items() if not k.startswith("attention.self.")},
+}
 # PyTorch module -> encoder attribute path; "{i}" runs over the layers.
 ENCODER_TABLES = {
     "bert": {**_BERT_EMBEDDINGS, **_BERT_BLOCKS, "pooler.dense": "pooler"},
@@ -46,6 +55,12 @@ ENCODER_TABLES = {
                 **_BERT_BLOCKS},
     # BERT's layout; transformers builds RoBERTa's classifiers without the pooler.
     "roberta": {**_BERT_EMBEDDINGS, **_BERT_BLOCKS},
+    # Absent parts (position embeddings in v3, token types, own position projections with
+    # share_att_key) resolve to None and are left out.
+    "deberta-v2": {**_BERT_EMBEDDINGS, "encoder.rel_embeddings": "rel_embeddings",
+                   "encoder.LayerNorm": "rel_layer_norm",
+                   **{f"encoder.layer.{{i}}.{k}": f"blocks.{{i}}.{v}"
+                      for k, v in _DEBERTA_LAYER.items()}},
     "distilbert": {
         "embeddings.word_embeddings": "embeddings.word_embeddings",
         "embeddings.position_embeddings": "embeddings.position_embeddings",
@@ -67,6 +82,7 @@ HEAD_TABLES = {
                                    "classifier": "classifier"},
     heads.ElectraSequenceHead: {"classifier.dense": "dense", "classifier.out_proj": "out_proj"},
     heads.RobertaSequenceHead: {"classifier.dense": "dense", "classifier.out_proj": "out_proj"},
+    heads.DebertaSequenceHead: {"pooler.dense": "pooler", "classifier": "classifier"},
     heads.TokenHead: {"classifier": "classifier"},  # *ForTokenClassification of each family
 }
 # Encoder weights a checkpoint may lack; transformers initialises them afresh (a BERT saved
@@ -75,6 +91,9 @@ HEAD_TABLES = {
 OPTIONAL = ("pooler.",)
 # Buffers, not weights, that older checkpoints carry and transformers ignores.
 BUFFERS = ("position_ids", "token_type_ids")
+# Weights a family's checkpoints may carry that its model (so configured) does not use:
+# transformers' _keys_to_ignore_on_load_unexpected (DeBERTa-v3 without absolute positions).
+IGNORED = {"deberta-v2": ("embeddings.position_embeddings.weight",)}
 
 
 def encoder_parameters(model) -> dict[str, tuple[tf.Variable, bool]]:
@@ -98,7 +117,7 @@ def lacks_optional_weights(folder: Path | str, family: str, with_pooler: bool) -
         return False
     if not path.is_file():
         return False  # load_hf_weights names the missing file
-    prefix = family + "."
+    prefix = PREFIXES.get(family, family) + "."
     with safe_open(str(path), "np") as f:
         return not any(key.removeprefix(prefix).startswith(OPTIONAL) for key in f.keys())
 
@@ -129,7 +148,8 @@ def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
                   for k in expected if k in encoder_state
                   and encoder_state[k].shape != _torch_shape(*expected[k])]
     unexpected = [k for k in encoder_state
-                  if k not in expected and not k.endswith(BUFFERS) and not k.startswith(OPTIONAL)]
+                  if k not in expected and not k.endswith(BUFFERS) and not k.startswith(OPTIONAL)
+                  and k not in IGNORED.get(model.config.family, ())]
     if missing or mismatched or unexpected:
         raise BertflowError(
             f"{path}: does not match its {CONFIG} ({model.config.family}, "
@@ -162,7 +182,7 @@ def save_hf_checkpoint(model, labels: list[str], folder: Path | str,
     multi_label_classification or regression (one label)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = model.config.family + "."
+    prefix = model.config.prefix + "."
     state = {prefix + key: _torch_tensor(*entry)
              for key, entry in encoder_parameters(model).items()}
     state.update({key: _torch_tensor(*entry) for key, entry in head_parameters(model).items()})
@@ -227,7 +247,7 @@ def _modern_key(key: str) -> str:
 
 def _split_encoder(state: dict, family: str) -> tuple[dict, dict]:
     """(encoder weights without the family prefix, the other keys)."""
-    prefix = family + "."
+    prefix = PREFIXES.get(family, family) + "."
     if any(key.startswith(prefix) for key in state):
         encoder = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         return encoder, {k: v for k, v in state.items() if not k.startswith(prefix)}

@@ -229,13 +229,16 @@ class TransformerBlock(tf_keras.layers.Layer):
     """Post-LN transformer layer: LayerNorm(x + attention(x)), then LayerNorm(h + ffn(h)).
 
     `attention_output_dropout` is False for DistilBERT, which has no dropout between the
-    attention's output projection and its LayerNorm (BERT and ELECTRA have one)."""
+    attention's output projection and its LayerNorm (BERT and ELECTRA have one). `attention`:
+    another attention layer than SelfAttention (DeBERTa's), called as (hidden, bias) where
+    `bias` is whatever the encoder passes the blocks."""
 
     def __init__(self, config, make: LayerFactory, attention_output_dropout: bool = True,
-                 **kwargs):
+                 attention: tf_keras.layers.Layer | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.attention = SelfAttention(config.hidden_size, config.num_heads,
-                                       config.attention_dropout, make, name="attention")
+        self.attention = attention or SelfAttention(config.hidden_size, config.num_heads,
+                                                    config.attention_dropout, make,
+                                                    name="attention")
         self.attention_dropout = (make.dropout(config.hidden_dropout, "attention_dropout")
                                   if attention_output_dropout else None)
         self.attention_layer_norm = make.layer_norm(config.layer_norm_eps,
@@ -255,11 +258,13 @@ class TransformerBlock(tf_keras.layers.Layer):
 
 class Embeddings(tf_keras.layers.Layer):
     """Word + position (+ token type) embeddings, LayerNorm and dropout, at embedding_size;
-    then ELECTRA's projection to hidden_size when the two differ."""
+    then ELECTRA's projection to hidden_size when the two differ. `absolute_positions`
+    False: no position table (DeBERTa-v3's positions are relative, in its attention)."""
 
-    def __init__(self, config, make: LayerFactory, **kwargs):
+    def __init__(self, config, make: LayerFactory, absolute_positions: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.config, self.make = config, make
+        self.absolute_positions = absolute_positions
         self.layer_norm = make.layer_norm(config.layer_norm_eps, "layer_norm")
         self.dropout = make.dropout(config.hidden_dropout)
         self.projection = (make.dense(config.hidden_size, "projection")
@@ -270,9 +275,11 @@ class Embeddings(tf_keras.layers.Layer):
         self.word_embeddings = self.add_weight(
             "word_embeddings", [c.vocab_size, c.embedding_size],
             initializer=self.make.initializer())
-        self.position_embeddings = self.add_weight(
-            "position_embeddings", [c.max_position_embeddings, c.embedding_size],
-            initializer=self.make.initializer(), trainable=not c.frozen_positions)
+        self.position_embeddings = None
+        if self.absolute_positions:
+            self.position_embeddings = self.add_weight(
+                "position_embeddings", [c.max_position_embeddings, c.embedding_size],
+                initializer=self.make.initializer(), trainable=not c.frozen_positions)
         self.token_type_embeddings = None
         if c.type_vocab_size:
             self.token_type_embeddings = self.add_weight(
@@ -281,14 +288,19 @@ class Embeddings(tf_keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, features, training=None):
-        ids = features["input_ids"]
-        embedded = tf.gather(self.word_embeddings, ids) + self._positions(features)
+        embedded = self.dropout(self.layer_norm(self.sum(features)), training=training)
+        return embedded if self.projection is None else self.projection(embedded)
+
+    def sum(self, features) -> tf.Tensor:
+        """The embeddings' sum, before LayerNorm."""
+        embedded = tf.gather(self.word_embeddings, features["input_ids"])
+        if self.position_embeddings is not None:
+            embedded += self._positions(features)
         if self.token_type_embeddings is not None:
             types = features.get("token_type_ids")
             embedded += (self.token_type_embeddings[0] if types is None
                          else tf.gather(self.token_type_embeddings, types))
-        embedded = self.dropout(self.layer_norm(embedded), training=training)
-        return embedded if self.projection is None else self.projection(embedded)
+        return embedded
 
     def _positions(self, features) -> tf.Tensor:
         ids = features["input_ids"]
