@@ -2,8 +2,8 @@
 tests/torch_env.py; its side is tests/torch_model_reference.py).
 
 - A tiny random BERT (GELU), DistilBERT (ReLU), ELECTRA (tanh GELU, embedding size 16,
-  hidden size 32) and RoBERTa (positions from pad_token_id + 1, one token type, tanh head),
-  each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
+  hidden size 32), RoBERTa (positions from pad_token_id + 1, one token type, tanh head) and
+  XLM-R (RoBERTa's modules, XLM-R's classes), each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
   PyTorch's last hidden state, pooled output (BERT) and logits within 1e-5, on a padded
   batch with token types; the weights it saves carry exactly PyTorch's key names.
 - The default MiniLM checkpoint (a bare BertModel, no `bert.` prefix): last hidden state and
@@ -30,7 +30,7 @@ from tasks.model.classifier import build_classifier
 from tasks.model.config import EncoderConfig
 from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 
-FAMILIES = ("bert", "distilbert", "electra", "roberta")
+FAMILIES = ("bert", "distilbert", "electra", "roberta", "xlm-roberta")
 LABELS = ["neg", "neutral", "pos"]
 TOLERANCE = 1e-5
 SCRIPT = Path(__file__).resolve().parent / "torch_model_reference.py"
@@ -77,7 +77,7 @@ def features(arrays: dict[str, np.ndarray], family: str = "bert") -> dict:
 
     out = {name: tf.constant(arrays[name], tf.int32)
            for name in ("input_ids", "token_type_ids", "attention_mask")}
-    if family == "roberta":
+    if family in ("roberta", "xlm-roberta"):
         out["token_type_ids"] = tf.zeros_like(out["token_type_ids"])
     return out
 

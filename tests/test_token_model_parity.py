@@ -30,7 +30,8 @@ TAGS = ["O", "B-X", "I-X"]
 ARCHITECTURES = {"bert": "BertForTokenClassification",
                  "distilbert": "DistilBertForTokenClassification",
                  "electra": "ElectraForTokenClassification",
-                 "roberta": "RobertaForTokenClassification"}
+                 "roberta": "RobertaForTokenClassification",
+                 "xlm-roberta": "XLMRobertaForTokenClassification"}
 
 
 @pytest.fixture(autouse=True)

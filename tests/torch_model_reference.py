@@ -27,7 +27,9 @@ from transformers import (AutoModelForSequenceClassification, AutoModelForTokenC
                           DistilBertForTokenClassification, ElectraConfig,
                           ElectraForSequenceClassification, ElectraForTokenClassification,
                           RobertaConfig, RobertaForSequenceClassification,
-                          RobertaForTokenClassification)
+                          RobertaForTokenClassification, XLMRobertaConfig,
+                          XLMRobertaForSequenceClassification,
+                          XLMRobertaForTokenClassification)
 
 NUM_LABELS = 3
 TINY = dict(vocab_size=99, max_position_embeddings=64, num_labels=NUM_LABELS)
@@ -47,18 +49,25 @@ MODELS = {
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
         type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, **{
             **TINY, "max_position_embeddings": TINY["max_position_embeddings"] + 2})),
+    # RoBERTa's modules under XLM-R's classes and model_type (the same `roberta.` names).
+    "xlm-roberta": (XLMRobertaForSequenceClassification, XLMRobertaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, **{
+            **TINY, "max_position_embeddings": TINY["max_position_embeddings"] + 2})),
 }
 
 TOKEN_CLASSES = {"bert": BertForTokenClassification,
                  "distilbert": DistilBertForTokenClassification,
                  "electra": ElectraForTokenClassification,
-                 "roberta": RobertaForTokenClassification}
+                 "roberta": RobertaForTokenClassification,
+                 "xlm-roberta": XLMRobertaForTokenClassification}
 
 
 def inputs(batch: dict, family: str) -> dict:
     # DistilBERT takes no token types; RoBERTa has one, which transformers fills in.
     names = ["input_ids", "attention_mask"] + (["token_type_ids"]
-                                               if family not in ("distilbert", "roberta")
+                                               if family not in ("distilbert", "roberta",
+                                                                 "xlm-roberta")
                                                else [])
     return {name: torch.from_numpy(batch[name]).long() for name in names}
 
@@ -76,7 +85,7 @@ def make(out: Path, minilm_dir: str) -> None:
             parameter.add_(0.1 * torch.randn_like(parameter))
         model.save_pretrained(out / family)
         features = inputs(batch, family)
-        encoded = getattr(model, family)(**features)
+        encoded = model.base_model(**features)
         reference = {"last_hidden_state": encoded.last_hidden_state.numpy(),
                      "logits": model(**features).logits.numpy()}
         if family == "bert":

@@ -21,13 +21,13 @@ class Classifier(tf_keras.Model):
     def __init__(self, config: EncoderConfig, num_labels: int, *, gelu: str,
                  cpu_kernels: bool, task: str = SEQUENCE_CLASSIFICATION,
                  encoder_from_checkpoint: bool = False):
-        super().__init__(name=f"{config.family}_classifier")
+        super().__init__(name=f"{config.encoder_family}_classifier")
         self.config, self.num_labels, self.task = config, num_labels, task
         make = LayerFactory(config.initializer_range, gelu, cpu_kernels)
         # Token classification reads no pooled output: no pooler, as in transformers.
         self.encoder = Encoder(config, make.for_loaded_weights() if encoder_from_checkpoint
                                else make, with_pooler=task != TOKEN_CLASSIFICATION,
-                               name=config.family)
+                               name=config.encoder_family)
         self.head = build_head(task, config, num_labels, make)
 
     # Plain Python inside tf.function, for this call and every layer it calls: AutoGraph
@@ -98,7 +98,7 @@ def load_classifier(folder: Path | str, num_labels: int, *, keep_head: bool = Tr
     # Every encoder weight comes from the file (a missing one fails the load), unless the
     # file lacks BERT's optional pooler, which then starts random as transformers starts it.
     # The head is always initialised: the file may not have it.
-    random_pooler = lacks_optional_weights(folder, config.family,
+    random_pooler = lacks_optional_weights(folder, config.encoder_family,
                                            with_pooler=task != TOKEN_CLASSIFICATION)
     model = build_classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels,
                              task=task, encoder_from_checkpoint=not random_pooler)

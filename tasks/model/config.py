@@ -1,7 +1,8 @@
 """The encoder's shape and settings, read from a Hugging Face config.json (no transformers).
 
 Keys a config.json leaves out take the defaults of transformers' config class for its family
-(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig), as `from_pretrained` does.
+(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig), as
+`from_pretrained` does.
 """
 from __future__ import annotations
 
@@ -11,23 +12,29 @@ from pathlib import Path
 
 from tasks.errors import ConfigError
 
-FAMILIES = ("bert", "distilbert", "electra", "roberta")
+FAMILIES = ("bert", "distilbert", "electra", "roberta", "xlm-roberta")
+# Families whose encoder, heads and weight names are another family's: transformers' XLM-R
+# classes are RoBERTa's (the same modules, under the same `roberta.` prefix).
+ENCODER_FAMILY = {"xlm-roberta": "roberta"}
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 ARCHITECTURES = {"bert": "BertForSequenceClassification",
                  "distilbert": "DistilBertForSequenceClassification",
                  "electra": "ElectraForSequenceClassification",
-                 "roberta": "RobertaForSequenceClassification"}
+                 "roberta": "RobertaForSequenceClassification",
+                 "xlm-roberta": "XLMRobertaForSequenceClassification"}
 # transformers' class of each family by task (the task names of tasks.model.heads).
 TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
                       "token_classification": {
                           "bert": "BertForTokenClassification",
                           "distilbert": "DistilBertForTokenClassification",
                           "electra": "ElectraForTokenClassification",
-                          "roberta": "RobertaForTokenClassification"}}
+                          "roberta": "RobertaForTokenClassification",
+                          "xlm-roberta": "XLMRobertaForTokenClassification"}}
 # Each family's tokenizer files, in the order its text encoder reads them.
 WORDPIECE_FILES = ("vocab.txt",)
 TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
-                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt")}
+                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt"),
+                   "xlm-roberta": ("sentencepiece.bpe.model",)}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 
@@ -42,6 +49,7 @@ _ELECTRA_DEFAULTS = {**_BERT_DEFAULTS, "embedding_size": 128, "hidden_size": 256
 # RobertaConfig's own defaults are BertConfig's but for the special tokens' ids; released
 # RoBERTa configs set 514 positions, 1 token type and eps 1e-5 themselves.
 _ROBERTA_DEFAULTS = {**_BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1}
+_XLM_ROBERTA_DEFAULTS = {**_BERT_DEFAULTS, "pad_token_id": 1}  # XLMRobertaConfig's
 _DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
                             sinusoidal_pos_embds=False, n_layers=6, n_heads=12, dim=768,
                             hidden_dim=3072, dropout=0.1, attention_dropout=0.1,
@@ -51,7 +59,7 @@ _DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    family: str  # one of FAMILIES
+    family: str  # one of FAMILIES: config.json's model_type
     vocab_size: int
     hidden_size: int
     embedding_size: int  # ELECTRA's may be smaller than hidden_size, then projected
@@ -93,6 +101,12 @@ class EncoderConfig:
         config._check()
         return config
 
+    @property
+    def encoder_family(self) -> str:
+        """The family whose encoder, heads and weight layout this one has (itself, or
+        ENCODER_FAMILY's: RoBERTa's for XLM-R)."""
+        return ENCODER_FAMILY.get(self.family, self.family)
+
     def _check(self) -> None:
         if self.hidden_size % self.num_heads:
             raise ConfigError("base_model", f"config.json: hidden size {self.hidden_size} is "
@@ -119,8 +133,10 @@ class EncoderConfig:
 
 
 def _bert_shaped(family: str, raw: dict) -> EncoderConfig:
-    """BERT, ELECTRA and RoBERTa: the same keys; ELECTRA's embeddings may be narrower."""
-    defaults = {"electra": _ELECTRA_DEFAULTS, "roberta": _ROBERTA_DEFAULTS}
+    """BERT, ELECTRA, RoBERTa and XLM-R: the same keys; ELECTRA's embeddings may be
+    narrower."""
+    defaults = {"electra": _ELECTRA_DEFAULTS, "roberta": _ROBERTA_DEFAULTS,
+                "xlm-roberta": _XLM_ROBERTA_DEFAULTS}
     c = {**defaults.get(family, _BERT_DEFAULTS), **raw}
     if c["position_embedding_type"] != "absolute":
         raise ConfigError("base_model", f"config.json: position_embedding_type "

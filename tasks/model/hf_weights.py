@@ -79,7 +79,7 @@ BUFFERS = ("position_ids", "token_type_ids")
 
 def encoder_parameters(model) -> dict[str, tuple[tf.Variable, bool]]:
     """PyTorch key (without the family prefix) -> (variable, transposed) for the encoder."""
-    table = ENCODER_TABLES[model.config.family]
+    table = ENCODER_TABLES[model.config.encoder_family]
     return _parameters(model.encoder, table, model.config.num_layers)
 
 
@@ -120,7 +120,7 @@ def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
     if not path.is_file():
         raise BertflowError(f"{path}: not found (a checkpoint folder needs {SAFETENSORS})")
     state = {_modern_key(key): value for key, value in load_file(str(path)).items()}
-    encoder_state, rest = _split_encoder(state, model.config.family)
+    encoder_state, rest = _split_encoder(state, model.config.encoder_family)
     expected = encoder_parameters(model)
 
     missing = [k for k in expected if k not in encoder_state and not k.startswith(OPTIONAL)]
@@ -162,7 +162,7 @@ def save_hf_checkpoint(model, labels: list[str], folder: Path | str,
     multi_label_classification or regression (one label)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = model.config.family + "."
+    prefix = model.config.encoder_family + "."  # XLM-R's is RoBERTa's
     state = {prefix + key: _torch_tensor(*entry)
              for key, entry in encoder_parameters(model).items()}
     state.update({key: _torch_tensor(*entry) for key, entry in head_parameters(model).items()})

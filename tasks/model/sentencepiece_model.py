@@ -76,3 +76,5 @@ class IdLayout:
 
 # fairseq's dictionary as XLM-R uses it (transformers' XLMRobertaConverter).
 FAIRSEQ = IdLayout(cls=0, pad=1, sep=2, unk=3, offset=1, extra=1)
+# Each SentencePiece family's layout (validate's vocabulary-size check reads it).
+LAYOUTS = {"xlm-roberta": FAIRSEQ}

@@ -59,7 +59,8 @@ from tasks.model.text_encoder import SegmentEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"
-ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1"}  # the families with another encoder
+# The families with another encoder.
+ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1", "xlm-roberta": "bertflow-sentencepiece-1"}
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"
