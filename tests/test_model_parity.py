@@ -3,7 +3,8 @@ tests/torch_env.py; its side is tests/torch_model_reference.py).
 
 - A tiny random BERT (GELU), DistilBERT (ReLU), ELECTRA (tanh GELU, embedding size 16,
   hidden size 32), RoBERTa (positions from pad_token_id + 1, one token type, tanh head) and
-  XLM-R (RoBERTa's modules, XLM-R's classes), each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
+  XLM-R (RoBERTa's modules, XLM-R's classes), each written by its
+  *ForSequenceClassification: bertflow's model loads the checkpoint and gives
   PyTorch's last hidden state, pooled output (BERT) and logits within 1e-5, on a padded
   batch with token types; the weights it saves carry exactly PyTorch's key names.
 - The default MiniLM checkpoint (a bare BertModel, no `bert.` prefix): last hidden state and

@@ -4,7 +4,9 @@ fast XLM-R tokenizer.
 A tiny unigram model (XLM-R's kind) is trained here with the sentencepiece package (a test
 dependency, requirements.in; nothing downloads) under XLM-R's file name, with its default
 nmt_nfkc normalizer; transformers' XLMRobertaTokenizer loaded from that folder (its
-XLMRobertaConverter: fairseq's ids) is the reference.
+XLMRobertaConverter: fairseq's ids) is the reference. That a SavedModel holding the encoder
+serves in a fresh interpreter with only tensorflow and tensorflow_text is checked by the export
+step in tests/test_xlm_roberta_steps.py.
 """
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tasks import fresh_load
 from tasks.model import sentencepiece_text
 from tasks.model.sentencepiece_model import FAIRSEQ, read_model
 from test_byte_bpe import CORPUS, TRAINING
@@ -131,29 +132,6 @@ def test_pre_split_words_equal_is_split_into_words(encoder, hf):
     starts = [[ids.index(w) for w in range(len(s))]
               for s, ids in ((s, want.word_ids(i)) for i, s in enumerate(sentences))]
     assert out["word_starts"].to_list() == starts
-
-
-def test_saved_model_serves_in_a_fresh_interpreter(encoder, hf, tmp_path):
-    """No custom op: the SavedModel loads with only tensorflow and tensorflow_text."""
-
-    class Serving(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder = encoder
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string),
-                                      tf.TensorSpec([None], tf.string)])
-        def serve(self, text, text_pair):
-            ids, _ = self.encoder(text, text_pair)
-            return {"input_ids": ids.to_tensor(default_value=self.encoder.pad_id)}
-
-    module = Serving()
-    path = str(tmp_path / "saved")
-    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
-    texts, pairs = CORPUS[:4] + MULTILINGUAL[:2] + UNSEEN[:2], CORPUS[6:14]
-    served = fresh_load.predict(path, {"text": texts, "text_pair": pairs})
-    want = hf(texts, pairs, padding=True)["input_ids"]
-    assert np.asarray(served["input_ids"], np.int64).tolist() == want
 
 
 def test_bad_model_files_are_named(tmp_path, model_file):
