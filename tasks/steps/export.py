@@ -110,8 +110,8 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
     """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
     family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
     (tasks/model/hf_weights.py), `model_dir`'s tokenizer files (vocab.txt; RoBERTa's
-    vocab.json and merges.txt; XLM-R's sentencepiece.bpe.model, with its tokenizer.json) and
-    the tokenizer's config. PyTorch's
+    vocab.json and merges.txt; XLM-R's sentencepiece.bpe.model, and a tokenizer.json converted
+    from it) and the tokenizer's config. PyTorch's
     AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
     from transformers import BertTokenizer, RobertaTokenizerFast  # tokenizer files only

@@ -1,8 +1,9 @@
 """Tokenize step: prepared JSON Lines shards -> sharded TFRecords, cached by content.
 
 The checkpoint family's text encoder (`checkpoint.text_encoder`: WordPiece's
-`BertTextEncoder`, tasks/model/text_encoder.py, or RoBERTa's byte-level BPE,
-tasks/model/byte_bpe.py) is the single tokenizer of a run: this step uses it to write the
+`BertTextEncoder`, tasks/model/text_encoder.py, RoBERTa's byte-level BPE,
+tasks/model/byte_bpe.py, or XLM-R's SentencePiece, tasks/model/sentencepiece_text.py) is the
+single tokenizer of a run: this step uses it to write the
 TFRecords and the export step embeds it in the SavedModel, so serving cannot drift from
 training. (The step takes the encoder's wordpieces and truncation rule as they are and only
 adds [CLS]/[SEP] in numpy, `SegmentEncoder.encode_numpy`; tests check it equals the
