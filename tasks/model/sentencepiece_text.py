@@ -4,9 +4,10 @@ any family whose tokenizer is a SentencePiece model with its own special ids):
     encoder = XlmRobertaTextEncoder("sentencepiece.bpe.model", max_seq_length=128)
     ids, types = encoder(texts, pairs)  # <s> A </s></s> B </s>, types all 0
 
-tensorflow-text's SentencepieceTokenizer runs the model file itself (the SentencePiece library
-inside tensorflow_text's ops: its normalizer, e.g. nmt_nfkc, and its unigram or BPE
-segmentation), so a SavedModel holding it loads with `tensorflow` and `tensorflow_text` only.
+tensorflow-text's FastSentencepieceTokenizer runs a unigram model file (XLM-R's) and its
+SentencepieceTokenizer, the SentencePiece library itself, a BPE one: each applies the model's
+own normalizer (e.g. nmt_nfkc) and holds the model in the op, so a SavedModel holding it loads
+with `tensorflow` and `tensorflow_text` only.
 Its piece ids are then laid out as the family numbers them (`IdLayout`): fairseq's XLM-R
 dictionary puts `<s> <pad> </s> <unk>` at 0-3, shifts every piece by one and gives the
 model's unknown piece id 3, with `<mask>` after the last piece.
