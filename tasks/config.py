@@ -160,9 +160,10 @@ class RunConfig(BaseModel):
     # --- model and tokenizer ----------------------------------------------------------------
     base_model: str = Field(
         default="", title="Base checkpoint",
-        description="The checkpoint to fine-tune: a BERT, DistilBERT, ELECTRA or RoBERTa "
-                    "encoder (config.json with model_type bert, distilbert, electra or "
-                    "roberta; vocab.txt, or RoBERTa's vocab.json and merges.txt; "
+        description="The checkpoint to fine-tune: a BERT, DistilBERT, ELECTRA, RoBERTa or "
+                    "XLM-RoBERTa encoder (config.json with model_type bert, distilbert, "
+                    "electra, roberta or xlm-roberta; vocab.txt, or RoBERTa's vocab.json and "
+                    "merges.txt, or XLM-R's sentencepiece.bpe.model; "
                     "model.safetensors): a local folder; a gs:// "
                     "or s3:// folder; a Hugging Face Hub id with an optional revision, "
                     "google-bert/bert-base-uncased@<tag or commit> (token: hf_conn_id); "

@@ -3,8 +3,9 @@ tests/torch_env.py; its side is tests/torch_model_reference.py).
 
 - A tiny random BERT (GELU), DistilBERT (ReLU), ELECTRA (tanh GELU, embedding size 16,
   hidden size 32), RoBERTa (positions from pad_token_id + 1, one token type, tanh head) and
-  DeBERTa-v2 in two settings (v3's: relative positions only, log buckets, shared position
-  projections; and absolute positions, token types, own projections, clipped distances),
+  XLM-R (RoBERTa's modules, XLM-R's classes), and DeBERTa-v2 in two settings (v3's:
+  relative positions only, log buckets, shared position projections; and absolute positions,
+  token types, own projections, clipped distances),
   each written by its *ForSequenceClassification: bertflow's model loads the checkpoint and gives
   PyTorch's last hidden state, pooled output (BERT) and logits within 1e-5, on a padded
   batch with token types; the weights it saves carry exactly PyTorch's key names.
@@ -36,7 +37,8 @@ from tasks.model.hf_weights import load_hf_weights, save_hf_checkpoint
 
 # Cases by family; "deberta-v3" and "deberta-v2" are two settings of model_type deberta-v2
 # (tests/torch_model_reference.py MODELS).
-FAMILIES = ("bert", "distilbert", "electra", "roberta", "deberta-v3", "deberta-v2")
+FAMILIES = ("bert", "distilbert", "electra", "roberta", "xlm-roberta",
+            "deberta-v3", "deberta-v2")
 LABELS = ["neg", "neutral", "pos"]
 TOLERANCE = 1e-5
 SCRIPT = Path(__file__).resolve().parent / "torch_model_reference.py"
@@ -83,7 +85,7 @@ def features(arrays: dict[str, np.ndarray], family: str = "bert") -> dict:
 
     out = {name: tf.constant(arrays[name], tf.int32)
            for name in ("input_ids", "token_type_ids", "attention_mask")}
-    if family == "roberta":
+    if family in ("roberta", "xlm-roberta"):
         out["token_type_ids"] = tf.zeros_like(out["token_type_ids"])
     return out
 

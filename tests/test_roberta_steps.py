@@ -14,14 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import RunConfig
 from tasks.errors import BertflowError
-from tasks.io import storage
-from tasks.runs import runlayout
-from tasks.runs.runlayout import RunContext, write_run_config
 from tasks.training import checkpoint
 from test_byte_bpe import CORPUS, train_byte_bpe
-from train_helpers import run_steps_in_subprocess
+from train_helpers import steps_of_a_family
 
 transformers = pytest.importorskip("transformers")
 
@@ -66,40 +62,10 @@ def test_a_roberta_folder_needs_its_merges(roberta_dir, tmp_path):
 def test_tokenize_train_evaluate_export(roberta_dir, tmp_path):
     import tensorflow as tf
 
-    from tasks.steps import data, export, tokenize
-
-    train = tmp_path / "train.tsv"
-    train.write_text("text\tlabel\n" + "".join(
-        f"{t.replace(chr(9), ' ').replace(chr(10), ' ').replace(chr(13), ' ')}\t{'ab'[i % 2]}\n"
-        for i, t in enumerate(TEXTS)))
-    root = tmp_path / "art"
-    cfg = RunConfig(base_model=str(roberta_dir), train_uri=str(train), num_shards=1,
-                    artifact_root=str(root), max_seq_length=24, epochs=1,
-                    per_replica_batch_size=8, eval_batch_size=8, mixed_precision="none",
-                    model_name="tiny-roberta", export_uri=str(tmp_path / "models"))
-    ctx = RunContext(artifact_root=str(root), dag_id="test", run_key="roberta")
-    write_run_config(ctx, cfg)
-    storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())  # for the subprocess
-    data.run(cfg, ctx)
-    manifest = json.loads(Path(tokenize.run(cfg, ctx)).read_text())
+    reference = transformers.RobertaTokenizerFast.from_pretrained(str(roberta_dir))
+    manifest, folder, prepared = steps_of_a_family(roberta_dir, tmp_path, TEXTS, reference)
     assert manifest["lower_case"] is False
     assert manifest["lower_case_rule"] == "roberta: byte-level BPE reads text as it is"
-
-    reference = transformers.RobertaTokenizerFast.from_pretrained(str(roberta_dir))
-    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
-        manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"])]
-    stored = {tuple(r.features.feature["input_ids"].int64_list.value) for r in records}
-    # The data step strips each text's ends (which byte-level BPE would otherwise encode).
-    prepared = [row.split("\t")[0].strip() for row in train.read_text().splitlines()[1:]]
-    assert stored == {tuple(reference(t, truncation=True, max_length=24)["input_ids"])
-                      for t in prepared}
-    assert not any(any(r.features.feature["token_type_ids"].int64_list.value)
-                   for r in records)
-
-    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    version = runlayout.read_manifest(export.run(cfg, ctx))  # checks the fresh interpreter
-    folder = Path(version["version_uri"])
     exported = transformers.AutoTokenizer.from_pretrained(str(folder))
     assert type(exported).__name__.startswith("RobertaTokenizer")
     assert exported(prepared[:5])["input_ids"] == reference(prepared[:5])["input_ids"]

@@ -32,6 +32,7 @@ ARCHITECTURES = {"bert": "BertForTokenClassification",
                  "distilbert": "DistilBertForTokenClassification",
                  "electra": "ElectraForTokenClassification",
                  "roberta": "RobertaForTokenClassification",
+                 "xlm-roberta": "XLMRobertaForTokenClassification",
                  "deberta-v3": "DebertaV2ForTokenClassification",
                  "deberta-v2": "DebertaV2ForTokenClassification"}
 

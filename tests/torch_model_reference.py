@@ -32,7 +32,9 @@ from transformers import (AutoModelForSequenceClassification, AutoModelForTokenC
                           DistilBertForTokenClassification, ElectraConfig,
                           ElectraForSequenceClassification, ElectraForTokenClassification,
                           RobertaConfig, RobertaForSequenceClassification,
-                          RobertaForTokenClassification)
+                          RobertaForTokenClassification, XLMRobertaConfig,
+                          XLMRobertaForSequenceClassification,
+                          XLMRobertaForTokenClassification)
 
 NUM_LABELS = 3
 TINY = dict(vocab_size=99, max_position_embeddings=64, num_labels=NUM_LABELS)
@@ -49,6 +51,11 @@ MODELS = {
         intermediate_size=37, hidden_act="gelu_new", **TINY)),
     # As released RoBERTa configs set it: one token type, positions from pad_token_id + 1.
     "roberta": (RobertaForSequenceClassification, RobertaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, **{
+            **TINY, "max_position_embeddings": TINY["max_position_embeddings"] + 2})),
+    # RoBERTa's modules under XLM-R's classes and model_type (the same `roberta.` names).
+    "xlm-roberta": (XLMRobertaForSequenceClassification, XLMRobertaConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
         type_vocab_size=1, layer_norm_eps=1e-5, pad_token_id=1, **{
             **TINY, "max_position_embeddings": TINY["max_position_embeddings"] + 2})),
@@ -72,6 +79,7 @@ TOKEN_CLASSES = {"bert": BertForTokenClassification,
                  "distilbert": DistilBertForTokenClassification,
                  "electra": ElectraForTokenClassification,
                  "roberta": RobertaForTokenClassification,
+                 "xlm-roberta": XLMRobertaForTokenClassification,
                  "deberta-v3": DebertaV2ForTokenClassification,
                  "deberta-v2": DebertaV2ForTokenClassification}
 
@@ -79,7 +87,8 @@ TOKEN_CLASSES = {"bert": BertForTokenClassification,
 def inputs(batch: dict, family: str) -> dict:
     # DistilBERT takes no token types; RoBERTa has one, which transformers fills in.
     names = ["input_ids", "attention_mask"] + (["token_type_ids"]
-                                               if family not in ("distilbert", "roberta")
+                                               if family not in ("distilbert", "roberta",
+                                                                 "xlm-roberta")
                                                else [])
     return {name: torch.from_numpy(batch[name]).long() for name in names}
 

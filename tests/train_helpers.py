@@ -213,6 +213,47 @@ def run_steps_in_subprocess(run_dir: str, *steps: str, env: dict | None = None,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def steps_of_a_family(model_dir: Path, tmp_path: Path, texts: list[str], reference,
+                      max_len: int = 24) -> tuple[dict, Path, list[str]]:
+    """A tiny checkpoint through data, tokenize, train and evaluate (a subprocess, as the CLI
+    runs them) and export (which checks the SavedModel in a fresh interpreter), on `texts`
+    labelled a/b in turn. Checks that the TFRecords hold `reference`'s ids (a transformers
+    tokenizer of the same files) and no token types. Returns (tokenize manifest, exported
+    version folder, the texts as the data step prepared them)."""
+    import tensorflow as tf
+
+    from tasks.steps import data, export, tokenize
+
+    train = tmp_path / "train.tsv"
+    train.write_text("text\tlabel\n" + "".join(
+        f"{t.replace(chr(9), ' ').replace(chr(10), ' ').replace(chr(13), ' ')}\t{'ab'[i % 2]}\n"
+        for i, t in enumerate(texts)))
+    root = tmp_path / "art"
+    cfg = RunConfig(base_model=str(model_dir), train_uri=str(train), num_shards=1,
+                    artifact_root=str(root), max_seq_length=max_len, epochs=1,
+                    per_replica_batch_size=8, eval_batch_size=8, mixed_precision="none",
+                    model_name="tiny-family",
+                    export_uri=str(tmp_path / "models"))
+    ctx = RunContext(artifact_root=str(root), dag_id="test", run_key="family")
+    write_run_config(ctx, cfg)
+    storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())  # for the subprocess
+    data.run(cfg, ctx)
+    manifest = json.loads(Path(tokenize.run(cfg, ctx)).read_text())
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
+        manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"])]
+    stored = {tuple(r.features.feature["input_ids"].int64_list.value) for r in records}
+    # The data step strips each text's ends.
+    prepared = [row.split("\t")[0].strip() for row in train.read_text().splitlines()[1:]]
+    assert stored == {tuple(reference(t, truncation=True, max_length=max_len)["input_ids"])
+                      for t in prepared}
+    assert not any(any(r.features.feature["token_type_ids"].int64_list.value)
+                   for r in records)
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version = read_manifest(export.run(cfg, ctx))
+    return manifest, Path(version["version_uri"]), prepared
+
+
 def run_cluster(cfg, ctx, step: str, **kwargs) -> list[str]:
     """Run one step's WorkerSpec (as the provision step would write it) on loopback with
     the local backend; its log lines."""

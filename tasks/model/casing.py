@@ -12,7 +12,8 @@ belongs to the checkpoint, not to the run. In order, the first that answers:
 4. the family's default: transformers' BertTokenizer lower-cases unless told otherwise, and
    DistilBERT's and ELECTRA's tokenizers are BertTokenizer's.
 
-RoBERTa's byte-level BPE has no casing option: it reads text as it is, whatever the files say.
+RoBERTa's byte-level BPE and XLM-R's SentencePiece model have no casing option: they read text as
+it is (XLM-R's normalizer, nmt_nfkc, keeps capitals), whatever the files say.
 
 bertflow's in-graph tokenizer (tensorflow-text's FastBertTokenizer) strips accents exactly when
 it lower-cases, as transformers does when `strip_accents` is unset; a checkpoint that sets
@@ -32,7 +33,9 @@ TOKENIZER_JSON = "tokenizer.json"
 FILES = (TOKENIZER_CONFIG, TOKENIZER_JSON)  # optional files fetched with a checkpoint
 # transformers' default do_lower_case for each family's tokenizer (BertTokenizer's).
 FAMILY_LOWER_CASE = {"bert": True, "distilbert": True, "electra": True}
-CASED_ONLY = ("roberta",)  # tokenizers that never lower-case
+# Tokenizers that never lower-case, and why (the tokenize manifest's lower_case_rule).
+CASED_ONLY = {"roberta": "byte-level BPE reads text as it is",
+              "xlm-roberta": "its SentencePiece model reads text as it is"}
 # A vocabulary is cased when at least this share of its pieces has a capital letter
 # (bert-base-cased: ~20%; multilingual cased: ~25%); uncased ones have none.
 CASED_VOCAB_SHARE = 0.01
@@ -61,7 +64,7 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
     """The casing from a checkpoint's files; `read_file(name)` gives a file's bytes or None
     when the checkpoint has no such file. `where` names the checkpoint in errors."""
     if family in CASED_ONLY:
-        return Casing(False, f"{family}: byte-level BPE reads text as it is", True)
+        return Casing(False, f"{family}: {CASED_ONLY[family]}", True)
     config = _json(read_file, TOKENIZER_CONFIG, where)
     if config is not None and config.get("do_lower_case") is not None:
         lower = bool(config["do_lower_case"])

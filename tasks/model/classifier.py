@@ -99,7 +99,7 @@ def load_classifier(folder: Path | str, num_labels: int, *, keep_head: bool = Tr
     # Every encoder weight comes from the file (a missing one fails the load), unless the
     # file lacks BERT's optional pooler, which then starts random as transformers starts it.
     # The head is always initialised: the file may not have it.
-    random_pooler = lacks_optional_weights(folder, config.family,
+    random_pooler = lacks_optional_weights(folder, config.encoder_family,
                                            with_pooler=task != TOKEN_CLASSIFICATION)
     model = build_classifier(config, num_labels, gelu=gelu, cpu_kernels=cpu_kernels,
                              task=task, encoder_from_checkpoint=not random_pooler)

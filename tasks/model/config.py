@@ -1,8 +1,8 @@
 """The encoder's shape and settings, read from a Hugging Face config.json (no transformers).
 
 Keys a config.json leaves out take the defaults of transformers' config class for its family
-(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig, DebertaV2Config), as
-`from_pretrained` does.
+(BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig,
+DebertaV2Config), as `from_pretrained` does.
 
 ENCODER_FAMILIES are the families whose encoder bertflow builds; FAMILIES, those a run can
 fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES). DeBERTa-v3's
@@ -19,12 +19,17 @@ from tasks.errors import ConfigError
 from tasks.model import deberta_config
 from tasks.model.deberta_config import DebertaOptions
 
-ENCODER_FAMILIES = ("bert", "distilbert", "electra", "roberta", deberta_config.FAMILY)
+ENCODER_FAMILIES = ("bert", "distilbert", "electra", "roberta", "xlm-roberta",
+                    deberta_config.FAMILY)
+# Families whose encoder, heads and weight names are another family's: transformers' XLM-R
+# classes are RoBERTa's (the same modules, under the same `roberta.` prefix).
+ENCODER_FAMILY = {"xlm-roberta": "roberta"}
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
 ARCHITECTURES = {"bert": "BertForSequenceClassification",
                  "distilbert": "DistilBertForSequenceClassification",
                  "electra": "ElectraForSequenceClassification",
                  "roberta": "RobertaForSequenceClassification",
+                 "xlm-roberta": "XLMRobertaForSequenceClassification",
                  "deberta-v2": "DebertaV2ForSequenceClassification"}
 # transformers' class of each family by task (the task names of tasks.model.heads).
 TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
@@ -33,13 +38,15 @@ TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
                           "distilbert": "DistilBertForTokenClassification",
                           "electra": "ElectraForTokenClassification",
                           "roberta": "RobertaForTokenClassification",
+                          "xlm-roberta": "XLMRobertaForTokenClassification",
                           "deberta-v2": "DebertaV2ForTokenClassification"}}
 # Each family's tokenizer files, in the order its text encoder reads them.
 WORDPIECE_FILES = ("vocab.txt",)
 TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
-                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt")}
+                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt"),
+                   "xlm-roberta": ("sentencepiece.bpe.model",)}
 FAMILIES = tuple(family for family in ENCODER_FAMILIES if family in TOKENIZER_FILES)
-# The module prefix of each family's encoder in transformers' checkpoints (base_model_prefix).
+# The module prefix of each encoder family in transformers' checkpoints (base_model_prefix).
 PREFIXES = {"deberta-v2": "deberta"}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
@@ -55,6 +62,7 @@ _ELECTRA_DEFAULTS = {**_BERT_DEFAULTS, "embedding_size": 128, "hidden_size": 256
 # RobertaConfig's own defaults are BertConfig's but for the special tokens' ids; released
 # RoBERTa configs set 514 positions, 1 token type and eps 1e-5 themselves.
 _ROBERTA_DEFAULTS = {**_BERT_DEFAULTS, "vocab_size": 50265, "pad_token_id": 1}
+_XLM_ROBERTA_DEFAULTS = {**_BERT_DEFAULTS, "pad_token_id": 1}  # XLMRobertaConfig's
 _DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
                             sinusoidal_pos_embds=False, n_layers=6, n_heads=12, dim=768,
                             hidden_dim=3072, dropout=0.1, attention_dropout=0.1,
@@ -64,7 +72,7 @@ _DISTILBERT_DEFAULTS = dict(vocab_size=30522, max_position_embeddings=512,
 
 @dataclass(frozen=True)
 class EncoderConfig:
-    family: str  # one of FAMILIES
+    family: str  # one of FAMILIES: config.json's model_type
     vocab_size: int
     hidden_size: int
     embedding_size: int  # ELECTRA's may be smaller than hidden_size, then projected
@@ -87,8 +95,9 @@ class EncoderConfig:
 
     @property
     def prefix(self) -> str:
-        """The encoder's module prefix in transformers' checkpoints ("bert", "deberta")."""
-        return PREFIXES.get(self.family, self.family)
+        """The encoder's module prefix in transformers' checkpoints ("bert", "deberta"; XLM-R's
+        is RoBERTa's)."""
+        return PREFIXES.get(self.encoder_family, self.encoder_family)
 
     @classmethod
     def from_pretrained(cls, folder: Path | str, *, runnable: bool = True) -> EncoderConfig:
@@ -117,6 +126,12 @@ class EncoderConfig:
                   _bert_shaped(family, raw))
         config._check()
         return config
+
+    @property
+    def encoder_family(self) -> str:
+        """The family whose encoder, heads and weight layout this one has (itself, or
+        ENCODER_FAMILY's: RoBERTa's for XLM-R)."""
+        return ENCODER_FAMILY.get(self.family, self.family)
 
     def _check(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -149,9 +164,10 @@ class EncoderConfig:
 
 
 def _bert_shaped(family: str, raw: dict) -> EncoderConfig:
-    """BERT, ELECTRA, RoBERTa and DeBERTa: the same keys; ELECTRA's embeddings may be
+    """BERT, ELECTRA, RoBERTa, XLM-R and DeBERTa: the same keys; ELECTRA's embeddings may be
     narrower."""
     defaults = {"electra": _ELECTRA_DEFAULTS, "roberta": _ROBERTA_DEFAULTS,
+                "xlm-roberta": _XLM_ROBERTA_DEFAULTS,
                 deberta_config.FAMILY: {**_BERT_DEFAULTS, **deberta_config.DEFAULTS}}
     c = {**defaults.get(family, _BERT_DEFAULTS), **raw}
     if c["position_embedding_type"] != "absolute":

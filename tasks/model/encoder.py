@@ -19,10 +19,10 @@ class Encoder(tf_keras.layers.Layer):
                  **kwargs):
         super().__init__(**kwargs)
         self.embeddings = Embeddings(config, make, name="embeddings")
-        self.blocks = [TransformerBlock(config, make, config.family != "distilbert",
+        self.blocks = [TransformerBlock(config, make, config.encoder_family != "distilbert",
                                         name=f"block_{i}") for i in range(config.num_layers)]
         self.pooler = (make.dense(config.hidden_size, "pooler", activation="tanh")
-                       if config.family == "bert" and with_pooler else None)
+                       if config.encoder_family == "bert" and with_pooler else None)
 
     def call(self, features, training=None):
         hidden = self.embeddings(features, training=training)

@@ -121,4 +121,4 @@ def build_head(task: str, config: EncoderConfig, num_labels: int,
                make: LayerFactory) -> tf_keras.layers.Layer:
     if task not in HEADS:
         raise ValueError(f"unknown task {task!r}; known: {', '.join(HEADS)}")
-    return HEADS[task][config.family](config, num_labels, make, name="head")
+    return HEADS[task][config.encoder_family](config, num_labels, make, name="head")

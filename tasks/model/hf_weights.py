@@ -98,7 +98,7 @@ IGNORED = {"deberta-v2": ("embeddings.position_embeddings.weight",)}
 
 def encoder_parameters(model) -> dict[str, tuple[tf.Variable, bool]]:
     """PyTorch key (without the family prefix) -> (variable, transposed) for the encoder."""
-    table = ENCODER_TABLES[model.config.family]
+    table = ENCODER_TABLES[model.config.encoder_family]
     return _parameters(model.encoder, table, model.config.num_layers)
 
 
@@ -139,7 +139,7 @@ def load_hf_weights(model, folder: Path | str, *, keep_head: bool) -> list[str]:
     if not path.is_file():
         raise BertflowError(f"{path}: not found (a checkpoint folder needs {SAFETENSORS})")
     state = {_modern_key(key): value for key, value in load_file(str(path)).items()}
-    encoder_state, rest = _split_encoder(state, model.config.family)
+    encoder_state, rest = _split_encoder(state, model.config.encoder_family)
     expected = encoder_parameters(model)
 
     missing = [k for k in expected if k not in encoder_state and not k.startswith(OPTIONAL)]

@@ -304,7 +304,7 @@ class Embeddings(tf_keras.layers.Layer):
 
     def _positions(self, features) -> tf.Tensor:
         ids = features["input_ids"]
-        if self.config.family != "roberta":
+        if self.config.encoder_family != "roberta":
             # Positions 0..seq-1 are a slice of the table, broadcast over the batch.
             return self.position_embeddings[:tf.shape(ids)[1]]
         # RoBERTa (fairseq): real tokens count from pad_token_id + 1, padding sits at

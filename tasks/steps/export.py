@@ -110,7 +110,8 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
     """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
     family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
     (tasks/model/hf_weights.py), `model_dir`'s tokenizer files (vocab.txt; RoBERTa's
-    vocab.json and merges.txt) and the tokenizer's config. PyTorch's
+    vocab.json and merges.txt; XLM-R's sentencepiece.bpe.model, and a tokenizer.json converted
+    from it) and the tokenizer's config. PyTorch's
     AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
     from transformers import BertTokenizer, RobertaTokenizerFast  # tokenizer files only
@@ -121,6 +122,10 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
         RobertaTokenizerFast.from_pretrained(
             str(out), model_max_length=max_seq_length).save_pretrained(out)
         return
+    if model.config.family == "xlm-roberta":
+        xlm_roberta_tokenizer(out / checkpoint.tokenizer_files(model_dir)[0].name,
+                              max_seq_length).save_pretrained(out)
+        return
     vocab_file = out / checkpoint.VOCAB
     # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
     inputs = (["input_ids", "attention_mask"] if model.config.type_vocab_size == 0
@@ -128,6 +133,23 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
     BertTokenizer(vocab=str(vocab_file), do_lower_case=lower_case,
                   model_max_length=max_seq_length,
                   model_input_names=inputs).save_pretrained(out)
+
+
+def xlm_roberta_tokenizer(model_file: Path, max_seq_length: int):
+    """transformers' XLM-R tokenizer of a SentencePiece model file, as from_pretrained
+    converts one (XLMRobertaConverter's fairseq vocabulary, the model's normalizer), read
+    without the sentencepiece package, which that conversion asks for and bertflow does not
+    install. Saved, it writes tokenizer.json: loading the export converts nothing."""
+    from transformers import XLMRobertaTokenizer
+    from transformers.convert_slow_tokenizer import XLMRobertaConverter
+
+    from tasks.model.sentencepiece_model import read_model
+
+    _, spm = read_model(model_file)
+    kwargs = XLMRobertaConverter.convert_from_spm(vocab=list(zip(spm.pieces, spm.scores)))
+    return XLMRobertaTokenizer(**kwargs, vocab_file=str(model_file),
+                               _spm_precompiled_charsmap=spm.charsmap or None,
+                               model_max_length=max_seq_length)
 
 
 def record_thresholds(out: Path, task: str, labels: list[str], threshold,

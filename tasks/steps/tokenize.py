@@ -1,8 +1,9 @@
 """Tokenize step: prepared JSON Lines shards -> sharded TFRecords, cached by content.
 
 The checkpoint family's text encoder (`checkpoint.text_encoder`: WordPiece's
-`BertTextEncoder`, tasks/model/text_encoder.py, or RoBERTa's byte-level BPE,
-tasks/model/byte_bpe.py) is the single tokenizer of a run: this step uses it to write the
+`BertTextEncoder`, tasks/model/text_encoder.py, RoBERTa's byte-level BPE,
+tasks/model/byte_bpe.py, or XLM-R's SentencePiece, tasks/model/sentencepiece_text.py) is the
+single tokenizer of a run: this step uses it to write the
 TFRecords and the export step embeds it in the SavedModel, so serving cannot drift from
 training. (The step takes the encoder's wordpieces and truncation rule as they are and only
 adds [CLS]/[SEP] in numpy, `SegmentEncoder.encode_numpy`; tests check it equals the
@@ -59,7 +60,8 @@ from tasks.model.text_encoder import SegmentEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-1"
-ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1"}  # the families with another encoder
+# The families with another encoder.
+ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1", "xlm-roberta": "bertflow-sentencepiece-1"}
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"

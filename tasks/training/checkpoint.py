@@ -94,18 +94,25 @@ def tokenizer_files(model_dir: Path) -> list[Path]:
 
 
 def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
-    """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, or
-    RoBERTa's byte-level BPE, which reads text as it is (no lower-casing)."""
+    """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, RoBERTa's
+    byte-level BPE or XLM-R's SentencePiece model; the last two read text as it is (no
+    lower-casing)."""
     from tasks.model.config import EncoderConfig
 
     files = tokenizer_files(model_dir)
-    if EncoderConfig.from_pretrained(model_dir).family != "roberta":
+    family = EncoderConfig.from_pretrained(model_dir).family
+    if family not in ("roberta", "xlm-roberta"):
         from tasks.model.text_encoder import BertTextEncoder
 
         return BertTextEncoder(files[0], lower_case, max_seq_length)
     if lower_case:
-        raise BertflowError(f"{model_dir}: a RoBERTa checkpoint's byte-level BPE does not "
+        tokenizer = ("byte-level BPE" if family == "roberta" else "SentencePiece model")
+        raise BertflowError(f"{model_dir}: a {family} checkpoint's {tokenizer} does not "
                             "lower-case; leave lower_case empty or false")
+    if family == "xlm-roberta":
+        from tasks.model.sentencepiece_text import XlmRobertaTextEncoder
+
+        return XlmRobertaTextEncoder(files[0], max_seq_length=max_seq_length)
     from tasks.model.byte_bpe import RobertaTextEncoder
 
     return RobertaTextEncoder(*files, max_seq_length=max_seq_length)

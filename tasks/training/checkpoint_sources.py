@@ -36,10 +36,10 @@ from tasks.model.casing import FILES as TOKENIZER_FILES
 from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
-# A checkpoint's vocabulary, by what its folder holds: WordPiece's vocab.txt or byte-level BPE's
-# vocab.json and merges.txt (RoBERTa; checkpoint.check_model_dir then checks that config.json's
-# family is the one that reads them).
-VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"))
+# A checkpoint's vocabulary, by what its folder holds: WordPiece's vocab.txt, byte-level BPE's
+# vocab.json and merges.txt (RoBERTa) or a SentencePiece model (XLM-R);
+# checkpoint.check_model_dir then checks that config.json's family is the one that reads them.
+VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"), ("sentencepiece.bpe.model",))
 # PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
 WEIGHTS = ("model.safetensors",)
 RECORD = ".bertflow-checkpoint.json"  # in a cache entry: what was fetched, sizes and hashes
@@ -214,7 +214,8 @@ def _pick_files(value: str, names, where: str, champion: bool = False) -> list[s
     missing = [n for n in (CONFIG,) if n not in names]
     vocabulary = next((v for v in VOCABULARIES if all(n in names for n in v)), None)
     if vocabulary is None:
-        missing.append(f"{VOCAB} (or RoBERTa's vocab.json and merges.txt)")
+        missing.append(f"{VOCAB} (or RoBERTa's vocab.json and merges.txt, or XLM-R's "
+                       "sentencepiece.bpe.model)")
     weights = next((w for w in WEIGHTS if w in names), None)
     if weights is None:
         missing.append(" or ".join(WEIGHTS))
@@ -252,8 +253,8 @@ def _check_config(value: str, config: dict, names=None, where: str = "") -> None
         raise _error(value, f"{err.reason}; bertflow fine-tunes {', '.join(FAMILIES)} "
                             f"checkpoints: choose one such as google-bert/bert-base-uncased, "
                             f"distilbert/distilbert-base-uncased, "
-                            f"google/electra-base-discriminator or FacebookAI/roberta-base"
-                            ) from None
+                            f"google/electra-base-discriminator, FacebookAI/roberta-base "
+                            f"or FacebookAI/xlm-roberta-base") from None
     needed = TOKENIZER_FILES[family]
     missing = [name for name in needed if names is not None and name not in names]
     if missing:
@@ -269,10 +270,16 @@ def _check_vocabulary_size(value: str, config: dict, uri: str) -> None:
     encoder = EncoderConfig.from_dict(config)
     name = TOKENIZER_FILES[encoder.family][0]
     try:
-        raw = storage.read_bytes(join_uri(uri, name)).decode("utf-8")
-        if name.endswith(".json"):  # piece -> id
-            size = max(json.loads(raw).values(), default=-1) + 1
+        data = storage.read_bytes(join_uri(uri, name))
+        if name.endswith(".model"):  # SentencePiece: the family's ids around its pieces
+            from tasks.model.sentencepiece_model import LAYOUTS, parse_model
+
+            model = parse_model(data, redact(join_uri(uri, name)))
+            size = LAYOUTS[encoder.family].vocab_size(model)
+        elif name.endswith(".json"):  # piece -> id
+            size = max(json.loads(data.decode("utf-8")).values(), default=-1) + 1
         else:  # one piece a line
+            raw = data.decode("utf-8")
             size = len(raw.split("\n")) - raw.endswith("\n")
     except StorageError as err:
         raise _unreadable(value, join_uri(uri, name), err) from None

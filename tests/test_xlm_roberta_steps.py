@@ -1,0 +1,103 @@
+"""An XLM-RoBERTa checkpoint through the steps: validate's checks, data, tokenize (the in-graph
+SentencePiece model's ids in the TFRecords, equal to transformers' XLMRobertaTokenizer), train
+and evaluate (a subprocess, as the CLI runs them), export (a SavedModel that serves in a fresh
+interpreter, which the export step checks, and a Hugging Face folder whose tokenizer loads in
+transformers with the same ids).
+
+The checkpoint is tiny and random, written by bertflow's own save (tasks/model/hf_weights.py,
+whose XLM-R keys tests/test_model_parity.py checks against PyTorch's) beside a SentencePiece
+model trained here (tests/test_sentencepiece_text.py).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tasks.config import RunConfig
+from tasks.errors import BertflowError, ConfigError
+from tasks.training import checkpoint, checkpoint_sources
+from test_byte_bpe import CORPUS
+from test_sentencepiece_text import MULTILINGUAL, train_sentencepiece
+from train_helpers import steps_of_a_family
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+
+TEXTS = [t for t in CORPUS + MULTILINGUAL if t.strip()] * 3
+MODEL_FILE = "sentencepiece.bpe.model"
+
+
+def _config(vocab_size: int) -> dict:
+    return {"model_type": "xlm-roberta", "vocab_size": vocab_size, "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "max_position_embeddings": 66, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+            "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+
+
+@pytest.fixture(scope="module")
+def xlmr_dir(tmp_path_factory) -> Path:
+    import tf_keras
+
+    from tasks.model.classifier import build_classifier
+    from tasks.model.config import EncoderConfig
+    from tasks.model.hf_weights import save_hf_checkpoint
+    from tasks.model.sentencepiece_model import FAIRSEQ, read_model
+
+    folder = tmp_path_factory.mktemp("tiny-xlmr")
+    _, model = read_model(train_sentencepiece(folder))
+    tf_keras.utils.set_random_seed(0)
+    classifier = build_classifier(EncoderConfig.from_dict(
+        _config(FAIRSEQ.vocab_size(model))), 2)
+    save_hf_checkpoint(classifier, ["a", "b"], folder)
+    return folder
+
+
+def _copy(source: Path, target: Path, drop: str = "", **config) -> Path:
+    target.mkdir()
+    for path in source.iterdir():
+        if path.name != drop:
+            (target / path.name).write_bytes(path.read_bytes())
+    raw = json.loads((source / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**raw, **config}))
+    return target
+
+
+def test_validate_names_the_model_file_the_casing_and_the_vocabulary(xlmr_dir, tmp_path):
+    checkpoint.check_model_dir(xlmr_dir)
+    assert checkpoint_sources.check(RunConfig(base_model=str(xlmr_dir))) == str(xlmr_dir)
+    broken = _copy(xlmr_dir, tmp_path / "broken", drop=MODEL_FILE)
+    with pytest.raises(BertflowError, match=r"missing sentencepiece.bpe.model \(a xlm-roberta "
+                                            r"checkpoint's tokenizer is sentencepiece"):
+        checkpoint.check_model_dir(broken)
+    with pytest.raises(ConfigError, match="sentencepiece.bpe.model"):
+        checkpoint_sources.check(RunConfig(base_model=str(broken)))
+    size = json.loads((xlmr_dir / "config.json").read_text())["vocab_size"]
+    small = _copy(xlmr_dir, tmp_path / "small", vocab_size=size - 1)
+    with pytest.raises(ConfigError, match=f"sentencepiece.bpe.model has {size} ids but "
+                                          f"config.json's vocab_size .* is {size - 1}"):
+        checkpoint_sources.check(RunConfig(base_model=str(small)))
+    cased = RunConfig(base_model=str(xlmr_dir), lower_case=True)
+    with pytest.raises(ConfigError, match="its SentencePiece model reads text as it is"):
+        checkpoint.casing(xlmr_dir, cased)
+    with pytest.raises(BertflowError, match="SentencePiece model does not lower-case"):
+        checkpoint.text_encoder(xlmr_dir, True, 32)
+
+
+def test_tokenize_train_evaluate_export(xlmr_dir, tmp_path):
+    reference = transformers.XLMRobertaTokenizer.from_pretrained(str(xlmr_dir))
+    manifest, folder, prepared = steps_of_a_family(xlmr_dir, tmp_path, TEXTS, reference)
+    assert manifest["lower_case"] is False
+    assert manifest["lower_case_rule"] == ("xlm-roberta: its SentencePiece model reads text "
+                                           "as it is")
+    assert (folder / MODEL_FILE).read_bytes() == (xlmr_dir / MODEL_FILE).read_bytes()
+    assert (folder / "tokenizer.json").is_file()  # written without the sentencepiece package
+    exported = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert type(exported).__name__ == "XLMRobertaTokenizer"
+    texts = prepared[:6] + MULTILINGUAL
+    assert exported(texts)["input_ids"] == reference(texts)["input_ids"]
+    assert exported.model_max_length == 24
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["XLMRobertaForSequenceClassification"]
+    assert config["model_type"] == "xlm-roberta"
