@@ -58,7 +58,7 @@ from tasks.model.config import EncoderConfig
 from tasks.model.text_encoder import SegmentEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
-ENCODER_VERSION = "bertflow-fastbert-1"
+ENCODER_VERSION = "bertflow-fastbert-2"  # 2: Hugging Face's normalisation (issue 45)
 ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1"}  # the families with another encoder
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
