@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 import transformers
 
+from tasks import fresh_load
 from tasks.model import text_encoder
 from tasks.training import checkpoint
 from tasks.steps import data, prepared, tokenize
@@ -72,6 +73,10 @@ def test_single_text_truncation_keeps_cls_and_sep(vocab_file):
 
 
 def test_encoder_survives_saved_model_round_trip(encoder, tmp_path):
+    """No custom op: the SavedModel, Hugging Face's normalisation included
+    (wordpiece_normalizer.py), loads in a fresh interpreter with only tensorflow and
+    tensorflow_text and gives the in-process ids."""
+
     class Serving(tf.Module):
         def __init__(self):
             super().__init__()
@@ -85,10 +90,10 @@ def test_encoder_survives_saved_model_round_trip(encoder, tmp_path):
     module = Serving()
     tf.saved_model.save(module, str(tmp_path / "sm"),
                         signatures={"serving_default": module.serve})
-    loaded = tf.saved_model.load(str(tmp_path / "sm"))
-    text = tf.constant(["Crème brûlée, please!", "ok"])
-    got = loaded.signatures["serving_default"](text=text)["input_ids"]
-    assert got.numpy().tolist() == encoder(text)[0].to_tensor().numpy().tolist()
+    texts = ["Crème brûlée, please!", "ok", "Straße\x00ΣΑΣ\u200b ﬁne\ufffd", "ส" * 101]
+    served = fresh_load.predict(str(tmp_path / "sm"), {"text": texts})
+    want = encoder(tf.constant(texts))[0].to_tensor().numpy().tolist()
+    assert np.asarray(served["input_ids"], np.int64).tolist() == want
 
 
 def test_numpy_assembly_matches_the_tensorflow_encoder(vocab_file):
@@ -115,15 +120,15 @@ def test_tokenizer_models_are_cached_on_disk(vocab_file, tmp_path, monkeypatch):
     vocab = vocab_file.read_text(encoding="utf-8").splitlines()
     monkeypatch.setenv(text_encoder.MODEL_CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(text_encoder, "_models", {})
-    built = text_encoder.tokenizer_models(vocab, True)
+    built = text_encoder.tokenizer_models(vocab)
     (cached,) = tmp_path.glob("*.bin")
     monkeypatch.setattr(text_encoder, "_models", {})
-    assert text_encoder.tokenizer_models(vocab, True) == built  # read back from disk
-    assert text_encoder.tokenizer_models(vocab, False) != built  # options are part of the key
+    assert text_encoder.tokenizer_models(vocab) == built  # read back from disk
+    assert text_encoder.tokenizer_models(vocab[:-1]) != built  # the vocabulary is the key
     assert len(list(tmp_path.glob("*.bin"))) == 2
     cached.write_bytes(cached.read_bytes()[:-1] + b"?")  # corrupt: rebuilt, not trusted
     monkeypatch.setattr(text_encoder, "_models", {})
-    assert text_encoder.tokenizer_models(vocab, True) == built
+    assert text_encoder.tokenizer_models(vocab) == built
     monkeypatch.setenv(text_encoder.MODEL_CACHE_ENV, "")  # disabled
     assert text_encoder.model_cache_dir() is None
 
@@ -139,7 +144,7 @@ def test_encoder_falls_back_to_the_public_api_when_the_private_builders_move(
     monkeypatch.setattr(text_encoder, "model_builders", lambda: None)
     monkeypatch.setattr(text_encoder, "_models", {})
     monkeypatch.setenv(text_encoder.MODEL_CACHE_ENV, "")  # no disk cache to read them from
-    assert text_encoder.tokenizer_models(["[PAD]", "[CLS]", "[SEP]"], True) is None
+    assert text_encoder.tokenizer_models(["[PAD]", "[CLS]", "[SEP]"]) is None
     public = text_encoder.BertTextEncoder(vocab_file, True, 16)
     for got, expected in zip([public(texts), public(texts, pairs)], want):
         assert [g.to_list() for g in got] == [w.to_list() for w in expected]

@@ -15,7 +15,7 @@ belongs to the checkpoint, not to the run. In order, the first that answers:
 RoBERTa's byte-level BPE and XLM-R's SentencePiece model have no casing option: they read text as
 it is (XLM-R's normalizer, nmt_nfkc, keeps capitals), whatever the files say.
 
-bertflow's in-graph tokenizer (tensorflow-text's FastBertTokenizer) strips accents exactly when
+bertflow's in-graph tokenizer (tasks/model/wordpiece_normalizer.py) strips accents exactly when
 it lower-cases, as transformers does when `strip_accents` is unset; a checkpoint that sets
 `strip_accents` the other way is refused, since its tokenization cannot be reproduced.
 """

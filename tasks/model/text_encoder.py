@@ -23,12 +23,15 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from tasks.io import storage
+from tasks.model.wordpiece_normalizer import MAX_WORD_BYTES, normalize
 
 _STRINGS = tf.TensorSpec([None], tf.string)
 
-# tensorflow_text's FastBertTokenizer defaults, which the compiled model bakes in.
-_WORDPIECE = {"suffix_indicator": "##", "max_bytes_per_word": 100, "unknown_token": "[UNK]",
-              "no_pretokenization": False, "support_detokenization": False}
+# tensorflow_text's FastBertTokenizer defaults but the word length (wordpiece_normalizer.py
+# caps words in characters), which the compiled model bakes in.
+_WORDPIECE = {"suffix_indicator": "##", "max_bytes_per_word": MAX_WORD_BYTES,
+              "unknown_token": "[UNK]", "no_pretokenization": False,
+              "support_detokenization": False}
 MODEL_CACHE_ENV = "BERTFLOW_TOKENIZER_CACHE"  # folder; empty string disables the disk cache
 _models: dict[str, tuple[bytes, bytes]] = {}
 
@@ -133,11 +136,13 @@ class SegmentEncoder(tf.Module):
 class BertTextEncoder(SegmentEncoder):
     """Raw strings -> BERT input ids, in-graph and exportable in a SavedModel.
 
-    Matches `transformers.BertTokenizer(do_lower_case=True)` token for token, including
-    truncation: single texts keep their first max_seq_length - 2 tokens; pairs are cut like
-    Hugging Face's 'longest_first' (when both segments must shrink, the budget is split evenly
-    and an odd token goes to the longer, or to the second when they tie). tensorflow_text's
-    ShrinkLongestTrimmer breaks that tie the other way, so the rule is computed here.
+    Matches transformers' `BertTokenizerFast(do_lower_case=lower_case)` token for token (its
+    normalisation is wordpiece_normalizer.py's; docs/model.md lists what still differs),
+    including truncation: single texts keep their first max_seq_length - 2 tokens; pairs are
+    cut like Hugging Face's 'longest_first' (when both segments must shrink, the budget is
+    split evenly and an odd token goes to the longer, or to the second when they tie).
+    tensorflow_text's ShrinkLongestTrimmer breaks that tie the other way, so the rule is
+    computed here.
     """
 
     def __init__(self, vocab_path, lower_case: bool = True, max_seq_length: int = 128):
@@ -151,10 +156,10 @@ class BertTextEncoder(SegmentEncoder):
         self._sep_id = vocab.index("[SEP]")
         # The vocabulary is compiled into a constant the traced functions capture, so a
         # SavedModel holding this module needs no vocab file at serving time.
-        models = tokenizer_models(vocab, lower_case)
+        models = tokenizer_models(vocab)
         if models is None:  # tensorflow_text's model builders moved: the public API
             self._tokenizer = tf_text.FastBertTokenizer(
-                vocab=vocab, token_out_type=tf.int64, lower_case_nfd_strip_accents=lower_case,
+                vocab=vocab, token_out_type=tf.int64, lower_case_nfd_strip_accents=False,
                 **{k: v for k, v in _WORDPIECE.items()})
         else:
             wordpiece, normalizer = models
@@ -165,7 +170,7 @@ class BertTextEncoder(SegmentEncoder):
 
     def wordpieces(self, texts) -> tf.RaggedTensor:
         """Token ids of each text, before truncation and without [CLS]/[SEP]."""
-        return self._tokenizer.tokenize(texts)
+        return self._tokenizer.tokenize(normalize(texts, self.lower_case))
 
 
 def _head(rt: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
@@ -264,16 +269,16 @@ def model_builders():
         return None
 
 
-def tokenizer_models(vocab: list[str], lower_case: bool) -> tuple[bytes, bytes] | None:
-    """(fast-wordpiece model, fast BERT normalizer model) flatbuffers for FastBertTokenizer,
+def tokenizer_models(vocab: list[str]) -> tuple[bytes, bytes] | None:
+    """(fast-wordpiece model, fast BERT normalizer model) flatbuffers for FastBertTokenizer
+    (the normalizer's casing is always off: wordpiece_normalizer.py does the casing),
     or None when tensorflow_text's builders are not where this version expects them.
 
     Keyed by a hash of the vocab, the options and the tensorflow-text version; looked up in
     this process, then in `model_cache_dir()` (checksummed, written atomically; any problem
     there just means building again), then built.
     """
-    settings = {"format": 1, "tensorflow_text": tf_text.__version__,
-                "lower_case": bool(lower_case), **_WORDPIECE}
+    settings = {"format": 2, "tensorflow_text": tf_text.__version__, **_WORDPIECE}
     key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode() + b"\0"
                          + "\n".join(vocab).encode()).hexdigest()
     if key in _models:
@@ -290,7 +295,7 @@ def tokenizer_models(vocab: list[str], lower_case: bool) -> tuple[bytes, bytes] 
                 vocab, _WORDPIECE["max_bytes_per_word"], _WORDPIECE["suffix_indicator"],
                 _WORDPIECE["unknown_token"], _WORDPIECE["no_pretokenization"],
                 _WORDPIECE["support_detokenization"]),
-            build_normalizer(bool(lower_case)))
+            build_normalizer(False))
         if folder:
             _write_cached_models(folder / f"{key}.bin", models)
     _models[key] = models

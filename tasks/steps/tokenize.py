@@ -59,7 +59,7 @@ from tasks.model.config import EncoderConfig
 from tasks.model.text_encoder import SegmentEncoder
 
 # Part of the cache key: bump when the encoder or the record layout changes.
-ENCODER_VERSION = "bertflow-fastbert-1"
+ENCODER_VERSION = "bertflow-fastbert-2"  # 2: Hugging Face's normalisation (issue 45)
 # The families with another encoder.
 ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1", "xlm-roberta": "bertflow-sentencepiece-1"}
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
