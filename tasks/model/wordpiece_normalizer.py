@@ -44,22 +44,46 @@ WORD_END = r"[\s\p{Z}\p{P}!-/:-@\[-`{-~" + _CJK + "]"
 UNPIECEABLE = "x" * (MAX_WORD_BYTES + 1)
 
 
+# Printable ASCII, tab and line breaks: nothing to delete, decompose or strip, so such a text
+# (most of an English data set's) only needs lower-casing; the other steps run on the rest.
+# Cleaning, NFD and the mark strip on every text made the tokenizer about 3x slower.
+PLAIN = r"[\t\n\r -~]*"
+_TEXTS = tf.TensorSpec([None], tf.string)
+
+
 def normalize(texts: tf.Tensor, lower_case: bool) -> tf.Tensor:
     """UTF-8 strings as BertNormalizer(clean_text=True, strip_accents=lower_case,
-    lowercase=lower_case) leaves them (CJK spacing is left to FastBertTokenizer)."""
-    texts = tf.strings.regex_replace(texts, DELETED, "")
+    lowercase=lower_case) leaves them (CJK spacing is left to FastBertTokenizer). A traced
+    function: the tokenize step calls it eagerly, where op-by-op dispatch cost 2.5x its
+    work (by hand, no results file)."""
+    return _NORMALIZE[bool(lower_case)](texts)
+
+
+def _normalize(texts: tf.Tensor, lower_case: bool) -> tf.Tensor:
+    rows = tf.where(~tf.strings.regex_full_match(texts, PLAIN))
+    rest = tf.strings.regex_replace(tf.gather_nd(texts, rows), DELETED, "")
     if lower_case:
-        texts = tf_text.normalize_utf8(texts, "NFD")
-        texts = tf.strings.regex_replace(texts, NONSPACING_MARKS, "")
-        texts = tf.strings.regex_replace(texts, CAPITAL_SIGMA, "\u03c3")
-        texts = tf.strings.lower(texts, encoding="utf-8")
-    return _cap_long_words(texts)
+        rest = tf_text.normalize_utf8(rest, "NFD")
+        rest = tf.strings.regex_replace(rest, NONSPACING_MARKS, "")
+        rest = tf.strings.regex_replace(rest, CAPITAL_SIGMA, "\u03c3")
+        rest = tf.strings.lower(rest, encoding="utf-8")  # ICU's, per character
+        texts = tf.strings.lower(texts)  # ASCII's, several times faster, for the plain ones
+    return _cap_long_words(tf.tensor_scatter_nd_update(texts, rows, rest))
+
+
+_NORMALIZE = {case: tf.function(lambda texts, case=case: _normalize(texts, case),
+                                input_signature=[_TEXTS]) for case in (True, False)}
 
 
 def _cap_long_words(texts: tf.Tensor) -> tf.Tensor:
-    """Each word of more than MAX_WORD_CHARS characters replaced by UNPIECEABLE. Only texts
-    of more than MAX_WORD_CHARS bytes can hold one: the others are not split."""
-    rows = tf.where(tf.strings.length(texts) > MAX_WORD_CHARS)
+    """Each word of more than MAX_WORD_CHARS characters replaced by UNPIECEABLE. Such a word
+    lies inside a whitespace-separated token of more than MAX_WORD_CHARS bytes: only texts
+    with one are split at WORD_END (the split of every long text was half the normaliser's
+    time on SST-2, by hand, no results file)."""
+    long_texts = tf.where(tf.strings.length(texts) > MAX_WORD_CHARS)[:, 0]
+    tokens = tf.strings.split(tf.gather(texts, long_texts))  # at ASCII whitespace
+    longest = tf.reduce_max(tf.strings.length(tokens), axis=1)
+    rows = tf.gather(long_texts, tf.where(longest > MAX_WORD_CHARS))
     parts = tf_text.regex_split(tf.gather_nd(texts, rows), WORD_END, WORD_END)  # words, ends
     long = tf.strings.length(parts.flat_values, unit="UTF8_CHAR") > MAX_WORD_CHARS
     capped = tf.where(long, UNPIECEABLE, parts.flat_values)
