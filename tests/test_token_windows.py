@@ -63,7 +63,7 @@ def ragged(rows, dtype):
 
 
 # --- the windows ----------------------------------------------------------------------------
-@pytest.mark.parametrize("max_seq_length, stride", [(12, 3), (12, 0), (16, 9)])
+@pytest.mark.parametrize("max_seq_length, stride", [(12, 3), (16, 9)])
 def test_windows_are_hugging_faces_overflowing_tokens_of_the_words(vocab, max_seq_length,
                                                                    stride):
     """Token for token HF's windows; the training labels are the tag on every word's first
@@ -102,7 +102,7 @@ def squad_max_context(spans: list[tuple[int, int]], position: int) -> int:
     return best
 
 
-@pytest.mark.parametrize("max_seq_length, stride", [(12, 3), (10, 5), (16, 0)])
+@pytest.mark.parametrize("max_seq_length, stride", [(10, 5), (16, 0)])
 def test_each_word_is_predicted_from_its_max_context_window(vocab, max_seq_length, stride):
     import tensorflow as tf
 
@@ -178,6 +178,10 @@ def test_tokenize_writes_token_windows_and_counts_sentences(tmp_path):
         count = sum(len(json.loads(line)["words"]) for uri in prepared
                     for line in storage.read_text(uri).splitlines())
         assert (labelled == count) if once else (labelled > count)
+    from tasks.steps.export import long_texts_line
+
+    assert "4 pieces, each word from the window where it has the most context (" \
+        in long_texts_line(cfg, manifest)
 
 
 # --- evaluation -----------------------------------------------------------------------------
@@ -372,7 +376,8 @@ def test_entities_past_max_seq_length_are_learned_with_windows_and_lost_by_trunc
         vocab, tmp_path):
     import tensorflow as tf
 
-    from tasks.training import entity_serving
+    from tasks.steps import export
+    from tasks.task_kinds import kind
 
     model_dir = write_tiny_model(tmp_path / "model", seed=1)
     words, tags = end_entities(64, seed=1)
@@ -385,7 +390,10 @@ def test_entities_past_max_seq_length_are_learned_with_windows_and_lost_by_trunc
         model = token_model(model_dir)
         enc = aligner(model_dir / "vocab.txt", 12, stride)
         train(model, enc.align(ragged(words, tf.string), ragged(tags, tf.int64)))
-        module = entity_serving.entity_serving_module(enc, model, TAGS)
+        # The export step's module: with the run's (overlap, aggregation) when windowed.
+        module = export.serving_module(enc.encoder, model, TAGS, False,
+                                       kind("token_classification"),
+                                       window=None if stride is None else (stride, "mean"))
         saved[mode] = str(tmp_path / f"saved-{mode}")
         tf.saved_model.save(module, saved[mode], signatures={"serving_default": module.serve})
     found = served_in_fresh_process(saved, texts)
