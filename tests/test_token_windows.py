@@ -1,7 +1,8 @@
 """long_text window for token classification (issue 48): the windows against Hugging Face's
 overflowing tokens with a stride (words given as a list), each word's window by BERT's
 SQuAD max-context rule, the tokenize step's records, entity metrics that count sentences
-(one replica, and two Mirrored replicas in a fresh process), and a trained example whose
+(one replica; the train and evaluate steps under two Mirrored replicas in a fresh
+process), and a trained example whose
 entities sit only past max_seq_length: windows find them, in the saved serving signature
 loaded by a fresh interpreter too; truncation cannot.
 """
@@ -274,37 +275,51 @@ def test_entity_metrics_count_sentences_from_their_windows(vocab, tmp_path):
         _same(entity_metrics_of(strategy, model, files, static_shapes), want)
 
 
-def test_two_mirrored_replicas_count_each_sentence_once(vocab, tmp_path):
-    """A fresh process with 2 logical CPUs (they must be set before TensorFlow starts):
-    MirroredStrategy's metrics equal the one-device reference computed there too."""
-    words, tags = sentences(23, seed=9)
-    (tmp_path / "rows.json").write_text(json.dumps({"words": words, "tags": tags}))
-    done = subprocess.run([sys.executable, __file__, str(vocab), str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert found["windows"] > 2 * len(words)
-    for got in found["mirrored"]:
-        _same(got, found["reference"])
-
-
-def _mirrored_main(vocab: Path, folder: Path) -> None:
+def test_the_train_and_evaluate_steps_count_sentences_under_two_mirrored_replicas(tmp_path):
+    """The data and tokenize steps on a CoNLL file of long sentences, then the train and
+    evaluate steps in a fresh process (2 logical CPUs, MirroredStrategy): an epoch is every
+    window, the metrics count the test sentences once each, and equal the saved model's
+    words read by hand, each from its own window."""
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    rows = json.loads((folder / "rows.json").read_text())
-    files, windows = write_eval_windows(folder, vocab, rows["words"], rows["tags"])
-    model_dir = write_tiny_model(folder / "model", seed=3, vocab_size=len(PIECES))
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    with strategy.scope():
-        model = token_model(model_dir)
-    # Dynamic shapes only: static shapes (the TPU path) fail under Mirrored replicas with
-    # uneven shares of the batches, windows or not (the dummy batch's input_ids lose their
-    # fixed width); that is TPUStrategy's path, where it does not arise.
-    mirrored = [entity_metrics_of(strategy, model, files)]
-    reference = metrics_by_hand(vocab, model, rows["words"], rows["tags"])
-    print(json.dumps({"windows": windows, "mirrored": mirrored, "reference": reference}))
+    from tasks.config import RunConfig
+    from tasks.io import storage
+    from tasks.runs.runlayout import RunContext, read_manifest
+    from tasks.steps import data, tokenize
+    from train_helpers import run_steps_in_subprocess, write_run_config
+
+    model_dir = write_tiny_model(tmp_path / "model", seed=1)
+    words, tags = end_entities(80, seed=1)
+    conll = tmp_path / "train.conll"
+    conll.write_text("".join("".join(f"{w}\t{TAGS[t]}\n" for w, t in zip(ws, ts)) + "\n"
+                             for ws, ts in zip(words, tags)))
+    cfg = RunConfig(base_model=str(model_dir), artifact_root=str(tmp_path / "a"),
+                    task="token_classification", train_uri=str(conll), max_seq_length=12,
+                    long_text="window", window_stride=3, devices_per_worker=2, epochs=12,
+                    per_replica_batch_size=8, eval_batch_size=4, learning_rate=5e-3,
+                    mixed_precision="none", eval_fraction=0.2, validation_fraction=0.2,
+                    num_shards=2)
+    ctx = RunContext(artifact_root=cfg.artifact_root, dag_id="test", run_key="run1")
+    write_run_config(ctx, cfg)
+    storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())
+    data.run(cfg, ctx)
+    tok = storage.read_json(tokenize.run(cfg, ctx))
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    trained = read_manifest(ctx.manifest_uri("train"))
+    assert trained["strategy"] == "mirrored" and trained["num_replicas"] == 2
+    assert trained["num_train_records"] == tok["splits"]["train"]["num_records"]
+    metrics = storage.read_json(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
+    test = tok["splits"]["eval"]
+    assert metrics["num_examples"] == test["num_examples"] < test["num_records"]
+    rows = [json.loads(line) for uri in storage.read_json(ctx.manifest_uri("data"))[
+        "splits"]["eval"]["shards"] for line in storage.read_text(uri).splitlines()]
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        model = token_model(Path(trained["model_dir"]))
+    want = metrics_by_hand(model_dir / "vocab.txt", model, [r["words"] for r in rows],
+                           [r["tags"] for r in rows])
+    _same(metrics, want)
+    assert metrics["f1"] >= 0.9 and want["per_type"]["X"]["support"] > test["num_examples"]
 
 
 # --- training and serving ---------------------------------------------------------------------
@@ -423,6 +438,3 @@ def served_in_fresh_process(saved: dict[str, str], texts: list[str]) -> dict[str
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
-
-if __name__ == "__main__":
-    _mirrored_main(Path(sys.argv[1]), Path(sys.argv[2]))
