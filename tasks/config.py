@@ -181,7 +181,9 @@ class RunConfig(BaseModel):
                     "[CLS]/[SEP]), trains on every window with the text's label, and "
                     "evaluates and serves one prediction per text from the windows' logits "
                     "(window_aggregation). Sequence tasks of one text (classification, "
-                    "multi_label, regression).")
+                    "multi_label, regression) and token_classification, where every word is "
+                    "trained in each window and predicted from the window where it has the "
+                    "most context (BERT's max-context rule).")
     window_stride: int = Field(
         default=32, ge=0, le=509, title="Window overlap (pieces)",
         description="long_text window: word pieces two consecutive windows share. Must be "
@@ -189,7 +191,8 @@ class RunConfig(BaseModel):
     window_aggregation: Literal["mean", "max"] = Field(
         default="mean", title="Window aggregation",
         description="long_text window: a text's logits are the mean, or the element-wise "
-                    "max, of its windows' logits.")
+                    "max, of its windows' logits (sequence tasks; token_classification "
+                    "leaves it at mean).")
     lower_case: Optional[bool] = Field(
         default=None, title="Lower-case input",
         description="Lower-case and strip accents (uncased checkpoints) or not (cased ones). "
@@ -672,10 +675,11 @@ class RunConfig(BaseModel):
                                      f"leave it at {defaults[name].default}, or set "
                                      "long_text to window")
             return
-        if self.task == "token_classification":
-            raise ValueError("long_text window is built for sequence tasks (classification, "
-                             "multi_label, regression); token_classification: not yet, set "
-                             "long_text to truncate")
+        if (self.task == "token_classification"
+                and self.window_aggregation != defaults["window_aggregation"].default):
+            raise ValueError("window_aggregation combines a text's logits; token_classification "
+                             "takes each word from the one window where it has the most "
+                             "context instead: leave window_aggregation at mean")
         if self.text_pair_column is not None:
             raise ValueError("long_text window slides over one text; text pairs are not "
                              "windowed yet: set long_text to truncate or leave "

@@ -82,9 +82,13 @@ def test_window_settings_are_refused_where_they_cannot_act():
     with pytest.raises(ConfigError) as err:
         parse_config({"long_text": "window", "window_stride": 126, "max_seq_length": 128})
     assert "below max_seq_length - 2 = 126" in str(err.value) and "lower it" in str(err.value)
-    with pytest.raises(ConfigError, match="token_classification: not yet"):
-        parse_config({"long_text": "window", "task": "token_classification",
-                      "train_uri": "examples/tasks/entities.conll"})
+    entities = {"long_text": "window", "task": "token_classification",
+                "train_uri": "examples/tasks/entities.conll"}
+    assert parse_config(entities).long_text == "window"  # tests/test_token_windows.py
+    with pytest.raises(ConfigError, match="most context instead"):
+        parse_config({**entities, "window_aggregation": "max"})
+    with pytest.raises(ConfigError, match="below max_seq_length - 2 = 30"):
+        parse_config({**entities, "window_stride": 30, "max_seq_length": 32})
     with pytest.raises(ConfigError, match="text pairs are not windowed"):
         parse_config({"long_text": "window", "text_pair_column": "hypothesis"})
     for name, value in (("window_stride", 8), ("window_aggregation", "max")):

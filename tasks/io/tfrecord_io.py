@@ -147,7 +147,8 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     of k values: multi-hot vectors, scores; packed fixed 4-byte little-endian floats, as
     protobuf writes them), or a pair (flat int64 values, row lengths): an Int64List of each
     record's own length (token classification: one tag id per word piece).
-    text_ids: int64 [n], written as a fourth feature `text_id` when given.
+    text_ids: int64 [n] (or [n, k]: k values a record), written as a fourth feature
+    `text_id` when given.
     """
     n = len(lengths)
     lengths = np.asarray(lengths, np.int64)
@@ -186,9 +187,10 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     np.cumsum(type_sizes, out=ends[1:])
     sizes.append(nested(_KEYS[1], ends[splits[1:]] - ends[splits[:-1]]))
     sizes.append(nested(_KEYS[2], label_sizes))
-    if text_ids is not None:
-        text_ids = np.asarray(text_ids, np.int64)
-        sizes.append(nested(_KEYS[3], _varint_sizes(text_ids.view(np.uint64))))
+    if text_ids is not None:  # columns: [n] or [n, values per record]
+        text_ids = np.asarray(text_ids, np.int64).reshape(n, -1)
+        sizes.append(nested(_KEYS[3], sum(_varint_sizes(np.ascontiguousarray(column).view(
+            np.uint64)) for column in text_ids.T)))
     features = sum(1 + _varint_sizes(s[3].view(np.uint64)) + s[3] for s in sizes)
     features = np.asarray(features, np.int64)
     example = 1 + _varint_sizes(features.view(np.uint64)) + features
@@ -214,7 +216,8 @@ def example_records(ids: np.ndarray, lengths: np.ndarray, types: np.ndarray,
     if per_row_lists:
         pieces.append((list_bytes, label_sizes))
     if text_ids is not None:
-        pieces.append(_packed_rows(n, header(3) + [text_ids]))
+        pieces.append(_packed_rows(n, header(3) + [np.ascontiguousarray(column)
+                                                   for column in text_ids.T]))
     record = example + (16 if framed else 0)
     starts = np.zeros(n + 1, np.int64)
     np.cumsum(record, out=starts[1:])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from tasks.model import windows
 from tasks.model.text_encoder import SegmentEncoder
 from tasks.task_kinds import IGNORED
 
@@ -39,11 +40,20 @@ class WordPieceAligner(tf.Module):
     - `word_starts`: int64 [batch, (words)], each word's first piece position or -1;
     - `untruncated_lengths`: int64 [batch], the pieces with [CLS]/[SEP] before truncation;
     - `num_truncated`: int64 scalar, the rows longer than max_seq_length.
+
+    With `window_stride` (long_text window) a sentence is not cut: it becomes the windows of
+    tasks/model/windows.py (HF's overflowing tokens with that stride), rows of `input_ids`
+    and `labels`; `text` [windows] gives each window's sentence, and `word_starts` and
+    `word_windows` [batch, (words)] each word's first piece in the window that speaks for
+    it (windows.max_context; -1 without a piece). `align` labels every word start of every
+    window (training), `align_max_context` only in the word's own window (evaluation: each
+    word scored once).
     """
 
-    def __init__(self, encoder: SegmentEncoder):
+    def __init__(self, encoder: SegmentEncoder, window_stride: int | None = None):
         super().__init__(name="word_piece_aligner")
         self.encoder = encoder
+        self.window_stride = window_stride
         self.max_seq_length = encoder.max_seq_length
         # BertTextEncoder's ids of [CLS] and [SEP] (private there: tokenize.py has no public
         # accessor yet; the wiring can add one).
@@ -53,11 +63,16 @@ class WordPieceAligner(tf.Module):
     def align(self, words, tag_ids):
         return self._encode(words, tag_ids)
 
+    @tf.function(input_signature=[_WORDS, _TAG_IDS])
+    def align_max_context(self, words, tag_ids):
+        return self._encode(words, tag_ids, max_context=True)
+
     @tf.function(input_signature=[_WORDS])
     def encode_words(self, words):
         return self._encode(words, None)
 
-    def _encode(self, words: tf.RaggedTensor, tag_ids: tf.RaggedTensor | None) -> dict:
+    def _encode(self, words: tf.RaggedTensor, tag_ids: tf.RaggedTensor | None,
+                max_context: bool = False) -> dict:
         flat = words.flat_values
         if self.encoder.WORD_PREFIX:  # RoBERTa: each word as after a space
             flat = tf.strings.join([self.encoder.WORD_PREFIX, flat])
@@ -73,6 +88,9 @@ class WordPieceAligner(tf.Module):
         lengths = tf.math.unsorted_segment_sum(per_word, words.value_rowids(), words.nrows())
         sentence_pieces = tf.RaggedTensor.from_row_lengths(pieces.flat_values, lengths)
         untruncated = sentence_pieces.row_lengths() + 2
+        if self.window_stride is not None:
+            return self._windows(words, tag_ids, per_word, first, sentence_pieces,
+                                 max_context)
         ids, types = tf_text.combine_segments(
             [sentence_pieces[:, :budget]], start_of_sequence_id=self._cls_id,
             end_of_segment_id=self._sep_id)
@@ -86,13 +104,51 @@ class WordPieceAligner(tf.Module):
         return out
 
 
+    def _windows(self, words, tag_ids, per_word, first, sentence_pieces, max_context):
+        """_encode's output with long_text window (see the class)."""
+        budget, stride = self.max_seq_length - 2, self.window_stride
+        pieces, text = windows.window_pieces(sentence_pieces, budget, stride)
+        mine, owner = windows.max_context(sentence_pieces.row_lengths(), budget, stride)
+        ids, types = tf_text.combine_segments(
+            [pieces], start_of_sequence_id=self._cls_id, end_of_segment_id=self._sep_id)
+        # A word's first piece among all pieces -> its own window's copy of it.
+        at = tf.gather(sentence_pieces.row_starts(), words.value_rowids()) + first.flat_values
+        # A word without a piece reads a padded 0 (masked below): gathers stay in range.
+        copy = tf.gather(tf.concat([owner, [0]], 0), tf.minimum(at, tf.size(owner, tf.int64)))
+        window = tf.gather(tf.concat([mine.value_rowids(), [0]], 0), copy)
+        has_piece = per_word > 0
+        untruncated = sentence_pieces.row_lengths() + 2
+        out = {"input_ids": ids, "token_type_ids": tf.cast(types, tf.int64), "text": text,
+               "word_windows": words.with_flat_values(tf.where(has_piece, window, -1)),
+               "word_starts": words.with_flat_values(tf.where(
+                   has_piece, copy - tf.gather(mine.row_starts(), window) + 1, -1)),
+               "untruncated_lengths": untruncated,
+               "num_truncated": tf.reduce_sum(
+                   tf.cast(untruncated > self.max_seq_length, tf.int64))}
+        if tag_ids is not None:
+            flat = _first_piece_tags(tag_ids, per_word)
+            labels, _ = windows.window_pieces(
+                sentence_pieces.with_flat_values(flat), budget, stride)
+            if max_context:
+                labels = labels.with_flat_values(tf.where(
+                    mine.flat_values, labels.flat_values, tf.constant(IGNORED, tf.int64)))
+            out["labels"], _ = tf_text.combine_segments(
+                [labels], start_of_sequence_id=IGNORED, end_of_segment_id=IGNORED)
+        return out
+
+
+def _first_piece_tags(tag_ids, per_word) -> tf.Tensor:
+    """Each word's tag id on its first piece, IGNORED on the others: flat over all pieces."""
+    first_piece = tf.equal(tf.ragged.range(per_word).flat_values, 0)
+    word_tag = tf.repeat(tf.cast(tag_ids.flat_values, tf.int64), per_word)
+    return tf.where(first_piece, word_tag, tf.constant(IGNORED, tf.int64))
+
+
 def _piece_labels(tag_ids, per_word, sentence_lengths, budget) -> tf.RaggedTensor:
     """Each word's tag id on its first piece, IGNORED on the others; cut to `budget` pieces
     and framed by IGNORED for [CLS] and [SEP]."""
-    first_piece = tf.equal(tf.ragged.range(per_word).flat_values, 0)
-    word_tag = tf.repeat(tf.cast(tag_ids.flat_values, tf.int64), per_word)
-    flat = tf.where(first_piece, word_tag, tf.constant(IGNORED, tf.int64))
-    labels = tf.RaggedTensor.from_row_lengths(flat, sentence_lengths)
+    labels = tf.RaggedTensor.from_row_lengths(_first_piece_tags(tag_ids, per_word),
+                                              sentence_lengths)
     framed, _ = tf_text.combine_segments([labels[:, :budget]], start_of_sequence_id=IGNORED,
                                          end_of_segment_id=IGNORED)
     return framed

@@ -28,21 +28,50 @@ def window_counts(lengths: tf.Tensor, budget: int, stride: int) -> tf.Tensor:
     return 1 + (extra + step - 1) // step
 
 
+def _layout(lengths: tf.Tensor, budget: int, stride: int):
+    """(text index, first piece, pieces) of every window of texts of `lengths` pieces."""
+    lengths = tf.cast(lengths, tf.int64)
+    counts = window_counts(lengths, budget, stride)
+    text = tf.repeat(tf.range(tf.size(counts, out_type=tf.int64)), counts)
+    k = tf.ragged.range(counts).flat_values  # a window's place within its text
+    start = k * (budget - stride)
+    return text, start, tf.minimum(tf.cast(budget, tf.int64), tf.gather(lengths, text) - start)
+
+
 def window_pieces(pieces: tf.RaggedTensor, budget: int, stride: int
                   ) -> tuple[tf.RaggedTensor, tf.Tensor]:
     """(windows [windows, (pieces)], text index of each window int64 [windows]) of the
     texts' word pieces `pieces` [texts, (pieces)]: windows in text order, each text's in
     order of position."""
-    lengths = pieces.row_lengths()
-    counts = window_counts(lengths, budget, stride)
-    text = tf.repeat(tf.range(tf.size(counts, out_type=tf.int64)), counts)
-    k = tf.ragged.range(counts).flat_values  # a window's place within its text
-    start = k * (budget - stride)
-    size = tf.minimum(tf.cast(budget, tf.int64), tf.gather(lengths, text) - start)
+    text, start, size = _layout(pieces.row_lengths(), budget, stride)
     first = tf.gather(pieces.row_starts(), text) + start
     positions = tf.ragged.range(first, first + size).flat_values
     windows = tf.RaggedTensor.from_row_lengths(tf.gather(pieces.flat_values, positions), size)
     return windows, text
+
+
+def max_context(lengths: tf.Tensor, budget: int, stride: int
+                ) -> tuple[tf.RaggedTensor, tf.Tensor]:
+    """Which window speaks for each piece of texts of `lengths` pieces, by the "max context"
+    rule of BERT's SQuAD code (_check_is_max_context): the window where the piece has the
+    most pieces on its shorter side, min(left, right) + 0.01 * the window's pieces, the
+    earlier window on a tie. Returns (bool [windows, (pieces)] laid out as window_pieces'
+    windows: this is the piece's window; int64 [all pieces]: the flat index, among all
+    windows' pieces, of each piece's own window's copy)."""
+    lengths = tf.cast(lengths, tf.int64)
+    text, start, size = _layout(lengths, budget, stride)
+    offset = tf.ragged.range(size)  # each window piece's place in its window
+    left = offset.flat_values
+    right = tf.repeat(size, size) - 1 - left
+    piece = tf.repeat(tf.gather(tf.math.cumsum(lengths, exclusive=True), text) + start,
+                      size) + left  # the piece's index among all the texts' pieces
+    score = 100 * tf.minimum(left, right) + tf.repeat(size, size)  # SQuAD's, times 100
+    total = tf.reduce_sum(lengths)
+    best = tf.math.unsorted_segment_max(score, piece, total)
+    copy = tf.range(tf.size(piece, out_type=tf.int64))
+    owner = tf.math.unsorted_segment_min(
+        tf.where(score == tf.gather(best, piece), copy, copy.dtype.max), piece, total)
+    return offset.with_flat_values(tf.equal(tf.gather(owner, piece), copy)), owner
 
 
 def encode_windows(encoder, texts, stride: int):

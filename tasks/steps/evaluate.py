@@ -143,6 +143,19 @@ def metrics_function(kind: TaskKind, strategy, model, files: list[str], labels: 
     aggregated by `aggregation`."""
     args = (strategy, model, files, global_batch_size, static_shapes, max_seq_length,
             label_spec)
+    if inputs.windowed(label_spec) and kind.eval_kind == "entities":
+        tags = tag_gathering(*args)
+        types = entity_metrics.entity_types(labels)
+
+        def text_entities() -> dict:
+            ids, truth, predicted = tags()
+            truth, predicted = entity_metrics.words_by_text(ids, truth, predicted)
+            names = np.asarray(labels, dtype=object)
+            counted = entity_metrics.count_entities(
+                [names[t] for t in truth], [names[p] for p in predicted], types)
+            return {**entity_metrics.entity_scores(counted, types), "labels": list(labels),
+                    "num_examples": len(truth)}
+        return text_entities
     if inputs.windowed(label_spec):
         found = window_gathering(*args, num_logits=len(labels))
         score = text_scores(kind, labels, threshold)
@@ -455,12 +468,21 @@ def tag_gathering(strategy, model, files, global_batch_size, static_shapes=False
                      label_spec)
     block = global_batch_size // strategy.num_replicas_in_sync
 
+    windowed = inputs.windowed(label_spec)
+    width = max_seq_length + (1 if windowed else 0)
+
     def replica_tags(features, labels):
+        features = dict(features)
+        text_id = features.pop("text_id", None)
+        labels = _one_position_at_least(labels)  # is_real reads a first position
         truth, logits = _real_rows(model, features, labels)
         predicted = tf.argmax(logits, -1, output_type=tf.int32)
         both = tf.stack([tf.cast(truth, tf.int32), predicted], 1)  # [rows, 2, width]
-        width = max_seq_length - tf.shape(both)[2]
-        both = tf.pad(both, [[0, 0], [0, 0], [0, width]], constant_values=IGNORED)
+        both = tf.pad(both, [[0, 0], [0, 0], [0, max_seq_length - tf.shape(both)[2]]],
+                      constant_values=IGNORED)
+        if windowed:  # a first column of [text, window] (windows.max_context's words)
+            text_id = tf.boolean_mask(tf.cast(text_id, tf.int32), inputs.is_real(labels))
+            both = tf.concat([text_id[:, :, None], both], 2)
         # Rows that fill the block are marked PAD_LABEL at [CLS], where a sentence has
         # IGNORED: the collective gather needs the same shape from every replica.
         return tf.pad(both, [[0, block - tf.shape(both)[0]], [0, 0], [0, 0]],
@@ -471,11 +493,12 @@ def tag_gathering(strategy, model, files, global_batch_size, static_shapes=False
         return tf.concat([tags, strategy.gather(per_replica, axis=0)], 0)
 
     loop = fold(data, lambda: tf.compat.v1.placeholder_with_default(
-        tf.zeros([0, 2, max_seq_length], tf.int32), shape=[None, 2, max_seq_length]),
-        add_batch)
+        tf.zeros([0, 2, width], tf.int32), shape=[None, 2, width]), add_batch)
 
-    def tags() -> tuple[np.ndarray, np.ndarray]:
+    def tags() -> tuple[np.ndarray, ...]:
         found = loop().numpy()
-        found = found[found[:, 0, 0] != inputs.PAD_LABEL]
+        found = found[found[:, 0, width - max_seq_length] != inputs.PAD_LABEL]
+        if windowed:  # (text ids [rows, 2], truth, predicted)
+            return found[:, :, 0], found[:, 0, 1:], found[:, 1, 1:]
         return found[:, 0], found[:, 1]
     return tags

@@ -203,7 +203,8 @@ def serving_module(encoder: SegmentEncoder, model, labels: list[str], has_pair: 
     windows' aggregated logits."""
     kind = kind or task_kind("classification")
     if kind.per_token:  # raw text in, entities out
-        return entity_serving_module(WordPieceAligner(encoder), model, labels)
+        return entity_serving_module(
+            WordPieceAligner(encoder, window[0] if window else None), model, labels)
     module = tf.Module()
     module.encoder = encoder
     # Track the weights, not the Keras model: saving the model object would also trace and
@@ -386,8 +387,11 @@ def long_texts_line(cfg: RunConfig, tokens: dict) -> str:
     train = (tokens.get("splits") or {}).get("train") or {}
     if tokens.get("long_text") != "window":
         return f"truncated ({train.get('num_truncated', 0)} training texts cut)"
-    return (f"windows overlapping by {tokens['window_stride']} pieces, the "
-            f"{cfg.window_aggregation} of their logits per text ({train['num_windowed']} "
+    how = (f"the {cfg.window_aggregation} of their logits per text"
+           if not task_kind(tokens.get("task", "classification")).per_token
+           else "each word from the window where it has the most context")
+    return (f"windows overlapping by {tokens['window_stride']} pieces, {how} "
+            f"({train['num_windowed']} "
             f"of {train['num_examples']} training texts windowed, {train['num_records']} "
             "windows)")
 

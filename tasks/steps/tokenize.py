@@ -92,7 +92,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         print(f"tokenize: {train['num_windowed']} of {train['num_examples']} training texts "
               f"are longer than max_seq_length {cfg.max_seq_length}: {train['num_records']} "
               f"windows in all (overlap {cfg.window_stride} pieces)", flush=True)
-    if task_kind(task).per_token:
+    if task_kind(task).per_token and cfg.long_text != "window":
         truncated = cached["splits"]["train"]["num_truncated"]
         print(f"tokenize: max_seq_length {cfg.max_seq_length} cuts {truncated} of "
               f"{cached['splits']['train']['num_examples']} training sentences (their last "
@@ -111,7 +111,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "labels": data["labels"],
         # The TFRecords' `label` feature (tasks.training.inputs parses by it).
         "label_spec": {**task_kind(task).label_spec(len(data["labels"])),
-                       **({"text_id": True} if cfg.long_text == "window" else {})},
+                       **(window_data.window_spec(task_kind(task))
+                          if cfg.long_text == "window" else {})},
         "long_text": cfg.long_text,
         **({"window_stride": cfg.window_stride} if cfg.long_text == "window" else {}),
         "splits": {name: {**split, "shards": [join_uri(cache, s) for s in split["shards"]]}
@@ -187,7 +188,7 @@ def _build_cache(cache: str, content_hash: str, encoder: SegmentEncoder, data: d
                  window_stride: int | None = None) -> dict:
     kind, num_labels = task_kind(task), len(data["labels"])
     if kind.per_token:
-        codec = _TokenCodec(encoder)
+        codec = _TokenCodec(encoder, window_stride)
     elif window_stride is not None:
         codec = window_data.WindowCodec(
             encoder, window_stride, lambda values: kind.record_labels(values, num_labels))
@@ -235,10 +236,13 @@ class _TokenCodec:
 
     row_type = TokenRow
 
-    def __init__(self, encoder: SegmentEncoder):
-        self.aligner = WordPieceAligner(encoder)
+    def __init__(self, encoder: SegmentEncoder, window_stride: int | None = None):
+        self.aligner = WordPieceAligner(encoder, window_stride)
+        self.windowed = window_stride is not None
 
-    def encode(self, rows: list) -> tuple:
+    def encode(self, rows: list, split: str = "train") -> tuple:
+        """With windows, also each window's sentence index in the chunk and its place among
+        its sentence's windows; held-out splits label each word in one window only."""
         import tensorflow as tf
 
         # Flat values and row lengths: tf.ragged.constant walks nested lists in Python.
@@ -248,12 +252,17 @@ class _TokenCodec:
         tags = tf.RaggedTensor.from_row_lengths(
             tf.constant(np.fromiter((t for row in rows for t in row.tags), np.int64,
                                     int(lengths.sum()))), lengths)
-        out = self.aligner.align(words, tags)
+        held_out = self.windowed and split != "train"
+        out = (self.aligner.align_max_context if held_out else self.aligner.align)(words, tags)
         ids, labels = out["input_ids"], out["labels"]
-        return (ids.flat_values.numpy(), ids.row_lengths().numpy(),
-                out["token_type_ids"].flat_values.numpy(),
-                out["untruncated_lengths"].numpy(),
-                (labels.flat_values.numpy(), labels.row_lengths().numpy()))
+        arrays = (ids.flat_values.numpy(), ids.row_lengths().numpy(),
+                  out["token_type_ids"].flat_values.numpy(),
+                  out["untruncated_lengths"].numpy(),
+                  (labels.flat_values.numpy(), labels.row_lengths().numpy()))
+        if not self.windowed:
+            return arrays
+        text = out["text"].numpy()
+        return (*arrays, text, np.arange(len(text)) - np.searchsorted(text, text))
 
 
 def _chunks(split: str, shards: list[str], total: int, bounds: list[int], row_type=None):
@@ -318,7 +327,7 @@ def _write_shards(folder: Path, encoder: SegmentEncoder, splits: dict,
             records += len(lengths)
         out[split] = {"shards": names, "num_examples": total, "num_truncated": truncated,
                       "length_histogram": {"edges": edges, "counts": counts.tolist()}}
-        if isinstance(codec, window_data.WindowCodec):
+        if isinstance(codec, window_data.WindowCodec) or getattr(codec, "windowed", False):
             out[split] = window_data.split_counts(out[split], records)
     return out
 
@@ -331,6 +340,8 @@ def _tokenized(codec, chunks, folder: Path, names: list[str]):
     ahead = 2 * workers
 
     def tokenize(chunk):
+        if isinstance(codec, _TokenCodec):  # held-out windows are labelled otherwise
+            return codec.encode(chunk[2], chunk[0])
         return codec.encode(chunk[2])
 
     library = (tfrecord_io.LibraryShardWriter()
@@ -348,7 +359,10 @@ def _tokenized(codec, chunks, folder: Path, names: list[str]):
             k = chunk[1]
             ids, lengths, types, untruncated, labels, *windowed = future.result()
             # Windows (window_data.WindowCodec) carry their text's index in the chunk.
+            # Token windows also carry their place in their text: [text_id, window].
             text_ids = windowed[0] + chunk[3] if windowed else None
+            if len(windowed) > 1:
+                text_ids = np.stack([text_ids, windowed[1]], 1)
             if library is not None and getattr(labels, "dtype", None) == np.int64 \
                     and text_ids is None:
                 library.write(folder / names[k], ids, lengths, types, labels)

@@ -35,6 +35,13 @@ class WindowCodec:
                 lengths.numpy(), np.take(labels, text, axis=0), text)
 
 
+def window_spec(kind) -> dict:
+    """The label_spec keys of windowed records: a `text_id`; token classification's also
+    hold the window's place in its text (`text_id` = [text, window]), which puts a
+    sentence's words back in order when they are scored."""
+    return {"text_id": True, **({"window_index": True} if kind.per_token else {})}
+
+
 def split_counts(entry: dict, records: int) -> dict:
     """A split's manifest entry of windowed records: nothing is cut, so the texts over
     max_seq_length (`num_truncated` of truncation) are the windowed ones."""

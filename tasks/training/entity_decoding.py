@@ -54,13 +54,17 @@ def whitespace_words(texts: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor
     return words, to_chars(byte_starts), to_chars(byte_ends)
 
 
-def word_predictions(probabilities: tf.Tensor, word_starts: tf.RaggedTensor
+def word_predictions(probabilities: tf.Tensor, word_starts: tf.RaggedTensor,
+                     word_rows: tf.RaggedTensor | None = None
                      ) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
     """(tag id, score) per word: argmax and max of the probabilities [batch, seq, labels] at
     the word's first piece (`word_starts` of tasks/model/token_encoding.py); tag id
-    NO_PREDICTION (-1) and score 0 for a word without a piece (start -1)."""
+    NO_PREDICTION (-1) and score 0 for a word without a piece (start -1). `word_rows`: the
+    row of `probabilities` holding each word (long_text window: its window), else the
+    word's own text's."""
     starts = word_starts.flat_values
-    rows = word_starts.value_rowids()
+    rows = (word_starts.value_rowids() if word_rows is None
+            else tf.maximum(word_rows.flat_values, 0))
     at = tf.gather_nd(probabilities, tf.stack([rows, tf.maximum(starts, 0)], axis=1))
     has_piece = starts >= 0
     tags = tf.where(has_piece, tf.argmax(at, axis=-1), NO_PREDICTION)

@@ -77,6 +77,23 @@ def count_entity_ids(label_ids: np.ndarray, predicted_ids: np.ndarray,
     return count_entities(true_tags, predicted_tags, entity_types(labels))
 
 
+def words_by_text(text_ids: np.ndarray, truth: np.ndarray, predicted: np.ndarray
+                  ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Windows of long sentences (long_text window), gathered in any order, put back
+    together: (true tag ids, predicted tag ids) per sentence, in id order, each its words in
+    order. `text_ids` [windows, 2]: (sentence, window's place in it); `truth`, `predicted`
+    [windows, seq]: each word is labelled in the one window that speaks for it
+    (tasks/model/windows.max_context), IGNORED elsewhere."""
+    order = np.lexsort((text_ids[:, 1], text_ids[:, 0]))
+    texts, starts = np.unique(text_ids[order, 0], return_index=True)
+    keep = truth[order] != IGNORED
+    words = [(t[k], p[k]) for t, p, k in zip(truth[order], predicted[order], keep)]
+    bounds = list(starts[1:]) + [len(order)]
+    joined = [[np.concatenate(part) for part in zip(*words[a:b])]
+              for a, b in zip(starts, bounds)]
+    return [j[0] for j in joined], [j[1] for j in joined]
+
+
 def entity_scores(counts: np.ndarray, types: Sequence[str]) -> dict:
     """{"precision", "recall", "f1" (micro: over all chunks), "macro_f1" (mean of the per-type
     F1 over the types with a true or a predicted chunk, as seqeval's report averages), "per_type":

@@ -3,7 +3,8 @@ pieces compose in an exported SavedModel (for the export step to wire).
 
     text -> whitespace_words (words, character spans)
          -> WordPieceAligner.encode_words (tasks/model/token_encoding.py: BertTextEncoder's
-            pieces; the first piece of each word)
+            pieces; the first piece of each word; with long_text window, the text's
+            windows, each word in the one where it has the most context)
          -> model logits -> softmax -> word_predictions (first piece's tag and probability)
          -> decode_entities (grouped as pipeline("ner", aggregation_strategy="first"))
 
@@ -42,7 +43,9 @@ def entity_serving_module(aligner: WordPieceAligner, model, labels: list[str]) -
         logits = model({"input_ids": ids.to_tensor(),
                         "token_type_ids": pieces["token_type_ids"].to_tensor(),
                         "attention_mask": tf.ones_like(ids).to_tensor()}, training=False)
-        tags, scores = word_predictions(tf.nn.softmax(logits, axis=-1), pieces["word_starts"])
+        # With long_text window the rows are windows; each word reads its own window's.
+        tags, scores = word_predictions(tf.nn.softmax(logits, axis=-1), pieces["word_starts"],
+                                        pieces.get("word_windows"))
         entities = decode_entities(text, starts, ends, tags, scores, labels)
         return {"num_entities": entities["start"].row_lengths(),
                 **{name: values.to_tensor(default_value=_PADDING[name])

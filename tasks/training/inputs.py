@@ -42,8 +42,13 @@ def _feature_spec(label_spec: dict | None, text_ids: bool = False) -> dict:
     spec = {"input_ids": tf.io.VarLenFeature(tf.int64),
             "token_type_ids": tf.io.VarLenFeature(tf.int64), "label": label}
     if text_ids:
-        spec["text_id"] = tf.io.FixedLenFeature([], tf.int64)
+        spec["text_id"] = tf.io.FixedLenFeature(text_id_shape(label_spec), tf.int64)
     return spec
+
+
+def text_id_shape(label_spec: dict | None) -> list[int]:
+    """A window's `text_id`: its text's index, or [text, window] (token classification)."""
+    return [2] if (label_spec or {}).get("window_index") else []
 
 
 def pad_label(label_spec: dict | None) -> tf.Tensor:
@@ -58,13 +63,15 @@ def pad_label(label_spec: dict | None) -> tf.Tensor:
     return tf.fill(label_spec["shape"], float("nan"))
 
 
-def padding_values(label_spec: dict | None):
+def padding_values(label_spec: dict | None, text_ids: bool = False):
     """padded_batch's padding for (features, label): zeros, and IGNORED for per-token labels
     (None: zeros everywhere)."""
     if not per_token(label_spec):
         return None
-    return ({"input_ids": 0, "token_type_ids": 0, "attention_mask": 0},
-            tf.constant(IGNORED, tf.int32))
+    features = {"input_ids": 0, "token_type_ids": 0, "attention_mask": 0}
+    if text_ids:  # evaluation's windows: a fixed shape, never padded
+        features["text_id"] = tf.constant(0, tf.int64)
+    return features, tf.constant(IGNORED, tf.int32)
 
 
 def is_real(labels: tf.Tensor) -> tf.Tensor:
@@ -248,12 +255,12 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
 
     def trim(features, labels):
         width = tf.reduce_max(tf.reduce_sum(features["attention_mask"], axis=1))
-        return ({name: x[:, :width] if x.shape.rank > 1 else x  # text_id: one per row
+        return ({name: x if name == "text_id" else x[:, :width]  # text_id: one per row
                  for name, x in features.items()},
                 labels[:, :width] if cut_labels else labels)
 
     windows = rows.padded_batch(batch * window_batches,
-                                padding_values=padding_values(label_spec))
+                                padding_values=padding_values(label_spec, windowed(label_spec)))
     return windows.flat_map(split).map(trim, num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
@@ -277,12 +284,14 @@ def eval_dataset(files: list[str], global_batch_size: int,
     filler = ({"input_ids": tf.zeros([1], tf.int32), "token_type_ids": tf.zeros([1], tf.int32),
                "attention_mask": tf.zeros([1], tf.int32)}, pad_label(label_spec))
     if text_ids:
-        filler[0]["text_id"] = tf.constant(-1, tf.int64)
+        filler[0]["text_id"] = tf.fill(text_id_shape(label_spec), tf.constant(-1, tf.int64))
     ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
-    shapes = ({name: [] if name == "text_id" else [max_seq_length] for name in filler[0]},
+    shapes = ({name: text_id_shape(label_spec) if name == "text_id" else [max_seq_length]
+               for name in filler[0]},
               [max_seq_length] if per_token(label_spec) else filler[1].shape)
     return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True,
-                           padding_values=padding_values(label_spec)).prefetch(AUTOTUNE)
+                           padding_values=padding_values(label_spec, text_ids)
+                           ).prefetch(AUTOTUNE)
 
 
 def _per_replica(global_batch_size: int, ctx: tf.distribute.InputContext | None) -> int:
