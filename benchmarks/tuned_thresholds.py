@@ -17,7 +17,10 @@ tasks/thresholds.MIN_POSITIVES validation positives). Summaries: each arm's mean
 over seeds, and `computed_delta_vs_0_5` / `computed_delta_vs_0_3` = mean tuned - mean global.
 
 `--smoke`: a tiny random BERT on synthetic GoEmotions-shaped rows, 1 seed, 1 epoch, results
-in a temporary folder (timings and figures mean nothing there).
+in a temporary folder (timings and figures mean nothing there). Its steps (but init-run) fork
+from a warm-start server, as `make airflow` runs them: in fresh interpreters they were most
+of the smoke's time in `make test` (the cold steps stay covered by evaluation_cost's and
+long_texts' smokes).
 """
 from __future__ import annotations
 
@@ -38,13 +41,14 @@ GLOBAL = (0.5, 0.3)
 METRICS = ("micro_f1", "macro_f1", "subset_accuracy")
 
 
-def prepare(work: Path, seed: int, epochs: int, model_dir: str) -> Path:
+def prepare(work: Path, seed: int, epochs: int, model_dir: str,
+            warm_socket: Path | None = None) -> Path:
     """The seed's run folder with data and tokenize done."""
     run_dir = work / "art" / "runs" / "tuned_thresholds" / f"goemotions-{seed}"
     cfg = {"train_uri": str(common.DATA_ROOT / TRAIN), "test_uri": str(common.DATA_ROOT / TEST),
            "artifact_root": str(work / "art"), "base_model": model_dir, "seed": seed,
            "epochs": epochs, "multi_label_threshold": "tuned", **RECIPE}
-    return common.prepared_run(run_dir, cfg, work / f"goemotions-{seed}.json")
+    return common.prepared_run(run_dir, cfg, work / f"goemotions-{seed}.json", warm_socket)
 
 
 def test_metrics(run_dir: Path) -> dict:
@@ -54,7 +58,7 @@ def test_metrics(run_dir: Path) -> dict:
     return {m: metrics[m] for m in METRICS}
 
 
-def at_global(run_dir: Path, threshold: float) -> dict:
+def at_global(run_dir: Path, threshold: float, warm_socket: Path | None = None) -> dict:
     """The evaluate step again on the saved weights, the run's config at one global
     threshold (and evaluating in its own process: the train step's figures are the tuned
     ones)."""
@@ -64,17 +68,19 @@ def at_global(run_dir: Path, threshold: float) -> dict:
     runlayout.write_run_config(ctx, cfg.model_copy(update={
         "multi_label_threshold": threshold, "evaluate_in_train": False}))
     shutil.rmtree(run_dir / "evaluate", ignore_errors=True)
-    common.run_step("evaluate", run_dir)
+    common.run_step("evaluate", run_dir, warm_socket)
     return test_metrics(run_dir)
 
 
-def one_seed(work: Path, seed: int, epochs: int, model_dir: str) -> dict:
-    run_dir = prepare(work, seed, epochs, model_dir)
-    common.run_step("train", run_dir)
-    common.run_step("evaluate", run_dir)  # publishes the train step's tuned evaluation
+def one_seed(work: Path, seed: int, epochs: int, model_dir: str,
+             warm_socket: Path | None = None) -> dict:
+    run_dir = prepare(work, seed, epochs, model_dir, warm_socket)
+    common.run_step("train", run_dir, warm_socket)
+    # publishes the train step's tuned evaluation
+    common.run_step("evaluate", run_dir, warm_socket)
     arms = {"tuned": test_metrics(run_dir)}
     for threshold in GLOBAL:
-        arms[f"global_{threshold}"] = at_global(run_dir, threshold)
+        arms[f"global_{threshold}"] = at_global(run_dir, threshold, warm_socket)
     record = json.loads((run_dir / "train" / "manifest.json").read_text())["thresholds"]
     return {"seed": seed, "arms": arms, "validation_rows": record["validation_rows"],
             "thresholds": {label: e["threshold"] for label, e in record["per_label"].items()},
@@ -90,7 +96,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    with tempfile.TemporaryDirectory(prefix="tuned-thresholds-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tuned-thresholds-") as tmp, \
+            common.warm_server(args.smoke, Path(tmp) / "warm_start.log") as (socket, _):
         work = Path(tmp)
         model_dir = ""  # the offline MiniLM checkpoint
         if args.smoke:
@@ -101,7 +108,7 @@ def main() -> None:
         common.require_data(TRAIN, TEST)
         runs = []
         for seed in seeds:
-            run = one_seed(work, seed, args.epochs, model_dir)
+            run = one_seed(work, seed, args.epochs, model_dir, socket)
             runs.append(run)
             print(f"seed {seed}: " + "; ".join(
                 f"{arm} micro {m['micro_f1']:.4f} macro {m['macro_f1']:.4f}"

@@ -94,13 +94,21 @@ def serving(folder: Path, timeout: float = 300) -> Iterator[Server]:
             time.sleep(0.5)
         yield Server(url, folder, log)
     finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """SIGTERM to the server and its uvicorn worker; uvicorn then waits for open connections
+    and background tasks (the module's teardown took 31 s), so a second SIGTERM after 5 s
+    forces its quit, and SIGKILL ends what is left: the server's files are the test's own."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGTERM, 10), (signal.SIGKILL, None)):
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)  # the server and its uvicorn worker
+            os.killpg(process.pid, sig)
         try:
-            process.wait(timeout=30)
+            process.wait(timeout=wait)
+            return
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            continue
 
 
 if __name__ == "__main__":

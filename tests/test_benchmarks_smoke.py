@@ -146,7 +146,9 @@ SMOKE = {
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
     "early_stopping": ([], None),  # bertflow's two arms, no peer
     "evaluation_cost": ([], None),  # bertflow's train step only
-    "tuned_thresholds": ([], None),  # one bertflow run per seed, three thresholds
+    # one bertflow run per seed, three thresholds; its smoke forks its steps from a warm-start
+    # server (the cold steps: evaluation_cost's and long_texts' smokes)
+    "tuned_thresholds": ([], None),
     "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
     "long_texts": ([], None),  # bertflow's two arms, no peer
 }
