@@ -160,10 +160,11 @@ class RunConfig(BaseModel):
     # --- model and tokenizer ----------------------------------------------------------------
     base_model: str = Field(
         default="", title="Base checkpoint",
-        description="The checkpoint to fine-tune: a BERT, DistilBERT, ELECTRA, RoBERTa or "
-                    "XLM-RoBERTa encoder (config.json with model_type bert, distilbert, "
-                    "electra, roberta or xlm-roberta; vocab.txt, or RoBERTa's vocab.json and "
-                    "merges.txt, or XLM-R's sentencepiece.bpe.model; "
+        description="The checkpoint to fine-tune: a BERT, DistilBERT, ELECTRA, RoBERTa, "
+                    "XLM-RoBERTa or DeBERTa-v3 encoder (config.json with model_type bert, "
+                    "distilbert, electra, roberta, xlm-roberta or deberta-v2; vocab.txt, or "
+                    "RoBERTa's vocab.json and merges.txt, or XLM-R's sentencepiece.bpe.model, "
+                    "or DeBERTa-v3's spm.model; "
                     "model.safetensors): a local folder; a gs:// "
                     "or s3:// folder; a Hugging Face Hub id with an optional revision, "
                     "google-bert/bert-base-uncased@<tag or commit> (token: hf_conn_id); "

@@ -62,10 +62,10 @@ def test_release_records_the_backend(artifact_root):
 
 
 # --- the command line validates as the DAG's validate task does (tasks/steps/validate.py) --
-def _deberta(folder: Path) -> Path:
+def _t5(folder: Path) -> Path:
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({
-        "model_type": "deberta-v2", "hidden_size": 64, "num_hidden_layers": 2,
+        "model_type": "t5", "hidden_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 100,
         "max_position_embeddings": 130}))
     for name in ("vocab.txt", "model.safetensors"):
@@ -75,13 +75,13 @@ def _deberta(folder: Path) -> Path:
 
 def test_init_run_refuses_an_unsupported_checkpoint_in_one_line_before_any_step(artifact_root,
                                                                                 tmp_path):
-    run_dir = f"{artifact_root}/runs/bert_finetune/manual_deberta"
+    run_dir = f"{artifact_root}/runs/bert_finetune/manual_t5"
     done = cli("init-run", "--run-dir", run_dir, "--base-model",
-               str(_deberta(tmp_path / "deberta")))
+               str(_t5(tmp_path / "t5")))
     assert done.returncode == 2
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("bertflow: error: config field 'base_model': ")
-    assert "model_type 'deberta-v2'" in line and "Traceback" not in done.stderr
+    assert "model_type 't5'" in line and "Traceback" not in done.stderr
     assert not Path(run_dir, "config.json").exists()  # nothing to run a step on
 
 

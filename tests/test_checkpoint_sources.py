@@ -101,9 +101,9 @@ def test_local_bad_values_are_refused(tmp_path, tiny, cache):
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "noweights",
                                              drop="model.safetensors"))),
             "missing model.safetensors")
-    refused(RunConfig(base_model=str(variant(tmp_path, tiny, "deberta",
-                                             model_type="deberta-v2"))),
-            "model_type 'deberta-v2'", "supported: bert, distilbert, electra, roberta")
+    refused(RunConfig(base_model=str(variant(tmp_path, tiny, "t5",
+                                             model_type="t5"))),
+            "model_type 't5'", "supported: bert, distilbert, electra, roberta")
     size = len((tiny / "vocab.txt").read_text().splitlines())
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "small", vocab_size=size - 1))),
             f"vocab.txt has {size} ids but config.json's vocab_size (the embedding matrix) is "
@@ -135,8 +135,8 @@ def bucket(request, tmp_path, tiny):
     (tmp_path / "readme").mkdir()
     (tmp_path / "readme" / "README.md").write_text("not a checkpoint")
     storage.upload_dir(variant(tmp_path, tiny, "novocab", drop="vocab.txt"), f"{prefix}/novocab")
-    storage.upload_dir(variant(tmp_path, tiny, "deberta", model_type="deberta-v2"),
-                       f"{prefix}/deberta")
+    storage.upload_dir(variant(tmp_path, tiny, "t5", model_type="t5"),
+                       f"{prefix}/t5")
     yield prefix, conns
     storage.configure(storage.Connections())
 
@@ -176,7 +176,7 @@ def test_bucket_folder_is_fetched_once_verified_and_reused(bucket, tiny, cache, 
 def test_bucket_bad_values_are_refused(bucket, cache):
     prefix, conns = bucket
     refused(RunConfig(base_model=f"{prefix}/novocab", **conns), "missing vocab.txt")
-    refused(RunConfig(base_model=f"{prefix}/deberta", **conns), "model_type 'deberta-v2'")
+    refused(RunConfig(base_model=f"{prefix}/t5", **conns), "model_type 't5'")
     refused(RunConfig(base_model=f"{prefix}/nothing-here", **conns), "holds no files")
     scheme = prefix.split("://")[0]
     refused(RunConfig(base_model=f"{scheme}://no-such-bucket-{uuid.uuid4().hex[:6]}/bert",
@@ -218,7 +218,7 @@ def hub(tmp_path, tiny, monkeypatch):
         fake.v2 = fake.add("org/tiny-bert", retrained, ref="v2")
         fake.add("org/gated-bert", tiny, gated=True, tokens=(TOKEN,))
         fake.add("org/novocab", tiny, skip=("vocab.txt",))
-        fake.add("org/deberta", variant(tmp_path, tiny, "deberta", model_type="deberta-v2"))
+        fake.add("org/t5", variant(tmp_path, tiny, "t5", model_type="t5"))
         monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
         yield fake
 
@@ -254,7 +254,7 @@ def test_hub_cache_is_reused_and_offline_mode_reads_it(hub, cache, monkeypatch):
     assert offline.path == first.path and offline.sha256 == first.sha256
     assert len(hub.requests) == seen  # not one request
     checkpoint_sources.check(cfg)  # validate works offline from the cache too
-    refused(RunConfig(base_model="org/deberta"), "HF_HUB_OFFLINE", "not in the cache")
+    refused(RunConfig(base_model="org/t5"), "HF_HUB_OFFLINE", "not in the cache")
 
 
 def test_hub_bad_values_are_refused_without_fetching_weights(hub, cache):
@@ -263,7 +263,7 @@ def test_hub_bad_values_are_refused_without_fetching_weights(hub, cache):
     refused(RunConfig(base_model="org/tiny-bert@v9"), "no revision 'v9'",
             "branch, tag or commit")
     refused(RunConfig(base_model="org/novocab"), "missing vocab.txt")
-    refused(RunConfig(base_model="org/deberta"), "model_type 'deberta-v2'")
+    refused(RunConfig(base_model="org/t5"), "model_type 't5'")
     refused(RunConfig(base_model="org/gated-bert"), "is gated", "hf_conn_id")
     assert hub.file_gets("model.safetensors") == 0  # validate reads config.json and listings only
 

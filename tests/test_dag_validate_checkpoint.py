@@ -13,13 +13,13 @@ from train_helpers import write_tiny_model
 
 
 def test_validate_fails_on_another_architecture_and_makes_no_run_folder(airflow_db, tmp_path):
-    model = write_tiny_model(tmp_path / "deberta")
+    model = write_tiny_model(tmp_path / "t5")
     config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "model_type": "deberta-v2"}))
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
     conf = {**TINY, "artifact_root": str(tmp_path / "artifacts"), "base_model": str(model)}
     done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=900)
     log = done.stdout + done.stderr
-    assert "config field 'base_model'" in log and "model_type 'deberta-v2'" in log, log[-4000:]
+    assert "config field 'base_model'" in log and "model_type 't5'" in log, log[-4000:]
     assert "supported: bert, distilbert, electra, roberta" in log
     assert not (tmp_path / "artifacts" / "runs").exists()  # refused before init_run

@@ -2,8 +2,7 @@
 compares it with transformers' PyTorch DebertaV2 classes.
 
 - config.json: options it does not build (p2p, the convolution, DeBERTa v1, ...) are refused
-  naming the field; runs refuse deberta-v2 until its tokenizer is wired (runnable=True, the
-  default), while the model is built with runnable=False.
+  naming the field; runs accept deberta-v2 (its tokenizer: tests/test_deberta_steps.py).
 - The model: a row's logits do not depend on how much padding follows it; a graph traced for
   any batch shape gives the eager logits; every weight gets a gradient; bertflow's CPU
   kernels agree with TensorFlow's ops; mixed bfloat16 keeps float32 weights and logits;
@@ -38,7 +37,7 @@ LABELS = 3
 
 
 def v3(**overrides) -> EncoderConfig:
-    return EncoderConfig.from_dict({**V3, **overrides}, runnable=False)
+    return EncoderConfig.from_dict({**V3, **overrides})
 
 
 def batch(pad: int = 0) -> dict[str, tf.Tensor]:
@@ -85,16 +84,12 @@ def test_options_not_built_are_refused_naming_the_field(overrides, field):
 
 def test_deberta_v1_is_refused():
     with pytest.raises(ConfigError, match="model_type 'deberta'; supported"):
-        EncoderConfig.from_dict({**V3, "model_type": "deberta"}, runnable=False)
+        EncoderConfig.from_dict({**V3, "model_type": "deberta"})
 
 
-def test_runs_refuse_deberta_until_its_tokenizer_is_wired():
-    assert "deberta-v2" not in FAMILIES
-    with pytest.raises(ConfigError) as refused:
-        EncoderConfig.from_dict(V3)
-    assert "model_type 'deberta-v2'; supported: bert, distilbert, electra, roberta" in str(
-        refused.value)
-    assert "no in-graph tokenizer" in str(refused.value)
+def test_runs_accept_deberta_v3():
+    assert "deberta-v2" in FAMILIES
+    assert EncoderConfig.from_dict(V3).family == "deberta-v2"
 
 
 def test_a_rows_logits_do_not_depend_on_the_padding_after_it():

@@ -109,9 +109,7 @@ def float32_policy():
 
 
 def load(folder: Path, num_labels: int = len(LABELS)):
-    # DeBERTa's encoder is built before runs may use it (no tokenizer yet): runnable=False.
-    model = build_classifier(EncoderConfig.from_pretrained(folder, runnable=False),
-                             num_labels)
+    model = build_classifier(EncoderConfig.from_pretrained(folder), num_labels)
     fresh = load_hf_weights(model, folder, keep_head=True)
     return model, fresh
 

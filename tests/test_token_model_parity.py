@@ -53,7 +53,7 @@ def token_references(tmp_path_factory) -> Path:
 
 
 def load(folder: Path):
-    model = build_classifier(EncoderConfig.from_pretrained(folder, runnable=False), len(TAGS),
+    model = build_classifier(EncoderConfig.from_pretrained(folder), len(TAGS),
                              task=TOKEN_CLASSIFICATION)
     return model, load_hf_weights(model, folder, keep_head=True)
 

@@ -213,6 +213,43 @@ def run_steps_in_subprocess(run_dir: str, *steps: str, env: dict | None = None,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def copy_checkpoint(source: Path, target: Path, drop: str = "", files: dict | None = None,
+                    **config) -> Path:
+    """A copy of checkpoint folder `source` in `target`, without file `drop`, with `files`
+    {name: text} written and `config` keys set in its config.json."""
+    target.mkdir()
+    for path in source.iterdir():
+        if path.name != drop:
+            (target / path.name).write_bytes(path.read_bytes())
+    for name, text in (files or {}).items():
+        (target / name).write_text(text)
+    raw = json.loads((source / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**raw, **config}))
+    return target
+
+
+def refusals_of_a_family(model_dir: Path, tmp_path: Path, model_file: str, family: str,
+                         ids: int) -> None:
+    """validate's checks of a checkpoint whose tokenizer is the one file `model_file` with
+    `ids` ids: `model_dir` passes; without that file, or with an embedding one row short of
+    the vocabulary, it is refused naming the file."""
+    from tasks.errors import BertflowError, ConfigError
+    from tasks.training import checkpoint, checkpoint_sources
+
+    checkpoint.check_model_dir(model_dir)
+    assert checkpoint_sources.check(RunConfig(base_model=str(model_dir))) == str(model_dir)
+    broken = copy_checkpoint(model_dir, tmp_path / "broken", drop=model_file)
+    with pytest.raises(BertflowError, match=f"missing {model_file} \\(a {family} checkpoint's "
+                                            f"tokenizer is {model_file}"):
+        checkpoint.check_model_dir(broken)
+    with pytest.raises(ConfigError, match=model_file):
+        checkpoint_sources.check(RunConfig(base_model=str(broken)))
+    small = copy_checkpoint(model_dir, tmp_path / "small", vocab_size=ids - 1)
+    with pytest.raises(ConfigError, match=f"{model_file} has {ids} ids but config.json's "
+                                          f"vocab_size .* is {ids - 1}"):
+        checkpoint_sources.check(RunConfig(base_model=str(small)))
+
+
 def steps_of_a_family(model_dir: Path, tmp_path: Path, texts: list[str], reference,
                       max_len: int = 24) -> tuple[dict, Path, list[str]]:
     """A tiny checkpoint through data, tokenize, train and evaluate (a subprocess, as the CLI

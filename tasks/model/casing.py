@@ -13,7 +13,9 @@ belongs to the checkpoint, not to the run. In order, the first that answers:
    DistilBERT's and ELECTRA's tokenizers are BertTokenizer's.
 
 RoBERTa's byte-level BPE and XLM-R's SentencePiece model have no casing option: they read text as
-it is (XLM-R's normalizer, nmt_nfkc, keeps capitals), whatever the files say.
+it is (XLM-R's normalizer, nmt_nfkc, keeps capitals), whatever the files say. DeBERTa-v3's
+tokenizer has one (`do_lower_case`, false in its tokenizer_config.json); bertflow's in-graph
+SentencePiece does not lower-case, so a checkpoint that sets it true is refused.
 
 bertflow's in-graph tokenizer (tasks/model/wordpiece_normalizer.py) strips accents exactly when
 it lower-cases, as transformers does when `strip_accents` is unset; a checkpoint that sets
@@ -36,6 +38,9 @@ FAMILY_LOWER_CASE = {"bert": True, "distilbert": True, "electra": True}
 # Tokenizers that never lower-case, and why (the tokenize manifest's lower_case_rule).
 CASED_ONLY = {"roberta": "byte-level BPE reads text as it is",
               "xlm-roberta": "its SentencePiece model reads text as it is"}
+# SentencePiece families whose tokenizer may lower-case (DebertaV2Tokenizer's do_lower_case,
+# false unless set): bertflow runs only the cased setting.
+CASED_SENTENCEPIECE = ("deberta-v2",)
 # A vocabulary is cased when at least this share of its pieces has a capital letter
 # (bert-base-cased: ~20%; multilingual cased: ~25%); uncased ones have none.
 CASED_VOCAB_SHARE = 0.01
@@ -66,6 +71,8 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
     if family in CASED_ONLY:
         return Casing(False, f"{family}: {CASED_ONLY[family]}", True)
     config = _json(read_file, TOKENIZER_CONFIG, where)
+    if family in CASED_SENTENCEPIECE:
+        return _sentencepiece_casing(config, family, where)
     if config is not None and config.get("do_lower_case") is not None:
         lower = bool(config["do_lower_case"])
         _check_accents(config.get("strip_accents"), lower, f"{where}/{TOKENIZER_CONFIG}")
@@ -88,6 +95,18 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
                                  "capitals", True)
     lower = FAMILY_LOWER_CASE.get(family, True)
     return Casing(lower, f"{family} default (the checkpoint does not say)", False)
+
+
+def _sentencepiece_casing(config: Optional[dict], family: str, where: str) -> Casing:
+    if config is not None and config.get("do_lower_case"):
+        raise ConfigError("base_model", (
+            f"{where}/{TOKENIZER_CONFIG}: do_lower_case true; bertflow's in-graph "
+            f"SentencePiece tokenizer does not lower-case, so this {family} checkpoint's "
+            f"tokenization cannot be reproduced; use a cased checkpoint (DeBERTa-v3's are)"))
+    if config is not None and config.get("do_lower_case") is not None:
+        return Casing(False, f"{TOKENIZER_CONFIG} do_lower_case", True)
+    return Casing(False, f"{family}: its SentencePiece model reads text as it is "
+                         "(DebertaV2Tokenizer's default)", True)
 
 
 def decide(explicit: Optional[bool], override: bool, found: Casing) -> Casing:

@@ -5,8 +5,7 @@ Keys a config.json leaves out take the defaults of transformers' config class fo
 DebertaV2Config), as `from_pretrained` does.
 
 ENCODER_FAMILIES are the families whose encoder bertflow builds; FAMILIES, those a run can
-fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES). DeBERTa-v3's
-encoder is built; its SentencePiece tokenizer is not wired yet, so runs refuse it.
+fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES).
 """
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
 WORDPIECE_FILES = ("vocab.txt",)
 TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
                    "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt"),
-                   "xlm-roberta": ("sentencepiece.bpe.model",)}
+                   "xlm-roberta": ("sentencepiece.bpe.model",), "deberta-v2": ("spm.model",)}
 FAMILIES = tuple(family for family in ENCODER_FAMILIES if family in TOKENIZER_FILES)
 # The module prefix of each encoder family in transformers' checkpoints (base_model_prefix).
 PREFIXES = {"deberta-v2": "deberta"}

@@ -76,5 +76,21 @@ class IdLayout:
 
 # fairseq's dictionary as XLM-R uses it (transformers' XLMRobertaConverter).
 FAIRSEQ = IdLayout(cls=0, pad=1, sep=2, unk=3, offset=1, extra=1)
-# Each SentencePiece family's layout (validate's vocabulary-size check reads it).
-LAYOUTS = {"xlm-roberta": FAIRSEQ}
+# DeBERTa-v3's spm.model holds its special pieces itself ([PAD] [CLS] [SEP] [UNK] at 0-3 in
+# microsoft/deberta-v3-*; [MASK] is an added token after the pieces): ids are piece ids.
+DEBERTA_SPECIALS = ("[CLS]", "[SEP]", "[PAD]")
+
+
+def deberta_layout(model: SpmModel, where: str = "spm.model") -> IdLayout:
+    """DeBERTa-v3's ids, read from its model's pieces (what DebertaV2Tokenizer's vocabulary
+    gives them); a model without those pieces raises ValueError naming `where`."""
+    missing = [p for p in DEBERTA_SPECIALS if p not in model.pieces]
+    if missing:
+        raise ValueError(f"{where}: no {', '.join(missing)} piece; a DeBERTa-v3 spm.model "
+                         f"has {' '.join(DEBERTA_SPECIALS)} among its pieces")
+    cls, sep, pad = (model.pieces.index(p) for p in DEBERTA_SPECIALS)
+    return IdLayout(cls=cls, sep=sep, pad=pad, unk=model.unk_id)
+
+
+# Each SentencePiece family's layout of a model (validate's vocabulary-size check reads it).
+LAYOUTS = {"xlm-roberta": lambda model, where: FAIRSEQ, "deberta-v2": deberta_layout}

@@ -20,6 +20,9 @@ model sees the text (`_kept_whitespace`), which gives Hugging Face's ids on ever
 (tests/test_sentencepiece_text.py checks them all below U+0800, the whitespace, and a sample
 above).
 
+DeBERTa-v3's `spm.model` (DebertaTextEncoder) holds its special pieces itself: its ids are the
+model's, and Hugging Face splits its words on spaces only (Metaspace), as the model does.
+
 Not done here: Hugging Face also matches the special tokens (`<s>`, `<mask>`...) inside the
 raw text and gives their ids; here such text is tokenized as ordinary characters.
 """
@@ -29,7 +32,7 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from tasks.model.sentencepiece_model import (CONTROL, FAIRSEQ, UNIGRAM, IdLayout,
-                                           read_model)
+                                           deberta_layout, read_model)
 from tasks.model.text_encoder import SegmentEncoder
 
 # Rust's char::is_whitespace (what tokenizers' WhitespaceSplit splits on), less the ASCII space.
@@ -46,6 +49,9 @@ class SentencePieceTextEncoder(SegmentEncoder):
     # A pre-split word is tokenized on its own, which gives it the model's "▁" prefix as
     # Hugging Face's is_split_into_words does: nothing to add.
     WORD_PREFIX = ""
+    # Hugging Face's tokenizer splits words on every Unicode whitespace (XLM-R's
+    # WhitespaceSplit); False: on spaces only, as the model does (DeBERTa's Metaspace).
+    SPLIT_ON_WHITESPACE = True
 
     def __init__(self, model_path, layout: IdLayout, max_seq_length: int = 128,
                  name: str = "sentencepiece_text_encoder"):
@@ -65,7 +71,7 @@ class SentencePieceTextEncoder(SegmentEncoder):
         self._tokenizer = (tf_text.FastSentencepieceTokenizer(data)
                            if self.model.model_type == UNIGRAM
                            else tf_text.SentencepieceTokenizer(data, out_type=tf.int32))
-        self._whitespace = self._kept_whitespace()
+        self._whitespace = self._kept_whitespace() if self.SPLIT_ON_WHITESPACE else None
 
     def _kept_whitespace(self) -> str | None:
         """A regex of the whitespace characters the model's normalizer keeps as they are (XLM-R's
@@ -101,3 +107,16 @@ class XlmRobertaTextEncoder(SentencePieceTextEncoder):
         if self.model.unk_id != 0 or self.model.types[1:3] != (CONTROL, CONTROL):
             raise ValueError(f"{model_path}: pieces 0-2 are {list(self.model.pieces[:3])}; "
                              "an XLM-R sentencepiece.bpe.model has <unk> <s> </s> there")
+
+
+class DebertaTextEncoder(SentencePieceTextEncoder):
+    """Raw strings -> DeBERTa-v3 input ids: `[CLS] A [SEP]` or `[CLS] A [SEP] B [SEP]` with
+    token types 0 then 1 (DebertaV2Tokenizer's), the model's own piece ids, the special ids
+    read from its pieces (`deberta_layout`)."""
+
+    SPLIT_ON_WHITESPACE = False
+
+    def __init__(self, model_path, max_seq_length: int = 128):
+        _, model = read_model(model_path)
+        super().__init__(model_path, deberta_layout(model, str(model_path)), max_seq_length,
+                         name="deberta_text_encoder")

@@ -110,8 +110,8 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
     """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
     family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
     (tasks/model/hf_weights.py), `model_dir`'s tokenizer files (vocab.txt; RoBERTa's
-    vocab.json and merges.txt; XLM-R's sentencepiece.bpe.model, and a tokenizer.json converted
-    from it) and the tokenizer's config. PyTorch's
+    vocab.json and merges.txt; XLM-R's sentencepiece.bpe.model or DeBERTa-v3's spm.model, and a
+    tokenizer.json converted from it) and the tokenizer's config. PyTorch's
     AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
     from transformers import BertTokenizer, RobertaTokenizerFast  # tokenizer files only
@@ -122,9 +122,10 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
         RobertaTokenizerFast.from_pretrained(
             str(out), model_max_length=max_seq_length).save_pretrained(out)
         return
-    if model.config.family == "xlm-roberta":
-        xlm_roberta_tokenizer(out / checkpoint.tokenizer_files(model_dir)[0].name,
-                              max_seq_length).save_pretrained(out)
+    if model.config.family in SENTENCEPIECE_TOKENIZERS:
+        sentencepiece_tokenizer(model.config.family,
+                                out / checkpoint.tokenizer_files(model_dir)[0].name,
+                                max_seq_length).save_pretrained(out)
         return
     vocab_file = out / checkpoint.VOCAB
     # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
@@ -135,21 +136,29 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
                   model_input_names=inputs).save_pretrained(out)
 
 
-def xlm_roberta_tokenizer(model_file: Path, max_seq_length: int):
-    """transformers' XLM-R tokenizer of a SentencePiece model file, as from_pretrained
-    converts one (XLMRobertaConverter's fairseq vocabulary, the model's normalizer), read
-    without the sentencepiece package, which that conversion asks for and bertflow does not
-    install. Saved, it writes tokenizer.json: loading the export converts nothing."""
-    from transformers import XLMRobertaTokenizer
-    from transformers.convert_slow_tokenizer import XLMRobertaConverter
+# transformers' tokenizer and converter of each SentencePiece family.
+SENTENCEPIECE_TOKENIZERS = {"xlm-roberta": ("XLMRobertaTokenizer", "XLMRobertaConverter"),
+                            "deberta-v2": ("DebertaV2Tokenizer", "DebertaV2Converter")}
+
+
+def sentencepiece_tokenizer(family: str, model_file: Path, max_seq_length: int):
+    """transformers' tokenizer of `family` for a SentencePiece model file, as from_pretrained
+    converts one (the converter's vocabulary, e.g. XLM-R's fairseq ids; the model's
+    normalizer), read without the sentencepiece package, which that conversion asks for and
+    bertflow does not install. Saved, it writes tokenizer.json: loading the export converts
+    nothing."""
+    import transformers
+    from transformers import convert_slow_tokenizer
 
     from tasks.model.sentencepiece_model import read_model
 
+    tokenizer_name, converter_name = SENTENCEPIECE_TOKENIZERS[family]
+    converter = getattr(convert_slow_tokenizer, converter_name)
     _, spm = read_model(model_file)
-    kwargs = XLMRobertaConverter.convert_from_spm(vocab=list(zip(spm.pieces, spm.scores)))
-    return XLMRobertaTokenizer(**kwargs, vocab_file=str(model_file),
-                               _spm_precompiled_charsmap=spm.charsmap or None,
-                               model_max_length=max_seq_length)
+    kwargs = converter.convert_from_spm(vocab=list(zip(spm.pieces, spm.scores)))
+    return getattr(transformers, tokenizer_name)(
+        **kwargs, vocab_file=str(model_file), _spm_precompiled_charsmap=spm.charsmap or None,
+        model_max_length=max_seq_length)
 
 
 def record_thresholds(out: Path, task: str, labels: list[str], threshold,

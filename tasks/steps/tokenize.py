@@ -2,9 +2,9 @@
 
 The checkpoint family's text encoder (`checkpoint.text_encoder`: WordPiece's
 `BertTextEncoder`, tasks/model/text_encoder.py, RoBERTa's byte-level BPE,
-tasks/model/byte_bpe.py, or XLM-R's SentencePiece, tasks/model/sentencepiece_text.py) is the
-single tokenizer of a run: this step uses it to write the
-TFRecords and the export step embeds it in the SavedModel, so serving cannot drift from
+tasks/model/byte_bpe.py, or XLM-R's or DeBERTa-v3's SentencePiece,
+tasks/model/sentencepiece_text.py) is the single tokenizer of a run: this step uses it to
+write the TFRecords and the export step embeds it in the SavedModel, so serving cannot drift from
 training. (The step takes the encoder's wordpieces and truncation rule as they are and only
 adds [CLS]/[SEP] in numpy, `SegmentEncoder.encode_numpy`; tests check it equals the
 TensorFlow path.) No Python runs per row, and the output is byte-identical for identical
@@ -61,7 +61,8 @@ from tasks.model.text_encoder import SegmentEncoder
 # Part of the cache key: bump when the encoder or the record layout changes.
 ENCODER_VERSION = "bertflow-fastbert-2"  # 2: Hugging Face's normalisation (issue 45)
 # The families with another encoder.
-ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1", "xlm-roberta": "bertflow-sentencepiece-1"}
+ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1", "xlm-roberta": "bertflow-sentencepiece-1",
+                    "deberta-v2": "bertflow-deberta-spm-1"}
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"

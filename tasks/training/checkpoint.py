@@ -95,13 +95,13 @@ def tokenizer_files(model_dir: Path) -> list[Path]:
 
 def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
     """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, RoBERTa's
-    byte-level BPE or XLM-R's SentencePiece model; the last two read text as it is (no
-    lower-casing)."""
+    byte-level BPE, or XLM-R's or DeBERTa-v3's SentencePiece model; all but WordPiece read text
+    as it is (no lower-casing)."""
     from tasks.model.config import EncoderConfig
 
     files = tokenizer_files(model_dir)
     family = EncoderConfig.from_pretrained(model_dir).family
-    if family not in ("roberta", "xlm-roberta"):
+    if family not in ("roberta", "xlm-roberta", "deberta-v2"):
         from tasks.model.text_encoder import BertTextEncoder
 
         return BertTextEncoder(files[0], lower_case, max_seq_length)
@@ -113,6 +113,10 @@ def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
         from tasks.model.sentencepiece_text import XlmRobertaTextEncoder
 
         return XlmRobertaTextEncoder(files[0], max_seq_length=max_seq_length)
+    if family == "deberta-v2":
+        from tasks.model.sentencepiece_text import DebertaTextEncoder
+
+        return DebertaTextEncoder(files[0], max_seq_length=max_seq_length)
     from tasks.model.byte_bpe import RobertaTextEncoder
 
     return RobertaTextEncoder(*files, max_seq_length=max_seq_length)

@@ -39,7 +39,8 @@ CONFIG, VOCAB = "config.json", "vocab.txt"
 # A checkpoint's vocabulary, by what its folder holds: WordPiece's vocab.txt, byte-level BPE's
 # vocab.json and merges.txt (RoBERTa) or a SentencePiece model (XLM-R);
 # checkpoint.check_model_dir then checks that config.json's family is the one that reads them.
-VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"), ("sentencepiece.bpe.model",))
+VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"), ("sentencepiece.bpe.model",),
+                ("spm.model",))
 # PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
 WEIGHTS = ("model.safetensors",)
 RECORD = ".bertflow-checkpoint.json"  # in a cache entry: what was fetched, sizes and hashes
@@ -215,7 +216,7 @@ def _pick_files(value: str, names, where: str, champion: bool = False) -> list[s
     vocabulary = next((v for v in VOCABULARIES if all(n in names for n in v)), None)
     if vocabulary is None:
         missing.append(f"{VOCAB} (or RoBERTa's vocab.json and merges.txt, or XLM-R's "
-                       "sentencepiece.bpe.model)")
+                       "sentencepiece.bpe.model, or DeBERTa-v3's spm.model)")
     weights = next((w for w in WEIGHTS if w in names), None)
     if weights is None:
         missing.append(" or ".join(WEIGHTS))
@@ -253,8 +254,9 @@ def _check_config(value: str, config: dict, names=None, where: str = "") -> None
         raise _error(value, f"{err.reason}; bertflow fine-tunes {', '.join(FAMILIES)} "
                             f"checkpoints: choose one such as google-bert/bert-base-uncased, "
                             f"distilbert/distilbert-base-uncased, "
-                            f"google/electra-base-discriminator, FacebookAI/roberta-base "
-                            f"or FacebookAI/xlm-roberta-base") from None
+                            f"google/electra-base-discriminator, FacebookAI/roberta-base, "
+                            f"FacebookAI/xlm-roberta-base or microsoft/deberta-v3-base"
+                            ) from None
     needed = TOKENIZER_FILES[family]
     missing = [name for name in needed if names is not None and name not in names]
     if missing:
@@ -274,8 +276,9 @@ def _check_vocabulary_size(value: str, config: dict, uri: str) -> None:
         if name.endswith(".model"):  # SentencePiece: the family's ids around its pieces
             from tasks.model.sentencepiece_model import LAYOUTS, parse_model
 
-            model = parse_model(data, redact(join_uri(uri, name)))
-            size = LAYOUTS[encoder.family].vocab_size(model)
+            where = redact(join_uri(uri, name))
+            model = parse_model(data, where)
+            size = LAYOUTS[encoder.family](model, where).vocab_size(model)
         elif name.endswith(".json"):  # piece -> id
             size = max(json.loads(data.decode("utf-8")).values(), default=-1) + 1
         else:  # one piece a line

@@ -1,0 +1,174 @@
+"""DeBERTa-v3 end to end: the in-graph SentencePiece encoder (tasks/model/sentencepiece_text.py
+DebertaTextEncoder) against transformers' DebertaV2Tokenizer (the fast one), validate's checks,
+then data, tokenize, train, evaluate and export (tests/train_helpers.py steps_of_a_family).
+
+A tiny unigram model is trained here with the sentencepiece package (a test dependency) with
+DeBERTa-v3's first pieces, [PAD] [CLS] [SEP] [UNK] at 0-3, as microsoft/deberta-v3-base's
+spm.model has them ([MASK] is not a piece there: transformers adds it after the last piece).
+The checkpoint is tiny and random, written by bertflow's own save (tasks/model/hf_weights.py,
+whose DeBERTa keys tests/test_model_parity.py checks against PyTorch's).
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tasks.config import RunConfig
+from tasks.errors import BertflowError, ConfigError
+from tasks.model.sentencepiece_model import read_model
+from tasks.model.sentencepiece_text import RUST_WHITESPACE, DebertaTextEncoder
+from tasks.training import checkpoint
+from test_byte_bpe import CORPUS, TRAINING
+from test_sentencepiece_text import MULTILINGUAL, UNSEEN
+from train_helpers import copy_checkpoint, refusals_of_a_family, steps_of_a_family
+
+spm = pytest.importorskip("sentencepiece")
+transformers = pytest.importorskip("transformers")
+
+MODEL_FILE = "spm.model"
+SPACES = ["  two  spaces\tand\ttabs  ", "end\u3000ideographic\u00a0nbsp", "a\u0085b\u2028c",
+          "multiple     spaces    inside", "   leading", "trailing   "]
+TEXTS = CORPUS + MULTILINGUAL + UNSEEN + SPACES
+
+
+def train_deberta_spm(folder: Path) -> Path:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TRAINING + MULTILINGUAL * 20), model_writer=model,
+        model_type="unigram", vocab_size=500, hard_vocab_limit=False, character_coverage=1.0,
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
+        eos_piece="[SEP]", unk_piece="[UNK]", num_threads=1, minloglevel=2)
+    (folder / MODEL_FILE).write_bytes(model.getvalue())
+    return folder / MODEL_FILE
+
+
+def _config(vocab_size: int) -> dict:
+    # DeBERTa-v3's shape: relative attention, shared position buckets, no absolute positions
+    # and no token types (microsoft/deberta-v3-base's config, scaled down).
+    return {"model_type": "deberta-v2", "vocab_size": vocab_size, "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "max_position_embeddings": 64, "type_vocab_size": 0, "relative_attention": True,
+            "position_buckets": 16, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+            "pos_att_type": ["p2c", "c2p"], "position_biased_input": False,
+            "layer_norm_eps": 1e-7, "max_relative_positions": -1, "pad_token_id": 0}
+
+
+@pytest.fixture(scope="module")
+def deberta_dir(tmp_path_factory) -> Path:
+    import tf_keras
+
+    from tasks.model.classifier import build_classifier
+    from tasks.model.config import EncoderConfig
+    from tasks.model.hf_weights import save_hf_checkpoint
+
+    folder = tmp_path_factory.mktemp("tiny-deberta")
+    _, model = read_model(train_deberta_spm(folder))
+    tf_keras.utils.set_random_seed(0)
+    # The embedding has more rows than the model has pieces, as v3's 128100 for 128000.
+    classifier = build_classifier(EncoderConfig.from_dict(_config(len(model.pieces) + 100)), 2)
+    save_hf_checkpoint(classifier, ["a", "b"], folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def hf(deberta_dir):
+    tokenizer = transformers.DebertaV2Tokenizer.from_pretrained(str(deberta_dir))
+    assert tokenizer.backend_tokenizer.model.__class__.__name__ == "Unigram"
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def encoder(deberta_dir):
+    return DebertaTextEncoder(deberta_dir / MODEL_FILE, max_seq_length=512)
+
+
+def test_special_ids_are_read_from_the_model(encoder, hf, deberta_dir):
+    _, model = read_model(deberta_dir / MODEL_FILE)
+    assert sum(len(p) > 1 for p in model.pieces) > 60  # real pieces, not single characters
+    assert (encoder.pad_id, encoder.cls_id, encoder.sep_id, encoder.unk_id) == (0, 1, 2, 3)
+    assert hf.convert_tokens_to_ids(["[PAD]", "[CLS]", "[SEP]", "[UNK]"]) == [0, 1, 2, 3]
+    assert hf.mask_token_id == len(model.pieces)  # added after the pieces, as in v3
+
+
+def test_ids_and_token_types_equal_the_fast_tokenizer(encoder, hf):
+    ids, types, _ = encoder.encode_with_lengths(tf.constant(TEXTS))
+    want = hf(TEXTS)
+    assert ids.to_list() == want["input_ids"]
+    assert types.to_list() == want["token_type_ids"]
+    assert encoder.unk_id in encoder.wordpieces(tf.constant(UNSEEN)).flat_values.numpy()
+    # Every whitespace character between letters, after a space and doubled.
+    texts = [f"a{c}b {c}{c}1 x{c}y" for c in RUST_WHITESPACE]
+    assert (encoder.wordpieces(tf.constant(texts)).to_list()
+            == hf(texts, add_special_tokens=False)["input_ids"])
+
+
+def test_pairs_and_truncation_equal_the_fast_tokenizer(encoder, hf, deberta_dir):
+    firsts = CORPUS[:9] + MULTILINGUAL[:3] + SPACES[:2] + ["short", ""]
+    seconds = (list(reversed(CORPUS[:9])) + MULTILINGUAL[3:6] + SPACES[2:4]
+               + ["a much longer text " * 4, "x"])
+    ids, types, _ = encoder.encode_with_lengths(tf.constant(firsts), tf.constant(seconds))
+    want = hf(firsts, seconds)
+    assert ids.to_list() == want["input_ids"]
+    assert types.to_list() == want["token_type_ids"]  # 0 then 1
+    assert np.any(types.flat_values.numpy())
+    for max_len in (6, 17):
+        short = DebertaTextEncoder(deberta_dir / MODEL_FILE, max_seq_length=max_len)
+        assert (short.encode_with_lengths(tf.constant(TEXTS))[0].to_list()
+                == hf(TEXTS, truncation=True, max_length=max_len)["input_ids"])
+        pair_ids, _, _ = short.encode_with_lengths(tf.constant(firsts), tf.constant(seconds))
+        assert pair_ids.to_list() == hf(firsts, seconds, truncation="longest_first",
+                                        max_length=max_len)["input_ids"]
+
+
+def test_pre_split_words_equal_is_split_into_words(encoder, hf):
+    """Token classification's input (first-piece labels) as transformers builds it."""
+    from tasks.model.token_encoding import WordPieceAligner
+
+    sentences = [["Zürich", "ist", "schön"], ["東京", "は", "首都"], ["Ωμέγα", "x"],
+                 ["The", "QUICK", "fox's", "day!!"]]
+    aligner = WordPieceAligner(encoder)  # held: its tf.function keeps only a weak reference
+    out = aligner.encode_words(tf.ragged.constant(sentences))
+    want = hf(sentences, is_split_into_words=True)
+    assert out["input_ids"].to_list() == want["input_ids"]
+    starts = [[ids.index(w) for w in range(len(s))]
+              for s, ids in ((s, want.word_ids(i)) for i, s in enumerate(sentences))]
+    assert out["word_starts"].to_list() == starts
+
+
+def test_validate_names_the_model_file_the_casing_and_the_vocabulary(deberta_dir, tmp_path):
+    pieces = len(read_model(deberta_dir / MODEL_FILE)[1].pieces)
+    refusals_of_a_family(deberta_dir, tmp_path, MODEL_FILE, "deberta-v2", pieces)
+    with pytest.raises(ConfigError, match="tokenizer_config.json do_lower_case: cased"):
+        checkpoint.casing(deberta_dir, RunConfig(base_model=str(deberta_dir), lower_case=True))
+    lowered = copy_checkpoint(deberta_dir, tmp_path / "lowered", files={
+        "tokenizer_config.json": '{"do_lower_case": true}'})
+    with pytest.raises(ConfigError, match="do_lower_case true; bertflow's in-graph "
+                                          "SentencePiece tokenizer does not lower-case"):
+        checkpoint.casing(lowered, RunConfig(base_model=str(lowered)))
+    with pytest.raises(BertflowError, match="SentencePiece model does not lower-case"):
+        checkpoint.text_encoder(deberta_dir, True, 32)
+
+
+def test_tokenize_train_evaluate_export(deberta_dir, hf, tmp_path):
+    texts = [t for t in CORPUS + MULTILINGUAL if t.strip()] * 3
+    manifest, folder, prepared = steps_of_a_family(deberta_dir, tmp_path, texts, hf)
+    assert manifest["lower_case"] is False
+    assert manifest["lower_case_rule"] == "tokenizer_config.json do_lower_case"
+    assert (folder / MODEL_FILE).read_bytes() == (deberta_dir / MODEL_FILE).read_bytes()
+    assert (folder / "tokenizer.json").is_file()  # written without the sentencepiece package
+    exported = transformers.AutoTokenizer.from_pretrained(str(folder))
+    assert type(exported).__name__ == "DebertaV2Tokenizer"
+    sample = prepared[:6] + MULTILINGUAL + SPACES
+    assert exported(sample)["input_ids"] == hf(sample)["input_ids"]
+    assert exported(sample[:3], sample[3:6])["token_type_ids"] == hf(
+        sample[:3], sample[3:6])["token_type_ids"]
+    assert exported.model_max_length == 24
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["DebertaV2ForSequenceClassification"]
+    assert config["model_type"] == "deberta-v2"
