@@ -21,6 +21,7 @@ from tasks.io.uris import join_uri, sha256_file
 from tasks.errors import ConfigError
 from tasks.io import storage
 from tasks.training import checkpoint, checkpoint_sources
+from test_deberta_steps import deberta_dir  # noqa: F401
 from test_roberta_steps import roberta_dir  # noqa: F401
 from train_helpers import LABELS, write_tiny_model
 
@@ -455,4 +456,25 @@ def test_a_roberta_checkpoint_fetches_its_bpe_files_and_tokenizes_as_transformer
     encoder = checkpoint.text_encoder(resolved.path, False, 32)
     texts = ["Hello world, it's 2026!", "naïve café  CJK 漢字 emoji 🙂"]
     reference = transformers.RobertaTokenizerFast.from_pretrained(str(roberta_dir))
+    assert encoder(tf.constant(texts))[0].to_list() == reference(texts)["input_ids"]
+
+
+def test_a_deberta_checkpoint_fetches_its_spm_model_from_the_hub(
+        request, deberta_dir, cache):  # noqa: F811
+    """spm.model (binary) and the tokenizer_config.json that says its casing are fetched with
+    the weights, and the fetched folder tokenizes as DebertaV2Tokenizer."""
+    import tensorflow as tf
+    import transformers
+
+    request.getfixturevalue("hub").add("org/tiny-deberta", deberta_dir)
+    cfg = RunConfig(base_model="org/tiny-deberta")
+    assert checkpoint_sources.check(cfg) == cfg.base_model
+    resolved = checkpoint.resolve_base_checkpoint(cfg)
+    names = {p.name for p in resolved.path.iterdir()}
+    assert {"spm.model", "tokenizer_config.json", "config.json", "model.safetensors"} <= names
+    assert "vocab.txt" not in names
+    assert checkpoint.casing(resolved.path, cfg).rule == "tokenizer_config.json do_lower_case"
+    encoder = checkpoint.text_encoder(resolved.path, False, 32)
+    texts = ["Hello world, it's 2026!", "naïve café  CJK 漢字 emoji 🙂"]
+    reference = transformers.DebertaV2Tokenizer.from_pretrained(str(deberta_dir))
     assert encoder(tf.constant(texts))[0].to_list() == reference(texts)["input_ids"]

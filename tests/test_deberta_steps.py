@@ -27,7 +27,6 @@ from test_byte_bpe import CORPUS, TRAINING
 from test_sentencepiece_text import MULTILINGUAL, UNSEEN
 from train_helpers import copy_checkpoint, refusals_of_a_family, steps_of_a_family
 
-spm = pytest.importorskip("sentencepiece")
 transformers = pytest.importorskip("transformers")
 
 MODEL_FILE = "spm.model"
@@ -37,6 +36,8 @@ TEXTS = CORPUS + MULTILINGUAL + UNSEEN + SPACES
 
 
 def train_deberta_spm(folder: Path) -> Path:
+    # Skips only the tests that use it (test_checkpoint_sources.py imports this module).
+    spm = pytest.importorskip("sentencepiece")
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(TRAINING + MULTILINGUAL * 20), model_writer=model,
