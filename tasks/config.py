@@ -406,8 +406,8 @@ class RunConfig(BaseModel):
         description="Classification and token classification: train against (1 - s) x the "
                     "one-hot label + s / classes (the Trainer's label_smoothing_factor). "
                     "Evaluation and the gate score plain predictions.")
-    token_loss_normalizer: Literal["batch", "dataset"] = Field(
-        default="batch", title="Token loss normalizer",
+    loss_normalizer: Literal["batch", "dataset"] = Field(
+        default="batch", title="Loss normalizer (token classification)",
         description="Token classification: what a step's summed loss over labelled word "
                     "pieces is divided by. batch: the step's own labelled pieces (the "
                     "Trainer's mean). dataset: a fixed count, the training split's labelled "
@@ -633,8 +633,8 @@ class RunConfig(BaseModel):
             class_weights.parse_map(self.class_weights)
         except ConfigError as err:
             raise ValueError(err.reason) from None
-        if self.token_loss_normalizer != "batch" and self.task != "token_classification":
-            raise ValueError(f"token_loss_normalizer applies to token_classification, not "
+        if self.loss_normalizer != "batch" and self.task != "token_classification":
+            raise ValueError(f"loss_normalizer applies to token_classification, not "
                              f"{self.task}; set it to batch")
         if self.class_weights != "none" and self.task == "regression":
             raise ValueError("class_weights applies to tasks with labels, not regression; "

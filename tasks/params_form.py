@@ -43,7 +43,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "schedule_timeout_seconds", "capacity", "reservation", "k8s_platform",
         "capacity_cpu_steps", "max_preemptions"),
     "Training (advanced)": ("lr_schedule", "lr_power", "label_smoothing", "class_weights",
-                            "token_loss_normalizer",
+                            "loss_normalizer",
                             "multi_label_threshold", "decision_threshold",
                             "decision_threshold_metric", "freeze", "layer_lr_decay",
                             "head_learning_rate", "lr_scaling",

@@ -398,7 +398,7 @@ def _token_keras_loss(label_smoothing: float = 0.0, class_weights=None,
     reports its pieces' loss sum scaled by rows / labelled pieces of the batch. Under a
     distribution strategy that is each replica's mean, averaged over replicas (the custom
     loop takes the exact mean over the global batch: tasks/training/token_loss.py).
-    `pieces_per_row` (token_loss_normalizer dataset): each row's sum divided by that fixed
+    `pieces_per_row` (loss_normalizer dataset): each row's sum divided by that fixed
     count instead, whatever the batch's pieces."""
     import tensorflow as tf
     import tf_keras

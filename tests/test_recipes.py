@@ -350,7 +350,7 @@ def test_layer_rates_reach_training_and_the_manifest(tmp_path, tiny_model_dir): 
     assert 0 < moved["decayed"] < moved["flat"] / 3
 
 
-# --- token_loss_normalizer (tasks/training/token_loss.py) ------------------------------------
+# --- loss_normalizer (tasks/training/token_loss.py) ------------------------------------
 def test_the_dataset_normalizer_divides_each_row_by_a_fixed_count():
     """TokenCrossEntropy (fit's loss): with pieces_per_row each row's sum over that count,
     whatever the batch's labelled pieces; without it, the mean over the batch's pieces. The
@@ -379,9 +379,9 @@ def test_the_dataset_normalizer_divides_each_row_by_a_fixed_count():
 def test_the_dataset_normalizer_is_refused_outside_token_classification():
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="token_loss_normalizer applies to "
+    with pytest.raises(ValidationError, match="loss_normalizer applies to "
                                               "token_classification, not multi_label"):
-        RunConfig(task="multi_label", token_loss_normalizer="dataset")
+        RunConfig(task="multi_label", loss_normalizer="dataset")
 
 
 def test_the_dataset_normalizer_reaches_both_loops_and_the_manifest(
@@ -400,7 +400,7 @@ def test_the_dataset_normalizer_reaches_both_loops_and_the_manifest(
     for name, loop, normalizer in (("fit", "fit", "dataset"), ("custom", "custom", "dataset"),
                                    ("batch", "custom", "batch")):
         cfg, ctx = make_run(tmp_path / name, tiny_model_dir, training_loop=loop, epochs=1,
-                            task="token_classification", token_loss_normalizer=normalizer)
+                            task="token_classification", loss_normalizer=normalizer)
         write_manifest(ctx.step_uri("data"), {"splits": {"train": {
             "num_examples": 128, "label_counts": {TAGS[0]: 900, TAGS[1]: 200, TAGS[2]: 180}}}})
         train.run(cfg, ctx)

@@ -450,7 +450,7 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "layer-wise learning rates": layer_rates_line(train),
         "label smoothing": train.get("label_smoothing", 0.0),
         "token loss divided by": (f"{train['pieces_per_row']:.3f} labelled pieces per row "
-                                  "(token_loss_normalizer dataset)"
+                                  "(loss_normalizer dataset)"
                                   if train.get("pieces_per_row") else None),
         "frozen": (train.get("freeze") or {}).get("setting", "none"),
         "class weights": (dict(zip(data["labels"], train["class_weights"]))

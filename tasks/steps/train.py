@@ -83,7 +83,7 @@ def _train(cfg: RunConfig, ctx: RunContext, name: str, watcher: preemption.Watch
     labels = tok["labels"]  # the outputs' names (regression: one, the label column)
     kind = task_kind(tok.get("task", "classification"))
     # The data manifest's training counts, read only by the settings that need them.
-    needs_counts = cfg.class_weights != "none" or cfg.token_loss_normalizer != "batch"
+    needs_counts = cfg.class_weights != "none" or cfg.loss_normalizer != "batch"
     train_split = (read_manifest(ctx.manifest_uri("data"))["splits"]["train"]
                    if needs_counts else {})
     weights = None if cfg.class_weights == "none" else class_weights.for_run(

@@ -32,7 +32,7 @@ class TrainPlan:
     lr_power: float = 1.0  # polynomial's
     label_smoothing: float = 0.0
     class_weights: tuple[float, ...] | None = None  # per label (class_weights.py); None: 1
-    # token_loss_normalizer dataset: the training split's labelled words per row (a step's
+    # loss_normalizer dataset: the training split's labelled words per row (a step's
     # divisor is this x its rows); None: each step's own labelled pieces.
     pieces_per_row: float | None = None
 

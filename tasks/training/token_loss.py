@@ -15,7 +15,7 @@ up to the gradient of one mean. (`global_count` does the same sum from inside a 
 Keras' fit path takes each replica batch's mean over its labelled pieces, averaged over the
 replicas (tasks/task_kinds.py, _token_keras_loss), as torch's DistributedDataParallel does.
 
-`token_loss_normalizer: dataset` replaces both divisors by a fixed count (`pieces_per_row` x
+`loss_normalizer: dataset` replaces both divisors by a fixed count (`pieces_per_row` x
 rows): with batches grouped by length a step's own count varies with the sentences' length,
 and dividing by it gives a piece of a short-sentence batch more weight than one of a long.
 """
@@ -36,11 +36,11 @@ def token_loss_sums(labels: tf.Tensor, logits: tf.Tensor, label_smoothing: float
 
 
 def pieces_per_row(cfg, train_split: dict) -> float | None:
-    """token_loss_normalizer dataset: the training split's labelled words per row (the data
+    """loss_normalizer dataset: the training split's labelled words per row (the data
     manifest's label_counts count one per labelled word), the fixed count a step's loss is
     divided by per row. Any constant keeps every piece's weight equal across batches; this
     one keeps the loss on the batch normalizer's scale. None for batch."""
-    if cfg.token_loss_normalizer != "dataset":
+    if cfg.loss_normalizer != "dataset":
         return None
     rows = train_split["num_examples"]
     return max(sum(train_split["label_counts"].values()) / max(rows, 1), 1.0)
