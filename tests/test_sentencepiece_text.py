@@ -11,6 +11,7 @@ step in tests/test_xlm_roberta_steps.py.
 from __future__ import annotations
 
 import io
+import json
 import unicodedata
 
 import numpy as np
@@ -146,3 +147,24 @@ def test_bad_model_files_are_named(tmp_path, model_file):
     bad.write_bytes(other.getvalue())
     with pytest.raises(ValueError, match=r"an XLM-R sentencepiece.bpe.model has <unk> <s> "):
         sentencepiece_text.XlmRobertaTextEncoder(bad)
+
+
+def test_the_export_s_tokenizer_builds_in_a_fresh_interpreter(model_file, tmp_path):
+    """What the export step writes, built first thing in a new process: `from transformers
+    import convert_slow_tokenizer` gives a function there, not the module (the fresh-clone run
+    failed on it when no earlier import had loaded the module)."""
+    import subprocess
+    import sys
+
+    from tasks.config import PROJECT_ROOT
+
+    script = ("import sys; from pathlib import Path\n"
+              "from tasks.steps.export import sentencepiece_tokenizer\n"
+              "tok = sentencepiece_tokenizer('xlm-roberta', Path(sys.argv[1]), 32)\n"
+              "tok.save_pretrained(sys.argv[2]); print(tok('Hello world')['input_ids'])\n")
+    done = subprocess.run([sys.executable, "-c", script, str(model_file), str(tmp_path)],
+                          capture_output=True, text=True, cwd=PROJECT_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "tokenizer.json").is_file()
+    ids = json.loads(done.stdout.strip().splitlines()[-1])
+    assert ids[0] == 0 and ids[-1] == 2 and len(ids) > 2  # <s> ... </s>

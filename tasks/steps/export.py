@@ -147,13 +147,17 @@ def sentencepiece_tokenizer(family: str, model_file: Path, max_seq_length: int):
     normalizer), read without the sentencepiece package, which that conversion asks for and
     bertflow does not install. Saved, it writes tokenizer.json: loading the export converts
     nothing."""
+    import importlib
+
     import transformers
-    from transformers import convert_slow_tokenizer
 
     from tasks.model.sentencepiece_model import read_model
 
+    # The module itself: `from transformers import convert_slow_tokenizer` may give the
+    # function of that name, depending on what the process imported before.
+    converters = importlib.import_module("transformers.convert_slow_tokenizer")
     tokenizer_name, converter_name = SENTENCEPIECE_TOKENIZERS[family]
-    converter = getattr(convert_slow_tokenizer, converter_name)
+    converter = getattr(converters, converter_name)
     _, spm = read_model(model_file)
     kwargs = converter.convert_from_spm(vocab=list(zip(spm.pieces, spm.scores)))
     return getattr(transformers, tokenizer_name)(
