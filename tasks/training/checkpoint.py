@@ -93,33 +93,35 @@ def tokenizer_files(model_dir: Path) -> list[Path]:
     return [Path(model_dir) / name for name in names]
 
 
+# The in-graph encoder of each family whose tokenizer is not WordPiece (module, class, what its
+# files are): each reads text as it is.
+_CASED_ENCODERS = {
+    "roberta": ("tasks.model.byte_bpe", "RobertaTextEncoder", "byte-level BPE"),
+    "xlm-roberta": ("tasks.model.sentencepiece_text", "XlmRobertaTextEncoder",
+                    "SentencePiece model"),
+    "deberta-v2": ("tasks.model.sentencepiece_text", "DebertaTextEncoder",
+                   "SentencePiece model")}
+
+
 def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
     """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, RoBERTa's
     byte-level BPE, or XLM-R's or DeBERTa-v3's SentencePiece model; all but WordPiece read text
     as it is (no lower-casing)."""
+    import importlib
+
     from tasks.model.config import EncoderConfig
 
     files = tokenizer_files(model_dir)
     family = EncoderConfig.from_pretrained(model_dir).family
-    if family not in ("roberta", "xlm-roberta", "deberta-v2"):
+    if family not in _CASED_ENCODERS:
         from tasks.model.text_encoder import BertTextEncoder
 
         return BertTextEncoder(files[0], lower_case, max_seq_length)
+    module, name, tokenizer = _CASED_ENCODERS[family]
     if lower_case:
-        tokenizer = ("byte-level BPE" if family == "roberta" else "SentencePiece model")
         raise BertflowError(f"{model_dir}: a {family} checkpoint's {tokenizer} does not "
                             "lower-case; leave lower_case empty or false")
-    if family == "xlm-roberta":
-        from tasks.model.sentencepiece_text import XlmRobertaTextEncoder
-
-        return XlmRobertaTextEncoder(files[0], max_seq_length=max_seq_length)
-    if family == "deberta-v2":
-        from tasks.model.sentencepiece_text import DebertaTextEncoder
-
-        return DebertaTextEncoder(files[0], max_seq_length=max_seq_length)
-    from tasks.model.byte_bpe import RobertaTextEncoder
-
-    return RobertaTextEncoder(*files, max_seq_length=max_seq_length)
+    return getattr(importlib.import_module(module), name)(*files, max_seq_length=max_seq_length)
 
 
 def copy_tokenizer_files(model_dir: Path, out: Path) -> None:
