@@ -2,12 +2,18 @@
 metric, both arms in one invocation, alternating, on the same rows and seeds.
 
     ./.venv/bin/python benchmarks/early_stopping.py [--datasets banking77,wnut17]
-        [--seeds 0,1] [--epochs 8] [--patience 2] [--min-delta 0.005] [--smoke]
+        [--seeds 0,1] [--epochs 8] [--patience 2] [--min-delta 0.005]
+        [--validation train|test-half] [--smoke]
 
 Both arms train on the same rows with the same recipe (MiniLM, the offline default
 checkpoint; learning rate 1e-4, batch 32, max_seq_length 64) and hold out the same
 validation rows (validation_fraction 0.1 of the training file); the test rows are the data
-set's dev file (test_uri). Arms:
+set's dev file (test_uri). `--validation test-half` instead splits the dev file's sentences in
+two by seed (validation_uri one half, test_uri the other) and trains on the whole training
+file: WNUT17's training tweets and its dev texts come from different sources, so a
+validation carved from train tracks a different distribution from the test rows (the shared
+copy has no WNUT17 test file; selecting on dev and reporting on test is the set's own
+protocol, halved here). CoNLL files only. Arms:
 - `full`: every epoch, the last step's weights (best_checkpoint off); the run validates once,
   at its last step (a run with validation rows always does);
 - `early`: validation at each epoch's end (eval_every_epoch), early_stopping_patience
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import random
 import shutil
 import tempfile
 import time
@@ -54,15 +61,44 @@ ARMS = {
 }
 
 
+def split_conll_halves(source: Path, seed: int, out_dir: Path) -> tuple[Path, Path]:
+    """The file's sentences shuffled by seed and cut in two: (validation, test)."""
+    if source.suffix != ".conll":
+        raise SystemExit(f"--validation test-half splits CoNLL files only, not {source}")
+    sentences, current = [], []
+    for line in source.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            current.append(line)
+        elif current:
+            sentences.append(current)
+            current = []
+    if current:
+        sentences.append(current)
+    random.Random(seed).shuffle(sentences)
+    half = len(sentences) // 2
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for role, part in (("validation", sentences[:half]), ("test", sentences[half:])):
+        path = out_dir / f"{source.stem}-{role}-{seed}.conll"
+        path.write_text("".join("\n".join(s) + "\n\n" for s in part), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
 def prepare(work: Path, name: str, seed: int, epochs: int, patience: int, min_delta: float,
-            model_dir: str, warm_socket: Path | None = None) -> dict[str, Path]:
+            model_dir: str, warm_socket: Path | None = None,
+            validation: str = "train") -> dict[str, Path]:
     """One run folder per arm, data and tokenize done (the arms share the token cache)."""
     train, test, task, _ = DATASETS[name]
+    roles = {"test_uri": str(common.DATA_ROOT / test)}
+    if validation == "test-half":
+        halves = split_conll_halves(common.DATA_ROOT / test, seed, work / "halves")
+        roles = {"validation_uri": str(halves[0]), "test_uri": str(halves[1])}
     runs = {}
     for arm, settings in ARMS.items():
         run_dir = work / "art" / "runs" / "early_stopping" / f"{name}-{seed}-{arm}"
-        cfg = {"task": task, "train_uri": str(common.DATA_ROOT / train),
-               "test_uri": str(common.DATA_ROOT / test), "artifact_root": str(work / "art"),
+        cfg = {"task": task, "train_uri": str(common.DATA_ROOT / train), **roles,
+               "artifact_root": str(work / "art"),
                "base_model": model_dir, "seed": seed, "epochs": epochs, **RECIPE,
                **settings}
         if arm == "early":
@@ -104,6 +140,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--patience", type=int, default=2)
     ap.add_argument("--min-delta", type=float, default=0.005)
+    ap.add_argument("--validation", choices=("train", "test-half"), default="train",
+                    help="validation rows: a share of train, or half of the test file")
     ap.add_argument("--name", default="early_stopping", help="results file name")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -133,7 +171,7 @@ def main() -> None:
             runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}
             for seed in seeds:
                 folders = prepare(work, name, seed, args.epochs, args.patience,
-                                  args.min_delta, model_dir, socket)
+                                  args.min_delta, model_dir, socket, args.validation)
                 for arm in (ARMS if seed % 2 == 0 else reversed(list(ARMS))):
                     run = train_and_test(folders[arm], metric, socket)
                     runs[arm].append({"seed": seed, **run})
@@ -157,6 +195,7 @@ def main() -> None:
     common.write_results(args.name, {
         "smoke": args.smoke, "seeds": seeds, "epochs": args.epochs,
         "patience": args.patience, "min_delta": args.min_delta, "recipe": RECIPE,
+        "validation": args.validation,
         "arms": ARMS, "datasets": results})
 
 
