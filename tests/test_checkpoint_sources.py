@@ -104,7 +104,8 @@ def test_local_bad_values_are_refused(tmp_path, tiny, cache):
             "missing model.safetensors")
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "t5",
                                              model_type="t5"))),
-            "model_type 't5'", "supported: bert, distilbert, electra, roberta")
+            "model_type 't5'", "supported: bert, distilbert, electra, roberta",
+            "google-bert/bert-base-uncased", "microsoft/deberta-v3-base")
     size = len((tiny / "vocab.txt").read_text().splitlines())
     refused(RunConfig(base_model=str(variant(tmp_path, tiny, "small", vocab_size=size - 1))),
             f"vocab.txt has {size} ids but config.json's vocab_size (the embedding matrix) is "

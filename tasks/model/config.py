@@ -45,6 +45,12 @@ TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
                    "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt"),
                    "xlm-roberta": ("sentencepiece.bpe.model",), "deberta-v2": ("spm.model",)}
 FAMILIES = tuple(family for family in ENCODER_FAMILIES if family in TOKENIZER_FILES)
+# A Hub checkpoint of each family, for the messages that refuse another (docs/model.md).
+EXAMPLES = {"bert": "google-bert/bert-base-uncased",
+            "distilbert": "distilbert/distilbert-base-uncased",
+            "electra": "google/electra-base-discriminator", "roberta": "FacebookAI/roberta-base",
+            "xlm-roberta": "FacebookAI/xlm-roberta-base",
+            "deberta-v2": "microsoft/deberta-v3-base"}
 # The module prefix of each encoder family in transformers' checkpoints (base_model_prefix).
 PREFIXES = {"deberta-v2": "deberta"}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
@@ -99,27 +105,25 @@ class EncoderConfig:
         return PREFIXES.get(self.encoder_family, self.encoder_family)
 
     @classmethod
-    def from_pretrained(cls, folder: Path | str, *, runnable: bool = True) -> EncoderConfig:
+    def from_pretrained(cls, folder: Path | str) -> EncoderConfig:
         path = Path(folder) / "config.json"
         try:
             raw = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise ConfigError("base_model", f"{path}: cannot read it ({err})") from None
-        return cls.from_dict(raw, runnable=runnable)
+        return cls.from_dict(raw)
 
     @classmethod
-    def from_dict(cls, raw: dict, *, runnable: bool = True) -> EncoderConfig:
-        """The config of `raw`; `runnable`: only a family a run can fine-tune (FAMILIES),
-        else any whose encoder bertflow builds (ENCODER_FAMILIES)."""
+    def from_dict(cls, raw: dict) -> EncoderConfig:
+        """The config of `raw`, of a family a run can fine-tune (FAMILIES)."""
         family = raw.get("model_type")
         if family is None and all(key in raw for key in BERT_KEYS):
             family = "bert"
-        if family not in (FAMILIES if runnable else ENCODER_FAMILIES):
+        if family not in FAMILIES:
             found = f"model_type {family!r}" if family else "no model_type"
-            later = (f" ({family}: bertflow builds its encoder but has no in-graph tokenizer "
-                     f"for it yet)" if family in ENCODER_FAMILIES else "")
             raise ConfigError("base_model", f"config.json has {found}; supported: "
-                                            f"{', '.join(FAMILIES)}{later}")
+                                            f"{', '.join(FAMILIES)} (e.g. "
+                                            f"{', '.join(EXAMPLES[f] for f in FAMILIES)})")
         config = (_distilbert(raw) if family == "distilbert" else
                   _deberta(raw) if family == deberta_config.FAMILY else
                   _bert_shaped(family, raw))

@@ -246,17 +246,12 @@ def _read_config(value: str, uri: str) -> dict:
 def _check_config(value: str, config: dict, names=None, where: str = "") -> None:
     """A family bertflow's model builds (tasks/model/config.py), with its tokenizer files
     among `names` (when the listing is known), refused before any fetch."""
-    from tasks.model.config import FAMILIES, TOKENIZER_FILES, EncoderConfig
+    from tasks.model.config import TOKENIZER_FILES, EncoderConfig
 
     try:
         family = EncoderConfig.from_dict(config).family
     except ConfigError as err:
-        raise _error(value, f"{err.reason}; bertflow fine-tunes {', '.join(FAMILIES)} "
-                            f"checkpoints: choose one such as google-bert/bert-base-uncased, "
-                            f"distilbert/distilbert-base-uncased, "
-                            f"google/electra-base-discriminator, FacebookAI/roberta-base, "
-                            f"FacebookAI/xlm-roberta-base or microsoft/deberta-v3-base"
-                            ) from None
+        raise _error(value, err.reason) from None
     needed = TOKENIZER_FILES[family]
     missing = [name for name in needed if names is not None and name not in names]
     if missing:
