@@ -1,11 +1,19 @@
 """Evaluation metrics (pure numpy) and exact counting over the whole eval split."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tasks.training import checkpoint, inputs
 from tasks.steps import evaluate
-from train_helpers import LABELS, tiny_model_dir, tiny_rows, write_tfrecords  # noqa: F401
+from train_helpers import (LABELS, tiny_model_dir, tiny_rows, write_tfrecords,  # noqa: F401
+                           write_tiny_model)
 
 
 def test_metrics_against_hand_computed_values():
@@ -75,3 +83,40 @@ def test_the_evaluation_loop_is_one_graph_loop_whatever_the_batch_count(tiny_mod
         sizes[batch] = len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
         assert loop().numpy().sum() == 240
     assert sizes[80] == sizes[8]
+
+
+def matrices_under_mirrored(rows: int) -> dict:
+    """The confusion matrix of `rows` rows under MirroredStrategy over two logical CPUs,
+    global batch 8, both input paths; and one device's."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tmp = Path(tempfile.mkdtemp())
+    model_dir = write_tiny_model(tmp / "model")
+    write_tfrecords(tmp / "eval.tfrecord", tiny_rows(rows, seed=5))
+    out = {}
+    for name, devices, static in (("one_device", ["/cpu:0"], False),
+                                  ("mirrored", ["/cpu:0", "/cpu:1"], False),
+                                  ("mirrored_static", ["/cpu:0", "/cpu:1"], True)):
+        strategy = tf.distribute.MirroredStrategy(devices)
+        with strategy.scope():
+            model = checkpoint.load_classifier(model_dir, LABELS)
+        out[name] = evaluate.confusion_matrix(
+            strategy, model, [str(tmp / "eval.tfrecord")], len(LABELS), 8,
+            static_shapes=static, max_seq_length=32).tolist()
+    return out
+
+
+def test_static_shapes_under_mirrored_count_every_row_once():
+    """33 rows in per-replica batches of 4: one replica's share is a batch short. The TPU's
+    padded path (static shapes) failed there on tf.distribute's dummy batch; now each
+    replica gets filler batches and the counts equal one device's."""
+    done = subprocess.run([sys.executable, __file__, "33"], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TF_USE_LEGACY_KERAS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert np.sum(out["one_device"]) == 33
+    assert out["mirrored"] == out["one_device"] == out["mirrored_static"]
+
+
+if __name__ == "__main__":
+    print(json.dumps(matrices_under_mirrored(int(sys.argv[1]))))

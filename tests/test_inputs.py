@@ -126,6 +126,19 @@ def test_static_shapes_for_tpu(shards):
     assert (labels[:37] != inputs.PAD_LABEL).all()
 
 
+def test_static_shapes_give_every_replica_as_many_full_batches(shards):
+    """37 rows, 2 replicas of one pipeline, 8 rows each: 5 batches would leave the second
+    replica one short (tf.distribute would hand it a dummy batch, which a static program
+    cannot take); filler rows make it 6, the real rows first, in order."""
+    ctx = tf.distribute.InputContext(1, 0, num_replicas_in_sync=2)
+    ds = inputs.eval_dataset(shards, 16, ctx, static_shapes=True, max_seq_length=64)
+    assert ds.element_spec[0]["input_ids"].shape == (8, 64)
+    batches = [labels.numpy() for _, labels in ds]
+    assert len(batches) == 6
+    labels = np.concatenate(batches)
+    assert (labels[:37] != inputs.PAD_LABEL).all() and (labels[37:] == inputs.PAD_LABEL).all()
+
+
 @pytest.mark.parametrize("pipelines", [2, 5])  # by file (3 files >= 2) and by row (3 < 5)
 def test_input_pipelines_split_the_rows_exactly(shards, pipelines):
     seen = []

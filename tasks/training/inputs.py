@@ -274,7 +274,8 @@ def eval_dataset(files: list[str], global_batch_size: int,
     each batch is padded to its longest row: on SST-2's held-out rows, batches in file order
     were mostly padding (metrics do not depend on the order). With `static_shapes`, rows stay
     in file order, padded to max_seq_length, and filler rows labelled PAD_LABEL complete the
-    last batch, so every batch has the same shape.
+    last batch of every replica, so every batch has the same shape and every replica the same
+    number of batches.
     """
     batch = _per_replica(global_batch_size, input_context)
     text_ids = windowed(label_spec)
@@ -285,13 +286,22 @@ def eval_dataset(files: list[str], global_batch_size: int,
                "attention_mask": tf.zeros([1], tf.int32)}, pad_label(label_spec))
     if text_ids:
         filler[0]["text_id"] = tf.fill(text_id_shape(label_spec), tf.constant(-1, tf.int64))
-    ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
+    # Every replica of this pipeline gets the same number of full batches: a replica left
+    # without one would get tf.distribute's dummy batch, whose shapes a static-shape (TPU)
+    # program does not take. Rows are grouped by `replicas` batches, the last group
+    # completed with filler rows, then cut into per-replica batches.
+    replicas = (input_context.num_replicas_in_sync // input_context.num_input_pipelines
+                if input_context else 1)
+    group = batch * replicas
+    ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(group - 1))
     shapes = ({name: text_id_shape(label_spec) if name == "text_id" else [max_seq_length]
                for name in filler[0]},
               [max_seq_length] if per_token(label_spec) else filler[1].shape)
-    return ds.padded_batch(batch, padded_shapes=shapes, drop_remainder=True,
-                           padding_values=padding_values(label_spec, text_ids)
-                           ).prefetch(AUTOTUNE)
+    ds = ds.padded_batch(group, padded_shapes=shapes, drop_remainder=True,
+                         padding_values=padding_values(label_spec, text_ids))
+    if replicas > 1:
+        ds = ds.unbatch().batch(batch, drop_remainder=True)
+    return ds.prefetch(AUTOTUNE)
 
 
 def _per_replica(global_batch_size: int, ctx: tf.distribute.InputContext | None) -> int:
