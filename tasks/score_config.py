@@ -66,12 +66,14 @@ class _ScoreFields(BaseModel):
                     "the consumers read). Empty: any task.")
     output_uri: str = Field(
         default="", title="Output location",
-        description="Scores go to {output_uri}/{run}/: part-NNNNN.jsonl files, errors/ and "
-                    "_COMPLETE.json. Must not be inside the input's folder. May hold the "
-                    "run's date. Empty: {artifact_root}/scores.")
-    output_format: Literal["jsonl"] = Field(
+        description="Scores go to {output_uri}/{run}/: part-NNNNN.jsonl (or .parquet) "
+                    "files, errors/ and _COMPLETE.json. Must not be inside the input's "
+                    "folder. May hold the run's date. Empty: {artifact_root}/scores.")
+    output_format: Literal["jsonl", "parquet"] = Field(
         default="jsonl", title="Output format",
-        description="jsonl: one JSON object per input row.")
+        description="jsonl: one JSON object per input row. parquet: Parquet files (pyarrow, "
+                    "zstd), typed columns per task (docs/scoring.md); the errors files stay "
+                    "JSON Lines.")
     batch_size: int = Field(default=64, ge=1, le=4096, title="Scoring batch",
                             description="Texts per call of the serving signature.")
     shard_rows: int = Field(

@@ -42,7 +42,8 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
 @pytest.mark.parametrize("script", ["tokenize_throughput", "train_throughput", "mfu",
                                     "train_step_ablation", "scale", "quality", "determinism",
                                     "evaluation_floor", "evaluation_cost",
-                                    "sweep_pruning", "batch_score_throughput"])
+                                    "sweep_pruning", "batch_score_throughput",
+                                    "score_scale"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
@@ -150,6 +151,8 @@ SMOKE = {
     # server (the cold steps: evaluation_cost's and long_texts' smokes)
     "tuned_thresholds": ([], None),
     "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
+    # 120 and 240 rows through validate, score and publish processes, Parquet, one worker
+    "score_scale": ([], None),
     "long_texts": ([], None),  # bertflow's two arms, no peer
 }
 
@@ -261,6 +264,13 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         # 30-80 words in 16 pieces: every text is cut, and windowed into several
         assert windowed["train_records"] > 2 * cut["train_records"] == 2 * cut["train_texts"]
         assert cut["test_texts_cut"] == windowed["test_texts_cut"] == cut["test_texts"]
+    if script == "score_scale":
+        assert [(r["rows"], r["format"]) for r in data["runs"]] == [(120, "parquet"),
+                                                                    (240, "parquet")]
+        for run in data["runs"]:  # every row scored; each task process measured
+            assert run["scored_rows"] + run["error_rows"] == run["rows"]
+            assert run["score"]["worker_rss_bytes"] > run["score"]["rss_bytes"] > 0
+        assert set(data["verdict"]["rss_growth_largest_over_smallest"]) == {"parquet"}
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [

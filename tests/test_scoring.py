@@ -1,6 +1,7 @@
 """Batch scoring (issue 46): the reader that keeps bad rows as values, the checks before any
 worker starts, bert_batch_score through a real dag.test() with two local worker processes,
-and a worker SIGKILLed mid-way whose retry scores every row exactly once.
+a worker SIGKILLed mid-way whose retry scores every row exactly once, and Parquet output read
+back with pyarrow (classification and token classification, local and on S3, a retry).
 
 One tiny classifier is exported once per module (tests/test_export.py's helpers) and promoted
 with the real promote step, so `model: champion` follows a real CHAMPION.json."""
@@ -230,17 +231,19 @@ def test_an_output_inside_the_input_folder_is_refused(tmp_path, input_uri, outpu
 def test_input_and_output_in_a_bucket(store, root, tmp_path, monkeypatch):
     """Input read and shards published on each storage backend (GCS and S3 emulators on
     loopback): the score step's worker in this process, reading its shards from their byte
-    offsets (ranged reads), then the publication."""
+    offsets (ranged reads), then the publication. On S3 the parts are Parquet, read back
+    with pyarrow from the bucket."""
     from tasks.scoring.publish import publish
     from tasks.steps import score
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
+    fmt = "parquet" if root.startswith("s3://") else "jsonl"
     local = tmp_path / "in.tsv"
     ids = write_input(local, 10)
     storage.write_bytes(f"{root}/in/tickets.tsv", local.read_bytes())
     cfg = parse_score_config(score_values(store, tmp_path, input_uri=f"{root}/in/",
                                           output_uri=f"{root}/scores", shard_rows=4,
-                                          aws_conn_id=S3_CONN_ID))
+                                          aws_conn_id=S3_CONN_ID, output_format=fmt))
     key = "bucket-" + hashlib.sha256(root.encode()).hexdigest()[:8]  # one per backend
     ctx = RunContext(store["root"], "bert_batch_score", key, key)
     init_run(run_config(cfg), ctx)
@@ -254,15 +257,27 @@ def test_input_and_output_in_a_bucket(store, root, tmp_path, monkeypatch):
     complete = storage.read_json(join_uri(summary["output_uri"], COMPLETE))
     assert complete["inputs"] == [{"uri": f"{root}/in/tickets.tsv", "records": 13,
                                    "sha256": hashlib.sha256(local.read_bytes()).hexdigest()}]
+    assert complete["format"] == fmt
+    assert all(entry["path"].endswith(f".{fmt}") for entry in complete["files"])
 
 
 # --- a worker killed mid-way ---------------------------------------------------------------
+def read_part(uri: str) -> list[dict]:
+    """The rows of a published part file, JSON Lines or Parquet (read with pyarrow)."""
+    if uri.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        return pq.read_table(pa.BufferReader(storage.read_bytes(uri))).to_pylist()
+    return [json.loads(line) for line in storage.read_text(uri).splitlines()]
+
+
 def output_ids(output: str) -> list[str]:
     ids = []
     for uri in sorted(storage.list_uris(output)):
         folder, _, name = uri.rpartition("/")
-        if folder == output and name.startswith("part-") and name.endswith(".jsonl"):
-            ids += [json.loads(line)["id"] for line in storage.read_text(uri).splitlines()]
+        if folder == output and name.startswith("part-"):
+            ids += [row["id"] for row in read_part(uri)]
     return ids
 
 
@@ -444,3 +459,166 @@ def test_the_command_line_scores_a_file_in_one_process(store, tmp_path, capsys):
     assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
     assert shards.published(summary["output_uri"]) == {}
     assert not storage.exists(join_uri(summary["output_uri"], COMPLETE))
+
+
+# --- Parquet output ------------------------------------------------------------------------
+def test_parquet_parts_hold_every_tasks_outputs(tmp_path, monkeypatch):
+    """Each task's rows as output_rows makes them, through the Parquet writer and back with
+    pyarrow: the same values (exact in float32, as served), one typed schema per task whose
+    metadata names the model version, a row group per ROW_GROUP_ROWS rows; rows with
+    fields the schema does not have are refused, not dropped."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.scoring import parts
+    from tasks.steps.score import output_rows
+
+    served = {
+        "classification": {"label": ["a", "b"], "probabilities": [[0.75, 0.25], [0.5, 0.5]]},
+        "multi_label": {"labels": [["x", "", ""], ["", "", ""]],
+                        "probabilities": [[0.75, 0.25, 0.125], [0.0, 0.5, 0.25]]},
+        "regression": {"score": [0.5, -1.25]},
+        "token_classification": {
+            "num_entities": [2, 0], "entity_group": [["PER", "LOC"], ["", ""]],
+            "start": [[0, 8], [-1, -1]], "end": [[3, 13], [-1, -1]],
+            "word": [["Ann", "Paris"], ["", ""]], "score": [[0.75, 0.5], [0.0, 0.0]]}}
+    monkeypatch.setattr(parts, "ROW_GROUP_ROWS", 1)
+    for task, outputs in served.items():
+        rows = [{"file": "in.tsv", "line": 2 + i, "id": f"g{i}", **out, "model_version": "v1"}
+                for i, out in enumerate(output_rows(outputs, 2))]
+        path = tmp_path / f"{task}.parquet"
+        writer = parts.part_writer("parquet", path, task, True,
+                                   {"version": "v1", "version_uri": "/m/tiny/v1", "task": task})
+        for row in rows:
+            writer.write([row])
+        writer.close()
+        table = pq.read_table(path)
+        assert table.to_pylist() == rows
+        assert table.schema.names == list(rows[0])
+        assert json.loads(table.schema.metadata[parts.METADATA_KEY]) == {
+            "version": "v1", "version_uri": "/m/tiny/v1", "task": task}
+        assert pq.ParquetFile(path).num_row_groups == 2
+    assert table.schema.field("entities").type.value_type.field("start").type == pa.int64()
+    writer = parts.part_writer("parquet", tmp_path / "x.parquet", "regression", False,
+                               {"version": "v1"})
+    with pytest.raises(BertflowError, match=r"fields \['file', 'line', 'model_version', "
+                                            r"'score', 'spread'\].*arrow_schema"):
+        writer.write([{"file": "f", "line": 1, "score": 0.5, "spread": 0.1,
+                       "model_version": "v1"}])
+
+
+def scored_parts(output: str) -> tuple[dict, list[dict]]:
+    """_COMPLETE.json and every row of its files, each file checked against its entry
+    (sha256, rows) and read with pyarrow; one schema across the parts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    complete = storage.read_json(join_uri(output, COMPLETE))
+    assert complete["format"] == "parquet"
+    rows, schemas = [], set()
+    for entry in complete["files"]:
+        data = storage.read_bytes(join_uri(output, entry["path"]))
+        assert entry["path"].endswith(".parquet")
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        table = pq.read_table(pa.BufferReader(data))
+        assert table.num_rows == entry["rows"]
+        schemas.add(table.schema.to_string(show_schema_metadata=True))
+        rows += table.to_pylist()
+    assert len(schemas) == 1
+    return complete, rows
+
+
+def test_parquet_output_after_a_retry_that_redoes_only_unpublished_shards(store, tmp_path,
+                                                                          monkeypatch, capsys):
+    """The score step (in this process) writing Parquet locally; then a lost worker's
+    leftovers: part-00001's record never written, part-00003's part file half written and
+    its record gone. The retry skips the two published shards (their records unchanged),
+    redoes the other two; every input id is in the output once."""
+    from tasks.scoring.publish import publish
+    from tasks.steps import score
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    ids = write_input(tmp_path / "in.tsv", 12, seed=2)
+    cfg = parse_score_config(score_values(store, tmp_path, input_uri=str(tmp_path / "in.tsv"),
+                                          shard_rows=4, batch_size=3, output_format="parquet"))
+    ctx = RunContext(store["root"], "bert_batch_score", "parquet-1", "parquet-1")
+    init_run(run_config(cfg), ctx)
+    output = scoring_plan.make_plan(cfg, ctx)["output_uri"]
+    score.run(*runlayout.load_run(ctx.run_uri))
+    first = shards.published(output)
+    assert sorted(first) == [f"part-0000{k}" for k in range(4)]
+    for name in ("part-00001", "part-00003"):
+        os.remove(shards.record_uri(output, name))
+    with open(shards.part_uri(output, "part-00003", "parquet"), "r+b") as half:
+        half.truncate(40)
+    capsys.readouterr()
+    score.run(*runlayout.load_run(ctx.run_uri))
+    assert "4 shard(s), 2 already published (skipped)" in capsys.readouterr().out
+    final = shards.published(output)
+    for name in ("part-00000", "part-00002"):
+        assert final[name] == first[name]
+    for name in ("part-00001", "part-00003"):
+        assert final[name]["started"] > first[name]["started"]
+    summary = publish(ctx)
+    assert (summary["rows"], summary["error_rows"]) == (12, 3)
+    complete, rows = scored_parts(output)
+    assert sorted(r["id"] for r in rows) == sorted(ids) and len(rows) == 12
+    version = store["version_uri"].rsplit("/", 1)[-1]
+    for row in rows:
+        assert list(row) == ["file", "line", "id", "label", "probabilities", "model_version"]
+        assert row["model_version"] == version and row["label"] in LABELS
+        assert sum(row["probabilities"]) == pytest.approx(1.0, abs=1e-4)
+        assert row["file"] == str(tmp_path / "in.tsv") and row["line"] >= 2
+
+
+NER_TAGS = ["O", "B-PER", "I-PER"]
+
+
+@pytest.fixture(scope="module")
+def ner_version(store):
+    """The URI of a token-classification version (tags O, B-PER, I-PER; a tiny random
+    encoder), exported by the real export step from hand-made upstream manifests."""
+    tmp = store["tmp"] / "ner"
+    ctx = fake_run(tmp, write_model(tmp / "model", labels=NER_TAGS), run_id="ner-1")
+    for step in ("data", "tokenize"):
+        manifest = runlayout.read_manifest(ctx.manifest_uri(step))
+        runlayout.write_manifest(ctx.step_uri(step), {
+            **manifest, "task": "token_classification", "labels": NER_TAGS})
+    storage.write_json(f"{ctx.step_uri('evaluate')}/metrics.json", {
+        "task": "token_classification", "num_examples": 4, "labels": NER_TAGS, "f1": 0.5,
+        "macro_f1": 0.5, "precision": 0.5, "recall": 0.5})
+    cfg = parse_config({"artifact_root": ctx.artifact_root, "model_name": "tiny-ner",
+                        "task": "token_classification"})
+    return runlayout.read_manifest(export.run(cfg, ctx))["version_uri"]
+
+
+def test_parquet_entities_of_a_token_classification_model(ner_version, store, tmp_path,
+                                                           monkeypatch):
+    """A token-classification version scores a JSON Lines file; its Parquet parts, read back
+    with pyarrow, hold each row's entities with character offsets that cut the entity's word
+    out of the input text. (Parquet through a bucket: test_input_and_output_in_a_bucket.)"""
+    from tasks.scoring.publish import publish
+    from tasks.steps import score
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    rng = random.Random(3)
+    texts = {f"n{i}": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))
+             for i in range(9)}
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": k, "text": t}) + "\n" for k, t in texts.items()))
+    cfg = parse_score_config(score_values(
+        store, tmp_path, input_uri=str(path), model=ner_version, shard_rows=5,
+        expected_task="token_classification", output_format="parquet"))
+    ctx = RunContext(store["root"], "bert_batch_score", "ner-1", "ner-1")
+    init_run(run_config(cfg), ctx)
+    output = scoring_plan.make_plan(cfg, ctx)["output_uri"]
+    score.run(*runlayout.load_run(ctx.run_uri))
+    publish(ctx)
+    complete, rows = scored_parts(output)
+    assert complete["model"]["task"] == "token_classification"
+    assert sorted(r["id"] for r in rows) == sorted(texts)
+    entities = [(row["id"], e) for row in rows for e in row["entities"]]
+    assert entities, "the random model found no entity: nothing checked"
+    for key, entity in entities:
+        assert texts[key][entity["start"]:entity["end"]] == entity["word"]
+        assert entity["entity_group"] == "PER" and 0 <= entity["score"] <= 1

@@ -135,6 +135,7 @@ def make_plan(cfg, ctx: RunContext) -> dict:
         raise DataError(cfg.input_uri, "no rows to score", hint="check input_uri")
     plan = {"output_uri": join_uri(output, ctx.run_key), "model": model, "inputs": inputs,
             "rows": sum(f["records"] for f in inputs), "shards": shards,
+            "output_format": cfg.output_format,
             "num_workers": min(cfg.num_workers, len(shards))}
     _drop_stale_output(ctx, plan)
     storage.write_json(join_uri(ctx.run_uri, SCORE_CONFIG), json.loads(cfg.model_dump_json()))
@@ -143,14 +144,15 @@ def make_plan(cfg, ctx: RunContext) -> dict:
 
 
 def _drop_stale_output(ctx: RunContext, plan: dict) -> None:
-    """A re-run of validate in a run folder (a cleared task) whose input, model or shards
-    changed: the published shards of the old plan are not this plan's, so they go (a
-    retried worker would otherwise skip them)."""
+    """A re-run of validate in a run folder (a cleared task) whose input, model, shards or
+    output format changed: the published shards of the old plan are not this plan's, so
+    they go (a retried worker would otherwise skip them)."""
     uri = plan_uri(ctx)
     if not storage.exists(uri):
         return
     old = storage.read_json(uri)
     same = all(old.get(k) == plan[k] for k in ("output_uri", "inputs", "shards")) and \
+        old.get("output_format", "jsonl") == plan["output_format"] and \
         (old.get("model") or {}).get("version_uri") == plan["model"]["version_uri"]
     if not same:
         storage.delete_prefix(old.get("output_uri") or plan["output_uri"])

@@ -2,6 +2,7 @@
 
 Under the run's output folder `{output_uri}/{run}/`:
     part-NNNNN.jsonl        the scored rows of shard NNNNN, one JSON object per input row
+                            (output_format parquet: part-NNNNN.parquet, tasks/scoring/parts.py)
     errors/part-NNNNN.jsonl its rows that could not be scored (file, line, reason); only
                             when there are any
     _shards/part-NNNNN.json its record: rows, error rows, sha256 and size of each file,
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 from tasks.io import storage
 from tasks.io.uris import join_uri
+from tasks.scoring.parts import suffix
 
 RECORDS = "_shards"
 ERRORS = "errors"
 
 
-def part_uri(output: str, name: str) -> str:
-    return join_uri(output, f"{name}.jsonl")
+def part_uri(output: str, name: str, output_format: str = "jsonl") -> str:
+    return join_uri(output, name + suffix(output_format))
 
 
 def errors_uri(output: str, name: str) -> str:

@@ -11,7 +11,8 @@ worker redoes only the rest and every input row is scored exactly once.
 Each output row: `file` and `line` of the input row, its `id` (id_column), the SavedModel's
 outputs for the task (classification: `label`, `probabilities`; multi_label: `labels`,
 `probabilities`; regression: `score`; token_classification: `entities`, each with
-`entity_group`, `start`, `end` (character offsets), `word`, `score`) and `model_version`.
+`entity_group`, `start`, `end` (character offsets), `word`, `score`) and `model_version`;
+as JSON Lines or, with output_format parquet, as Parquet columns (tasks/scoring/parts.py).
 
 Worker 0 returns only when every shard is recorded (a backend ends a step when its first
 worker ends), then writes the step's manifest; the publish task checks the counts and writes
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 from tasks.config import RunConfig
@@ -31,6 +33,7 @@ from tasks.io.uris import join_uri, sha256_file
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
 from tasks.scoring import shards
+from tasks.scoring.parts import part_writer, suffix
 from tasks.scoring.plan import read_plan, read_score_config
 from tasks.topology import cluster_task
 
@@ -98,9 +101,11 @@ def score_shard(serve, cfg, shard: dict, output: str, model: dict) -> dict:
     source = ScoreFile(shard["file"], cfg.file_format, cfg.text_column, cfg.text_pair_column,
                        cfg.id_column)
     rows = errors = 0
+    fmt = cfg.output_format
     with tempfile.TemporaryDirectory(prefix="bertflow-score-") as tmp:
-        part, bad = Path(tmp) / "part.jsonl", Path(tmp) / "errors.jsonl"
-        with open(part, "w", encoding="utf-8") as out, open(bad, "w", encoding="utf-8") as err:
+        part, bad = Path(tmp) / f"part{suffix(fmt)}", Path(tmp) / "errors.jsonl"
+        out = part_writer(fmt, part, model["task"], bool(cfg.id_column), model)
+        with closing(out), open(bad, "w", encoding="utf-8") as err:
             batch = []
 
             def flush():
@@ -108,13 +113,13 @@ def score_shard(serve, cfg, shard: dict, output: str, model: dict) -> dict:
                 if model["has_pair"]:
                     inputs["text_pair"] = [r.text_pair for r in batch]
                 served = serve_rows(serve, inputs, cfg.batch_size)
+                scored = []
                 for row, outputs in zip(batch, output_rows(served, len(batch))):
                     named = {"file": shard["file"], "line": row.line}
                     if cfg.id_column:
                         named["id"] = row.id
-                    out.write(json.dumps({**named, **outputs,
-                                          "model_version": model["version"]},
-                                         ensure_ascii=False) + "\n")
+                    scored.append({**named, **outputs, "model_version": model["version"]})
+                out.write(scored)
                 batch.clear()
 
             for row in source.rows(shard["start"], shard["end"], at=shard.get("at")):
@@ -131,7 +136,7 @@ def score_shard(serve, cfg, shard: dict, output: str, model: dict) -> dict:
                 flush()
         record = {"name": shard["name"], "file": shard["file"], "start": shard["start"],
                   "end": shard["end"], "rows": rows, "error_rows": errors,
-                  "part": _publish(part, shards.part_uri(output, shard["name"])),
+                  "part": _publish(part, shards.part_uri(output, shard["name"], fmt)),
                   "errors": (_publish(bad, shards.errors_uri(output, shard["name"]))
                              if errors else None),
                   "model_version": model["version"], "started": started}
