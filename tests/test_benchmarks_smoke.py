@@ -42,7 +42,8 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
 @pytest.mark.parametrize("script", ["tokenize_throughput", "train_throughput", "mfu",
                                     "train_step_ablation", "scale", "quality", "determinism",
                                     "evaluation_floor", "evaluation_cost",
-                                    "sweep_pruning", "batch_score_throughput"])
+                                    "sweep_pruning", "batch_score_throughput",
+                                    "profile_byte_bpe"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
