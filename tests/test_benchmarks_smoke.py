@@ -43,7 +43,7 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
                                     "train_step_ablation", "scale", "quality", "determinism",
                                     "evaluation_floor", "evaluation_cost",
                                     "sweep_pruning", "batch_score_throughput",
-                                    "score_scale"])
+                                    "score_scale", "profile_byte_bpe"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess

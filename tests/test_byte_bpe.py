@@ -100,7 +100,10 @@ def test_pretokenize_matches_tokenizers_on_assigned_code_points():
     reference = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     points = [c for c in range(0x110000)
               if (c < 0x800 or c % 31 == 0) and unicodedata.category(chr(c)) not in ("Cn", "Cs")]
-    texts = [f"a{chr(c)}b {chr(c)}{chr(c)}1 '{chr(c)}x  {chr(c)}" for c in points]
+    # With a double space before a non-space (GPT-2's lookahead fires) and without (one regex
+    # split suffices), so that each of pretokenize's paths (ASCII or not) meets every point.
+    texts = [f"a{chr(c)}b {chr(c)}{chr(c)}1 '{chr(c)}x{gap}{chr(c)}"
+             for c in points for gap in ("  ", " ")]
     texts += CORPUS + UNSEEN
     chars = byte_bpe.bytes_to_unicode()
     got = byte_bpe.pretokenize(tf.constant(texts)).to_list()
@@ -179,6 +182,11 @@ def test_bad_files_are_named(tmp_path):
         byte_bpe.read_merges(merges)
     merges.write_text("a b\n")
     with pytest.raises(ValueError, match=r"vocab.json: no <s>, </s>, <pad>, <unk>"):
+        byte_bpe.RobertaTextEncoder(vocab, merges)
+    vocab.write_text(json.dumps({t: i for i, t in enumerate(["<s>", "</s>", "<pad>", "<unk>",
+                                                              "a", "b"])}))
+    with pytest.raises(ValueError, match=r"merges.txt: the merge 'a b' needs 'ab', which is "
+                                         r"not in .*vocab.json"):
         byte_bpe.RobertaTextEncoder(vocab, merges)
     vocab.write_text("[1, 2]")
     with pytest.raises(ValueError, match="vocab.json: expected a JSON object"):

@@ -23,6 +23,7 @@ from tasks.io import storage
 from tasks.training import checkpoint, checkpoint_sources
 from test_deberta_steps import deberta_dir  # noqa: F401
 from test_roberta_steps import roberta_dir  # noqa: F401
+from test_xlm_roberta_steps import xlmr_dir  # noqa: F401
 from train_helpers import LABELS, write_tiny_model
 
 TOKEN = "hf_bertflow_test_token_5b1e"  # stands for a user's Hub token
@@ -479,3 +480,28 @@ def test_a_deberta_checkpoint_fetches_its_spm_model_from_the_hub(
     texts = ["Hello world, it's 2026!", "naïve café  CJK 漢字 emoji 🙂"]
     reference = transformers.DebertaV2Tokenizer.from_pretrained(str(deberta_dir))
     assert encoder(tf.constant(texts))[0].to_list() == reference(texts)["input_ids"]
+
+
+@pytest.mark.parametrize("where", ["gs", "hub"])
+def test_the_family_decides_which_vocabulary_a_folder_with_two_gives(
+        where, request, xlmr_dir, tmp_path, cache):  # noqa: F811
+    """An XLM-R checkpoint that also holds a vocab.txt: its sentencepiece.bpe.model is
+    fetched (the first vocabulary kind found used to be taken, and the fetched folder then
+    had no tokenizer for the family)."""
+    folder = tmp_path / "xlmr-with-vocab-txt"
+    shutil.copytree(xlmr_dir, folder)
+    (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
+    if where == "hub":
+        request.getfixturevalue("hub").add("org/tiny-xlmr", folder)
+        cfg = RunConfig(base_model="org/tiny-xlmr")
+    else:
+        request.getfixturevalue("gcs_emulator")
+        prefix = f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}"
+        storage.upload_dir(folder, f"{prefix}/xlmr")
+        cfg = RunConfig(base_model=f"{prefix}/xlmr")
+    assert checkpoint_sources.check(cfg) == cfg.base_model
+    resolved = checkpoint.resolve_base_checkpoint(cfg)
+    names = {p.name for p in resolved.path.iterdir()}
+    assert "sentencepiece.bpe.model" in names and "vocab.txt" not in names
+    assert [p.name for p in checkpoint.tokenizer_files(resolved.path)] == [
+        "sentencepiece.bpe.model"]

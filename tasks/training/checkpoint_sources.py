@@ -36,9 +36,9 @@ from tasks.model.casing import FILES as TOKENIZER_FILES
 from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
-# A checkpoint's vocabulary, by what its folder holds: WordPiece's vocab.txt, byte-level BPE's
-# vocab.json and merges.txt (RoBERTa) or a SentencePiece model (XLM-R);
-# checkpoint.check_model_dir then checks that config.json's family is the one that reads them.
+# Every kind of vocabulary: WordPiece's vocab.txt, byte-level BPE's vocab.json and merges.txt
+# (RoBERTa) or a SentencePiece model (XLM-R, DeBERTa-v3). config.json's family decides which
+# one a checkpoint's folder gives (it may hold several); this list names them when it is missing.
 VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"), ("sentencepiece.bpe.model",),
                 ("spm.model",))
 # PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
@@ -186,10 +186,14 @@ def _hub_reader(cfg, src: Source):
 
 def _check_folder(value: str, uri: str, champion: bool = False) -> None:
     names = _listing(value, uri)
-    _pick_files(value, names, uri, champion)
-    config = _read_config(value, join_uri(uri, CONFIG))
-    _check_config(value, config, names, uri)
+    config = _folder_config(value, uri, names)
+    _pick_files(value, names, uri, champion, config)
     _check_vocabulary_size(value, config, uri)
+
+
+def _folder_config(value: str, uri: str, names) -> dict | None:
+    """config.json of the folder `uri` where it has one (else _pick_files names it missing)."""
+    return _read_config(value, join_uri(uri, CONFIG)) if CONFIG in names else None
 
 
 def _listing(value: str, uri: str) -> dict[str, tuple[int, str | None]]:
@@ -210,13 +214,26 @@ def _listing(value: str, uri: str) -> dict[str, tuple[int, str | None]]:
     return names
 
 
-def _pick_files(value: str, names, where: str, champion: bool = False) -> list[str]:
-    """The files loading needs, of those `names`; raises naming the missing ones."""
+def _pick_files(value: str, names, where: str, champion: bool = False,
+                config: dict | None = None) -> list[str]:
+    """The files loading needs, of those `names`; raises naming the missing ones. `config`
+    (config.json, None where `names` has none): its family's tokenizer files are the ones
+    taken, whatever other vocabulary the folder holds (an XLM-R checkpoint with a vocab.txt
+    beside its sentencepiece.bpe.model)."""
+    from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES
+
     missing = [n for n in (CONFIG,) if n not in names]
-    vocabulary = next((v for v in VOCABULARIES if all(n in names for n in v)), None)
-    if vocabulary is None:
-        missing.append(f"{VOCAB} (or RoBERTa's vocab.json and merges.txt, or XLM-R's "
-                       "sentencepiece.bpe.model, or DeBERTa-v3's spm.model)")
+    if config is None and not missing:
+        raise ValueError("_pick_files: config.json is listed: pass it")
+    family = _family(config)
+    if family is None:  # no config.json, or a family bertflow cannot read (named below)
+        vocabulary = next((v for v in VOCABULARIES if all(n in names for n in v)), None)
+        if vocabulary is None:
+            missing.append(f"{VOCAB} (or RoBERTa's vocab.json and merges.txt, or XLM-R's "
+                           "sentencepiece.bpe.model, or DeBERTa-v3's spm.model)")
+    else:
+        vocabulary = FAMILY_FILES[family]
+        missing += _missing_tokenizer(family, names)
     weights = next((w for w in WEIGHTS if w in names), None)
     if weights is None:
         missing.append(" or ".join(WEIGHTS))
@@ -225,7 +242,29 @@ def _pick_files(value: str, names, where: str, champion: bool = False) -> list[s
                 "base_model to a checkpoint folder, or promote a version that has one"
                 if champion else "copy the missing files there, or choose another checkpoint")
         raise _error(value, f"{redact(where)} is missing {', '.join(missing)} ({hint})")
+    _check_config(value, config, names, where)
     return [CONFIG, *vocabulary, weights]
+
+
+def _family(config: dict | None) -> str | None:
+    """config.json's family where bertflow reads it (else _check_config says why not)."""
+    from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES, EncoderConfig
+
+    try:
+        family = EncoderConfig.from_dict(config).family if config is not None else None
+    except ConfigError:
+        return None
+    return family if family in FAMILY_FILES else None
+
+
+def _missing_tokenizer(family: str, names) -> list[str]:
+    """The family's tokenizer files absent from `names`, as one entry of a missing list."""
+    from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES
+
+    needed = FAMILY_FILES[family]
+    missing = [name for name in needed if name not in names]
+    return [f"{', '.join(missing)} (a {family} checkpoint's tokenizer is "
+            f"{' and '.join(needed)})"] if missing else []
 
 
 def _with_tokenizer_files(picked: list[str], names) -> list[str]:
@@ -246,17 +285,15 @@ def _read_config(value: str, uri: str) -> dict:
 def _check_config(value: str, config: dict, names=None, where: str = "") -> None:
     """A family bertflow's model builds (tasks/model/config.py), with its tokenizer files
     among `names` (when the listing is known), refused before any fetch."""
-    from tasks.model.config import TOKENIZER_FILES, EncoderConfig
+    from tasks.model.config import EncoderConfig
 
     try:
         family = EncoderConfig.from_dict(config).family
     except ConfigError as err:
         raise _error(value, err.reason) from None
-    needed = TOKENIZER_FILES[family]
-    missing = [name for name in needed if names is not None and name not in names]
+    missing = _missing_tokenizer(family, names) if names is not None else []
     if missing:
-        raise _error(value, f"{redact(where)} is missing {', '.join(missing)} (a {family} "
-                            f"checkpoint's tokenizer is {' and '.join(needed)})")
+        raise _error(value, f"{redact(where)} is missing {missing[0]}")
 
 
 def _check_vocabulary_size(value: str, config: dict, uri: str) -> None:
@@ -358,7 +395,8 @@ def _fetch_folder(value: str, uri: str, champion: bool = False) -> Resolved:
     if storage.is_local(uri):
         return _local_record(value, storage.local_path(uri), "local", champion)
     names = _listing(value, uri)
-    picked = _with_tokenizer_files(_pick_files(value, names, uri, champion), names)
+    picked = _with_tokenizer_files(
+        _pick_files(value, names, uri, champion, _folder_config(value, uri, names)), names)
     listed = {n: list(names[n]) for n in picked}
     content = hashlib.sha256(json.dumps([uri, listed], sort_keys=True).encode()).hexdigest()
     entry = cache_root() / "folders" / content[:32]
@@ -372,7 +410,8 @@ def _fetch_folder(value: str, uri: str, champion: bool = False) -> Resolved:
 def _local_record(value: str, folder: Path, kind: str, champion: bool = False) -> Resolved:
     """A folder used where it is (no copy), its files hashed."""
     names = _listing(value, str(folder))
-    picked = _pick_files(value, names, str(folder), champion)
+    picked = _pick_files(value, names, str(folder), champion,
+                         _folder_config(value, str(folder), names))
     files = {n: {"size": names[n][0], "sha256": sha256_file(folder / n)}
              for n in picked}
     return Resolved(folder, kind, value, str(folder), "", picked[-1],
@@ -524,19 +563,33 @@ def _model_info(cfg, src: Source):
 def _check_hub(cfg, src: Source) -> None:
     from huggingface_hub import hf_hub_download
 
-    names = None  # offline: the file list is unknown
-    if _offline():
+    if _offline():  # the file list is unknown: config.json only
         path = _hub_errors(src.value, src, lambda: hf_hub_download(
             src.location, CONFIG, revision=src.revision, cache_dir=cache_root() / "hub",
             local_files_only=True))
-    else:
-        info = _model_info(cfg, src)
-        names = {s.rfilename for s in info.siblings or ()}
-        _pick_files(src.value, names, f"{src.location}@{info.sha}")
-        path = _hub_errors(src.value, src, lambda: hf_hub_download(
-            src.location, CONFIG, revision=info.sha, cache_dir=cache_root() / "hub",
-            **_hub_kwargs(cfg)))
-    _check_config(src.value, json.loads(Path(path).read_text()), names, src.location)
+        _check_config(src.value, json.loads(Path(path).read_text()), None, src.location)
+        return
+    info = _model_info(cfg, src)
+    names = {s.rfilename for s in info.siblings or ()}
+    _pick_files(src.value, names, f"{src.location}@{info.sha}",
+                config=_hub_config(cfg, src, info.sha, names))
+
+
+def _hub_config(cfg, src: Source, sha: str, names) -> dict | None:
+    """config.json of the Hub repo at commit `sha` where it lists one (fetched into the
+    cache, where the snapshot finds it)."""
+    from huggingface_hub import hf_hub_download
+
+    if CONFIG not in names:
+        return None
+    path = _hub_errors(src.value, src, lambda: hf_hub_download(
+        src.location, CONFIG, revision=sha, cache_dir=cache_root() / "hub",
+        **_hub_kwargs(cfg)))
+    try:
+        return json.loads(Path(path).read_text())
+    except ValueError as err:
+        raise _error(src.value, f"{CONFIG} of {src.location}@{sha} is not JSON ({err})"
+                     ) from None
 
 
 def _remember_ref(cache: Path, src: Source, sha: str) -> None:
@@ -561,16 +614,18 @@ def _fetch_hub(cfg, src: Source) -> Resolved:
             src.location, revision=src.revision, cache_dir=cache, local_files_only=True,
             allow_patterns=[CONFIG, *sum(VOCABULARIES, ()), *WEIGHTS, *TOKENIZER_FILES])))
         present = {p.name for p in folder.iterdir()}
-        picked = _with_tokenizer_files(
-            _pick_files(src.value, present, f"{src.location} (cached)"), present)
+        picked = _with_tokenizer_files(_pick_files(
+            src.value, present, f"{src.location} (cached)",
+            config=_folder_config(src.value, str(folder), present)), present)
         files = {n: {"size": (folder / n).stat().st_size,
                      "sha256": sha256_file(folder / n)} for n in picked}
         return Resolved(folder, "hub", src.value, src.location, folder.name, picked[-1],
                         files[picked[-1]]["sha256"], files)
     info = _model_info(cfg, src)
     siblings = {s.rfilename: s for s in info.siblings or ()}
-    picked = _with_tokenizer_files(
-        _pick_files(src.value, siblings, f"{src.location}@{info.sha}"), siblings)
+    picked = _with_tokenizer_files(_pick_files(
+        src.value, siblings, f"{src.location}@{info.sha}",
+        config=_hub_config(cfg, src, info.sha, siblings)), siblings)
     folder = Path(_hub_errors(src.value, src, lambda: snapshot_download(
         src.location, revision=info.sha, cache_dir=cache, allow_patterns=picked,
         **_hub_kwargs(cfg))))
