@@ -28,6 +28,11 @@ and step times. --task:
   by bertflow's conlleval-exact scorer (tasks/training/entity_metrics.py, count_entity_ids
   and entity_scores): both sides are scored by one scorer.
 
+Classification only (benchmarks/class_weights.py): `--class-weights FILE` (a JSON object from
+label name to weight) trains with a weighted `torch.nn.CrossEntropyLoss(weight=)` in an
+overridden `Trainer.compute_loss`, as the Trainer's users write it (transformers #7024);
+`--per-class` adds each class's precision, recall, F1 and support to the result.
+
 The scorers are imported from the checkout (pure Python and numpy; no TensorFlow).
 """
 import argparse
@@ -65,7 +70,13 @@ p.add_argument("--output-dir", default=None,
                help="checkpoints and the saved model (default: a new temporary folder)")
 p.add_argument("--task", default="classification",
                choices=("classification", "multi_label", "token_classification"))
+p.add_argument("--class-weights", default=None,
+               help="classification: a JSON file, label name -> weight, for a weighted loss")
+p.add_argument("--per-class", action="store_true",
+               help="classification: each class's precision, recall, F1 and support too")
 a = p.parse_args()
+if (a.class_weights or a.per_class) and a.task != "classification":
+    p.error("--class-weights and --per-class apply to --task classification")
 times = {}
 
 
@@ -154,8 +165,32 @@ args = TrainingArguments(
     disable_tqdm=True)  # save_strategy, save_steps: the defaults (every 500 steps)
 collator = (DataCollatorForTokenClassification(tokenizer)
             if a.task == "token_classification" else None)  # None: padding by the tokenizer
-trainer = Trainer(model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
-                  data_collator=collator)
+
+
+class WeightedLossTrainer(Trainer):
+    """The Trainer with a class-weighted cross-entropy, as its users write it: torch's
+    CrossEntropyLoss(weight=), whose mean divides by the batch's summed weights."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        targets = inputs.pop("labels")
+        outputs = model(**inputs)
+        # float32: under bf16 autocast the logits are bf16, the weights float32
+        loss = torch.nn.CrossEntropyLoss(weight=class_weights)(
+            outputs.logits.float().view(-1, len(labels)), targets.view(-1))
+        return (loss, outputs) if return_outputs else loss
+
+
+class_weights = None
+if a.class_weights:
+    with open(a.class_weights, encoding="utf-8") as f:
+        by_name = json.load(f)
+    if sorted(by_name) != labels:
+        sys.exit(f"--class-weights {a.class_weights}: its labels are not the training rows' "
+                 f"{labels}")
+    class_weights = torch.tensor([float(by_name[name]) for name in labels])
+trainer = (WeightedLossTrainer if a.class_weights else Trainer)(
+    model=model, args=args, train_dataset=train_set, processing_class=tokenizer,
+    data_collator=collator)
 train_out = trainer.train()
 trainer.save_model(os.path.join(out, "model"))
 times["train"] = time.perf_counter() - t0
@@ -178,7 +213,12 @@ def class_metrics(pred) -> dict:
 
     precision, recall = ratio(correct, matrix.sum(0)), ratio(correct, matrix.sum(1))
     f1 = ratio(2 * precision * recall, precision + recall)
-    return {"accuracy": float(correct.sum() / matrix.sum()), "macro_f1": float(f1.mean())}
+    out = {"accuracy": float(correct.sum() / matrix.sum()), "macro_f1": float(f1.mean())}
+    if a.per_class:  # the fields of bertflow's metrics.json per_class
+        out["per_class"] = {name: {"precision": float(precision[i]), "recall": float(recall[i]),
+                                   "f1": float(f1[i]), "support": int(matrix[i].sum())}
+                            for i, name in enumerate(labels)}
+    return out
 
 
 def task_metrics(pred) -> dict:
@@ -218,6 +258,8 @@ print("RESULT " + json.dumps({
     "max_grad_norm": args.max_grad_norm, "group_by_length": args.group_by_length,
     "save_strategy": getattr(args.save_strategy, "value", str(args.save_strategy)),
     "save_steps": args.save_steps,
+    **({"class_weights": {name: float(w) for name, w in zip(labels, class_weights.tolist())}}
+       if class_weights is not None else {}),
     "warmup_ratio": a.warmup_ratio, "weight_decay": a.weight_decay, "bf16": not a.no_bf16,
     "threads": torch.get_num_threads(), "torch": torch.__version__}))
 sys.stdout.flush()

@@ -269,8 +269,10 @@ def evaluation_seconds(run: dict) -> float:
     return run["step_seconds"]["evaluate"] + run.get("evaluation_in_train_seconds", 0.0)
 
 
-def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
-    run_dir = work / "art" / "runs" / "quality" / f"{name}-s{seed}"
+def run_bertflow(name: str, files: dict, work: Path, seed: int, args,
+                 run_name: str | None = None) -> dict:
+    """One run's steps; its folder is runs/quality/RUN_NAME (default NAME-sSEED)."""
+    run_dir = work / "art" / "runs" / "quality" / (run_name or f"{name}-s{seed}")
     cfg = {**SHARED, **SHARED_BY_DATASET.get(name, {}), **TASK_FIELDS.get(name, {}),
            **files["bertflow"],
            "epochs": epochs_for(name, args),
@@ -281,7 +283,7 @@ def run_bertflow(name: str, files: dict, work: Path, seed: int, args) -> dict:
             cfg[k] = json.loads(v)
         except json.JSONDecodeError:
             cfg[k] = v
-    cfg_file = work / f"{name}-s{seed}-config.json"
+    cfg_file = work / f"{run_name or f'{name}-s{seed}'}-config.json"
     cfg_file.write_text(json.dumps(cfg))
     t0 = time.perf_counter()
     common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))

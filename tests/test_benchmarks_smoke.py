@@ -43,7 +43,7 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
                                     "train_step_ablation", "scale", "quality", "determinism",
                                     "evaluation_floor", "evaluation_cost",
                                     "sweep_pruning", "batch_score_throughput",
-                                    "score_scale", "profile_byte_bpe"])
+                                    "score_scale", "profile_byte_bpe", "class_weights"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
@@ -154,6 +154,8 @@ SMOKE = {
     # 120 and 240 rows through validate, score and publish processes, Parquet, one worker
     "score_scale": ([], None),
     "long_texts": ([], None),  # bertflow's two arms, no peer
+    "class_weights": (["--arms", "bertflow_none,bertflow_balanced"],
+                      ["--arms", "peer_balanced,peer_none"]),
 }
 
 
@@ -271,6 +273,8 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
             assert run["scored_rows"] + run["error_rows"] == run["rows"]
             assert run["score"]["worker_rss_bytes"] > run["score"]["rss_bytes"] > 0
         assert set(data["verdict"]["rss_growth_largest_over_smallest"]) == {"parquet"}
+    if script == "class_weights":
+        _check_class_weights(data, "bertflow")
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
@@ -301,6 +305,25 @@ def test_smoke_peer_side_matches_its_schema(script, tmp_path):
     if script == "quality":
         (run,) = data["results"]["sst2"]["peer"].values()
         assert run["optim"] == "adamw_torch_fused" and run["bf16"] is native_bf16
+    if script == "class_weights":
+        _check_class_weights(data, "peer")
+
+
+def _check_class_weights(data: dict, side: str) -> None:
+    """Both arms of a side ran on the imbalanced rows, the balanced one with bertflow's
+    balanced weights (as the side records them), the other with none."""
+    balanced, none = data["runs"][f"{side}_balanced"]["0"], data["runs"][f"{side}_none"]["0"]
+    # 4 classes of 20 rows; two keep round(10%) = 2 rows: weights 44 / (4 x count)
+    assert data["data"]["rows_per_class"] == {label: 2 if label in data["data"][
+        "minority_classes"] else 20 for label in data["data"]["balanced_weights"]}
+    assert data["data"]["balanced_weights"] == {label: 44 / (4 * n) for label, n in data[
+        "data"]["rows_per_class"].items()}
+    assert balanced["class_weights"] == pytest.approx(data["data"]["balanced_weights"])
+    assert none["class_weights"] is None and balanced["num_train_examples"] == 44
+    # the weights are in the loss: same rows, seed and steps, another loss
+    assert balanced["final_loss"] != none["final_loss"]
+    assert set(balanced["per_class"]) == set(data["data"]["rows_per_class"])
+    assert set(data["computed_deltas"]) == {f"{side}_balanced_vs_none"}
 
 
 def test_smoke_quality_on_the_new_tasks(tmp_path):
@@ -409,3 +432,15 @@ def test_model_sizes_writes_measured_and_computed_figures(tmp_path):
     assert again["points"][0]["measured_peak_rss"] == point["measured_peak_rss"]
     assert again["rescored"]["command"].endswith("--rescore --name model_sizes")
     assert not _problems(tmp_path / "model_sizes.json")
+
+
+def test_the_imbalanced_set_keeps_a_tenth_of_half_the_classes_seeded():
+    import class_weights
+
+    rows = [(f"text {i}", f"label{i % 6}") for i in range(600)]  # 6 classes of 100 rows
+    kept, minority = class_weights.imbalanced(rows, data_seed=3)
+    assert len(minority) == 3 and kept == class_weights.imbalanced(rows, 3)[0]
+    counts = {label: sum(1 for _, lab in kept if lab == label) for label in {r[1] for r in rows}}
+    assert counts == {label: 10 if label in minority else 100 for label in counts}
+    assert kept == [row for row in rows if row in set(kept)]  # file order, rows untouched
+    assert class_weights.imbalanced(rows, 4) != (kept, minority)

@@ -2,7 +2,8 @@
 overflowing tokens with a stride (words given as a list), each word's window by BERT's
 SQuAD max-context rule, the tokenize step's records, entity metrics that count sentences
 (one replica; the train and evaluate steps under two Mirrored replicas in a fresh
-process), and a trained example whose
+process), the export step's SavedModel of that run serving entities at character offsets
+past max_seq_length in a fresh interpreter, and a trained example whose
 entities sit only past max_seq_length: windows find them, in the saved serving signature
 loaded by a fresh interpreter too; truncation cannot.
 """
@@ -275,19 +276,18 @@ def test_entity_metrics_count_sentences_from_their_windows(vocab, tmp_path):
         _same(entity_metrics_of(strategy, model, files, static_shapes), want)
 
 
-def test_the_train_and_evaluate_steps_count_sentences_under_two_mirrored_replicas(tmp_path):
-    """The data and tokenize steps on a CoNLL file of long sentences, then the train and
-    evaluate steps in a fresh process (2 logical CPUs, MirroredStrategy): an epoch is every
-    window, the metrics count the test sentences once each, and equal the saved model's
-    words read by hand, each from its own window."""
-    import tensorflow as tf
-
+@pytest.fixture(scope="module")
+def mirrored_run(tmp_path_factory) -> dict:
+    """The data and tokenize steps on a CoNLL file of long sentences (entities only past
+    max_seq_length), then the train, evaluate and export steps in a fresh process (2 logical
+    CPUs, MirroredStrategy)."""
     from tasks.config import RunConfig
     from tasks.io import storage
-    from tasks.runs.runlayout import RunContext, read_manifest
+    from tasks.runs.runlayout import RunContext
     from tasks.steps import data, tokenize
     from train_helpers import run_steps_in_subprocess, write_run_config
 
+    tmp_path = tmp_path_factory.mktemp("mirrored")
     model_dir = write_tiny_model(tmp_path / "model", seed=1)
     words, tags = end_entities(80, seed=1)
     conll = tmp_path / "train.conll"
@@ -304,22 +304,66 @@ def test_the_train_and_evaluate_steps_count_sentences_under_two_mirrored_replica
     storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())
     data.run(cfg, ctx)
     tok = storage.read_json(tokenize.run(cfg, ctx))
-    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=600)
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", "export", timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = [json.loads(line) for uri in storage.read_json(ctx.manifest_uri("data"))[
+        "splits"]["eval"]["shards"] for line in storage.read_text(uri).splitlines()]
+    return {"ctx": ctx, "tok": tok, "model_dir": model_dir, "test_rows": rows}
+
+
+def test_the_train_and_evaluate_steps_count_sentences_under_two_mirrored_replicas(
+        mirrored_run):
+    """An epoch is every window, the metrics count the test sentences once each, and equal
+    the saved model's words read by hand, each from its own window."""
+    import tensorflow as tf
+
+    from tasks.io import storage
+    from tasks.runs.runlayout import read_manifest
+
+    ctx, tok, rows = mirrored_run["ctx"], mirrored_run["tok"], mirrored_run["test_rows"]
     trained = read_manifest(ctx.manifest_uri("train"))
     assert trained["strategy"] == "mirrored" and trained["num_replicas"] == 2
     assert trained["num_train_records"] == tok["splits"]["train"]["num_records"]
     metrics = storage.read_json(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
     test = tok["splits"]["eval"]
     assert metrics["num_examples"] == test["num_examples"] < test["num_records"]
-    rows = [json.loads(line) for uri in storage.read_json(ctx.manifest_uri("data"))[
-        "splits"]["eval"]["shards"] for line in storage.read_text(uri).splitlines()]
     with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
         model = token_model(Path(trained["model_dir"]))
-    want = metrics_by_hand(model_dir / "vocab.txt", model, [r["words"] for r in rows],
-                           [r["tags"] for r in rows])
+    want = metrics_by_hand(mirrored_run["model_dir"] / "vocab.txt", model,
+                           [r["words"] for r in rows], [r["tags"] for r in rows])
     _same(metrics, want)
     assert metrics["f1"] >= 0.9 and want["per_type"]["X"]["support"] > test["num_examples"]
+
+
+def test_the_export_step_serves_entities_past_max_seq_length_at_character_offsets(
+        mirrored_run):
+    """The export step's SavedModel of the windowed run, loaded by a fresh interpreter:
+    raw test texts (longer than max_seq_length, entities only past it) in, one row of
+    entities per text out, at character offsets into the raw strings, as the evaluation
+    found them."""
+    from tasks.io import storage
+    from tasks.runs.runlayout import read_manifest
+
+    ctx, rows = mirrored_run["ctx"], mirrored_run["test_rows"]
+    exported = read_manifest(ctx.manifest_uri("export"))
+    assert exported["task"] == "token_classification" and exported["published"] is True
+    card = storage.read_text(f"{exported['version_uri']}/model_card.md")
+    assert "each word from the window where it has the most context" in card
+    texts = [raw_text(r["words"]) for r in rows]
+    want = [spans_of(t, r["words"], r["tags"]) for t, r in zip(texts, rows)]
+    (found,) = served_in_fresh_process(
+        {"export": f"{exported['version_uri']}/saved_model"}, texts).values()
+    assert len(found) == len(texts)
+    for text, entities in zip(texts, found):
+        assert all(text[start:end] == word for _, start, end, word in entities)
+    # Every true entity starts past the first window's 10 pieces (one word each): it is
+    # found only through the windows.
+    true = {(i, *e) for i, spans in enumerate(want) for e in spans}
+    assert all(start > len(raw_text(rows[i]["words"][:10])) for i, _, start, _, _ in true)
+    served = {(i, *e) for i, spans in enumerate(found) for e in spans}
+    metrics = storage.read_json(read_manifest(ctx.manifest_uri("evaluate"))["metrics_uri"])
+    assert len(true & served) / len(true) == pytest.approx(metrics["recall"], abs=0.05)
+    assert len(true & served) / len(served) == pytest.approx(metrics["precision"], abs=0.05)
 
 
 # --- training and serving ---------------------------------------------------------------------
