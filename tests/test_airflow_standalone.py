@@ -381,10 +381,12 @@ APPROVAL_CONF = {**TINY, "experiment": "approval", "require_approval": True,
 
 
 @pytest.fixture(scope="module")
-def second_wave(server, finished_run, tiny_model_dir) -> dict:  # noqa: F811
+def second_wave(server, finished_run, first_rescore, tiny_model_dir) -> dict:  # noqa: F811
     """Everything after the first run is started at once, as a team would: the backfill, the
     run left unanswered and the sweep (another DAG, so it runs beside them). bert_finetune
-    runs one at a time (max_active_runs 1): the sweep's trials fill the waits for approval."""
+    runs one at a time (max_active_runs 1): the sweep's trials fill the waits for approval.
+    After the first run's re-score: its task writes made SQLite refuse the backfill 10 times
+    in a row on a loaded machine."""
     wave = {"backfill": _create_backfill(server, tiny_model_dir)}
     wave["unanswered"] = trigger(server, DAG_ID, {
         **APPROVAL_CONF, "base_model": str(tiny_model_dir), "approval_timeout_minutes": 1})
@@ -793,13 +795,20 @@ def _check_rescored(server, run: dict, version: str, scoring_input: dict) -> dic
     return complete
 
 
-def test_a_promoted_champion_is_rescored_by_itself(server, finished_run, scoring_input):
+@pytest.fixture(scope="module")
+def first_rescore(server, finished_run) -> list[dict]:
+    """The bert_batch_score runs made from the first run's promotion, once finished."""
+    return _rescores(server, finished_run["run_id"])
+
+
+def test_a_promoted_champion_is_rescored_by_itself(server, finished_run, first_rescore,
+                                                   scoring_input):
     """bert_finetune's promote emits the promoted-model event; the scheduler, by itself, makes
     a bert_batch_score run that scores $BERTFLOW_SCORING_INPUT_URI with that version."""
     assert finished_run["state"] == "success"
     exported = storage.read_json(join_uri(_run_uri(server, finished_run), "export",
                                           "manifest.json"))
-    (run,) = _rescores(server, finished_run["run_id"])
+    (run,) = first_rescore
     assert [(e["name"], e["extra"]["version"]) for e in run["events"]] == [
         ("bertflow-model-bert-classifier", exported["version"])]
     complete = _check_rescored(server, run, exported["version"], scoring_input)
