@@ -13,6 +13,12 @@ from bertflow_airflow.approval import CandidateApproval
 from bertflow_airflow.worker_operator import WorkerStepOperator, load_run
 
 PROMOTED = AssetAlias("bertflow-promoted-model")
+
+
+def promoted_asset_name(model_name: str) -> str:
+    """The asset a promotion of model_name emits through PROMOTED."""
+    return f"bertflow-model-{model_name}"
+
 # A mapped task's label in the grid and logs (a sweep's trial values); unmapped tasks ignore it.
 LABEL_TEMPLATE = "{{ bertflow_label }}"
 
@@ -111,7 +117,7 @@ def promote(run_uri: str, export_manifest_uri: str, **context) -> dict:
         location = join_uri(cfg.resolved_export_uri(), cfg.model_name)
         uri = location if "://" in location else "file://" + location
         context["outlet_events"][PROMOTED].add(
-            Asset(name=f"bertflow-model-{cfg.model_name}", uri=uri),
+            Asset(name=promoted_asset_name(cfg.model_name), uri=uri),
             extra={**(lineage.read(exported["version_uri"]) or {}),
                    "version_uri": exported["version_uri"], "version": exported["version"]})
     return result

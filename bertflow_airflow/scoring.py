@@ -4,6 +4,7 @@ emits the `bertflow-scores` asset event. Nothing heavy at module level (parse ti
 from __future__ import annotations
 
 from airflow.sdk import Asset, task
+from airflow.sdk.exceptions import AirflowSkipException
 
 from bertflow_airflow.worker_operator import WorkerStepOperator, load_run
 from tasks.runs.run_summary import SCORING_DAG
@@ -13,15 +14,43 @@ SCORES = Asset("bertflow-scores")
 DAG_ID = SCORING_DAG  # the bertflow page lists its runs apart
 
 
-def event_input_uri(context) -> str | None:
-    """The input_uri a triggering bertflow-scoring-data event names (the newest), if any."""
+def _newest_extra(context, asset_name: str, key: str):
+    """extra[key] of the newest triggering event of the asset asset_name that has it."""
     events = context.get("triggering_asset_events") or {}
     named = [event for asset, found in events.items()
-             if getattr(asset, "name", None) == SCORING_DATA.name for event in found
-             if (event.extra or {}).get("input_uri")]
+             if getattr(asset, "name", None) == asset_name for event in found
+             if (event.extra or {}).get(key)]
     if not named:
         return None
-    return max(named, key=lambda event: event.timestamp).extra["input_uri"]
+    return max(named, key=lambda event: event.timestamp).extra[key]
+
+
+def event_input_uri(context) -> str | None:
+    """The input_uri a triggering bertflow-scoring-data event names (the newest), if any."""
+    return _newest_extra(context, SCORING_DATA.name, "input_uri")
+
+
+def promoted_version_uri(context, model_name: str) -> str | None:
+    """The version a triggering promotion of model_name made champion (the newest), if any:
+    the run scores with the version its event names, not whatever CHAMPION.json says by the
+    time its validate runs."""
+    from bertflow_airflow.run_tasks import promoted_asset_name
+
+    return _newest_extra(context, promoted_asset_name(model_name), "version_uri")
+
+
+def other_models_only(context, model_name: str) -> list[str]:
+    """The assets of the triggering events when every one is another model's promotion (a
+    sweep's model, another team's): nothing of this run's to re-score. Else []."""
+    from bertflow_airflow.run_tasks import PROMOTED, promoted_asset_name
+
+    events = context.get("triggering_asset_events") or {}
+    names = sorted({asset.name for asset in events if asset.name != PROMOTED.name})
+    others = promoted_asset_name("")
+    if names and all(n.startswith(others) and n != promoted_asset_name(model_name)
+                     for n in names):
+        return names
+    return []
 
 
 @task(retries=0)  # a bad input, model or output will not fix itself
@@ -40,6 +69,13 @@ def validate(**context) -> str:
         values["input_uri"] = uri
     context["params"] = values
     cfg = parse_score_config(run_values(context))
+    if other := other_models_only(context, cfg.model_name):
+        raise AirflowSkipException(f"triggered by {', '.join(other)} only: this DAG "
+                                   f"re-scores model_name {cfg.model_name}'s champions")
+    pinned = promoted_version_uri(context, cfg.model_name)
+    if pinned and cfg.model == "champion":
+        print(f"model: {pinned}, the champion the triggering promotion names")
+        cfg.model = pinned
     dag_run = context["dag_run"]
     run_type = getattr(dag_run.run_type, "value", dag_run.run_type)
     iso = dag_run.logical_date.isoformat() if dag_run.logical_date else None

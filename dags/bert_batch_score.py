@@ -6,7 +6,8 @@ output row per input row, published under {output_uri}/{run}/ with _COMPLETE.jso
 (docs/scoring.md). Thin wiring only: the work is tasks/scoring/ and tasks/steps/score.py.
 
 Scheduled on a new champion (the "bertflow-promoted-model" alias bert_finetune's promote
-emits: re-score the configured input_uri) and on the "bertflow-scoring-data" asset (its
+emits: re-score the configured input_uri with the version the event names; another
+model_name's promotion skips) and on the "bertflow-scoring-data" asset (its
 event's extra input_uri names the data to score); triggerable with a form; backfills over
 @daily intervals resolve {ds} in input_uri and output_uri. Publishing emits a
 "bertflow-scores" asset event whose extra names the output.

@@ -98,3 +98,16 @@ def cluster_task(environ=os.environ) -> tuple[str, int, int]:
     task = config.get("task") or {}
     role = task.get("type", "chief")
     return role, int(task.get("index", 0)), len((config.get("cluster") or {}).get(role) or ()) or 1
+
+
+def worker_position(environ=os.environ) -> tuple[int, int]:
+    """(position, count) of this process among the cluster's chief and worker tasks, chief
+    first; (0, 1) without a cluster. Independent workers (batch scoring) split their work by
+    it: Vertex AI runs worker 0 of a workers-only cluster as its pool-0 task "chief", so the
+    TF_CONFIG index alone would make it and worker 1 both "worker 0 of 1"."""
+    config = json.loads(environ.get("TF_CONFIG") or "{}")
+    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    chiefs = len(cluster.get("chief") or ())
+    role, index = task.get("type", "chief"), int(task.get("index", 0))
+    position = index + (chiefs if role == "worker" else 0)
+    return position, (chiefs + len(cluster.get("worker") or ())) or 1

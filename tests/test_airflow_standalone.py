@@ -23,6 +23,9 @@ throwaway AIRFLOW_HOME, and driven only through its REST API and a real headless
   mapped instance labelled by its values, tokenize once per length, at most 2 trials holding
   workers at once (and 2 doing so), the best trial exported, and trial 1 the same as the
   plain run above (same config but model_name: same token cache and metrics);
+- a new champion is re-scored by itself: bert_batch_score, unpaused before the first run,
+  gets a run from each promotion that scores $BERTFLOW_SCORING_INPUT_URI (set for make
+  airflow) with the promoted version; the sweep's model (another model_name) is not scored;
 - last (the tests run in file order): with a second run's tasks and TensorFlow workers
   running, Ctrl-C stops everything: make exits, and no process started for it is left.
 
@@ -48,6 +51,7 @@ import httpx
 import psutil
 import pytest
 
+from tasks.config import DEMO_DIR
 from tasks.io import storage
 from tasks.params_form import SECTIONS
 from tasks.io.uris import join_uri, sha256_file
@@ -58,6 +62,8 @@ from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 from ui_helpers import CHROMIUM, Browser, MakeAirflow
 
 DAG_ID = "bert_finetune"
+SCORE_DAG_ID = "bert_batch_score"
+SCORED_ROWS = 30
 TASK_IDS = {"validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
             "export", "gate_eval", "gate", "log_to_mlflow", "promote"}
 # and approval: skipped unless require_approval
@@ -71,10 +77,22 @@ TRIGGER_DIALOG = ("[...document.querySelectorAll('[role=dialog]')]"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def scoring_input(tmp_path_factory) -> dict:
+    """The data a new champion re-scores: demo texts and one empty text (an error row), named
+    to make airflow by $BERTFLOW_SCORING_INPUT_URI (bert_batch_score's input_uri default)."""
+    path = tmp_path_factory.mktemp("scoring-input") / "tickets.tsv"
+    texts = [line.split("\t")[0] for line in
+             (DEMO_DIR / "eval.tsv").read_text().splitlines()[1:SCORED_ROWS + 1]]
+    path.write_text("text\tnote\n" + "".join(f"{t}\tx\n" for t in texts) + "  \tx\n")
+    return {"uri": str(path), "rows": len(texts), "error_rows": 1}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, scoring_input):
     home = tmp_path_factory.mktemp("standalone-home")
     artifacts = tmp_path_factory.mktemp("standalone-artifacts")
-    srv = MakeAirflow(home, artifacts)
+    srv = MakeAirflow(home, artifacts,
+                      extra_env={"BERTFLOW_SCORING_INPUT_URI": scoring_input["uri"]})
     started = time.monotonic()
     try:
         srv.start()
@@ -94,10 +112,15 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def triggered_run(server, tiny_model_dir) -> str:  # noqa: F811
     """Unpause and trigger the tiny run; returns the run id (does not wait: the browser
-    checks on the trigger form run meanwhile)."""
-    resp = server.api("PATCH", f"/dags/{DAG_ID}", json={"is_paused": False})
-    assert resp.status_code == 200, resp.text
-    assert resp.json()["is_paused"] is False
+    checks on the trigger form run meanwhile). bert_batch_score is unpaused first: the
+    champion this run promotes is re-scored by itself."""
+    server.wait_for(f"DAG {SCORE_DAG_ID} parsed",
+                    lambda: server.api("GET", f"/dags/{SCORE_DAG_ID}").status_code == 200,
+                    timeout=240)
+    for dag_id in (SCORE_DAG_ID, DAG_ID):
+        resp = server.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["is_paused"] is False
     return trigger(server, DAG_ID, {**TINY, "base_model": str(tiny_model_dir)})["dag_run_id"]
 
 
@@ -131,8 +154,9 @@ def finished_run(server, triggered_run) -> dict:
     return {"run_id": triggered_run, "quoted": run_id, "state": state, "states": states}
 
 
-def task_log(server, quoted_run_id: str, task_id: str, try_number: int = 1) -> str:
-    resp = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{quoted_run_id}/taskInstances/{task_id}"
+def task_log(server, quoted_run_id: str, task_id: str, try_number: int = 1,
+             dag_id: str = DAG_ID) -> str:
+    resp = server.api("GET", f"/dags/{dag_id}/dagRuns/{quoted_run_id}/taskInstances/{task_id}"
                              f"/logs/{try_number}", params={"full_content": "true"},
                       headers={"Accept": "application/json"})
     if resp.status_code != 200:
@@ -357,10 +381,12 @@ APPROVAL_CONF = {**TINY, "experiment": "approval", "require_approval": True,
 
 
 @pytest.fixture(scope="module")
-def second_wave(server, finished_run, tiny_model_dir) -> dict:  # noqa: F811
+def second_wave(server, finished_run, first_rescore, tiny_model_dir) -> dict:  # noqa: F811
     """Everything after the first run is started at once, as a team would: the backfill, the
     run left unanswered and the sweep (another DAG, so it runs beside them). bert_finetune
-    runs one at a time (max_active_runs 1): the sweep's trials fill the waits for approval."""
+    runs one at a time (max_active_runs 1): the sweep's trials fill the waits for approval.
+    After the first run's re-score: its task writes made SQLite refuse the backfill 10 times
+    in a row on a loaded machine."""
     wave = {"backfill": _create_backfill(server, tiny_model_dir)}
     wave["unanswered"] = trigger(server, DAG_ID, {
         **APPROVAL_CONF, "base_model": str(tiny_model_dir), "approval_timeout_minutes": 1})
@@ -712,6 +738,101 @@ def test_sweep_trigger_form_opens_on_the_search_space_and_submits_with_the_defau
     assert "How many trials hold workers at the same time" in first
     assert "Max sequence length" in form["text"]  # every bert_finetune Param, in sections
     assert form["submit_disabled"] == [False], form["empty_required"]
+
+
+# --- a new champion is re-scored by itself ------------------------------------------------
+
+def _promotions(server, dag_id: str, run_id: str) -> list[dict]:
+    """The asset events run_id of dag_id emitted (its promote's, when it promoted)."""
+    return server.api("GET", "/assets/events", params={
+        "source_dag_id": dag_id, "source_run_id": run_id}).json()["asset_events"]
+
+
+def _rescores(server, run_id: str, dag_id: str = DAG_ID) -> list[dict]:
+    """The bert_batch_score runs the scheduler made from run_id's promotion, once finished,
+    each with its task states and triggering events."""
+    def made():
+        return [r["run_id"] for e in _promotions(server, dag_id, run_id)
+                for r in e["created_dagruns"] if r["dag_id"] == SCORE_DAG_ID] or None
+
+    found = []
+    for score_run in server.wait_for(f"a {SCORE_DAG_ID} run made from {run_id}'s promotion",
+                                     made, timeout=300, interval=5):
+        base = f"/dags/{SCORE_DAG_ID}/dagRuns/{quote(score_run, safe='')}"
+
+        def terminal():
+            run = server.api("GET", base).json()
+            return run if run["state"] in ("success", "failed") else None
+
+        run = server.wait_for(f"{score_run} to finish", terminal, timeout=RUN_TIMEOUT,
+                              interval=5)
+        tis = server.api("GET", f"{base}/taskInstances").json()["task_instances"]
+        run["states"] = {ti["task_id"]: ti["state"] for ti in tis}
+        for ti in tis:
+            if ti["state"] not in ("success", "skipped"):
+                print(f"---- {SCORE_DAG_ID} {ti['task_id']}: {ti['state']}\n" + task_log(
+                    server, quote(score_run, safe=""), ti["task_id"], max(ti["try_number"], 1),
+                    dag_id=SCORE_DAG_ID)[-6000:])
+        run["events"] = server.api("GET", f"{base}/upstreamAssetEvents").json()["asset_events"]
+        publish = server.api("GET", f"{base}/taskInstances/publish/xcomEntries/return_value")
+        run["summary"] = publish.json()["value"] if publish.status_code == 200 else None
+        found.append(run)
+    return found
+
+
+def _check_rescored(server, run: dict, version: str, scoring_input: dict) -> dict:
+    """run scored the configured input with `version`: one row per input row."""
+    assert run["run_type"] == "asset_triggered" and run["state"] == "success", run
+    assert run["states"] == {"validate": "success", "score": "success",
+                             "publish": "success"}, run["states"]
+    complete = storage.read_json(join_uri(run["summary"]["output_uri"], "_COMPLETE.json"))
+    assert complete["model"]["version"] == version
+    assert [i["uri"] for i in complete["inputs"]] == [scoring_input["uri"]]
+    assert (complete["rows"], complete["error_rows"], complete["input_rows"]) == (
+        scoring_input["rows"], scoring_input["error_rows"],
+        scoring_input["rows"] + scoring_input["error_rows"])
+    assert sum(f["rows"] for f in complete["files"]) == scoring_input["rows"]
+    return complete
+
+
+@pytest.fixture(scope="module")
+def first_rescore(server, finished_run) -> list[dict]:
+    """The bert_batch_score runs made from the first run's promotion, once finished."""
+    return _rescores(server, finished_run["run_id"])
+
+
+def test_a_promoted_champion_is_rescored_by_itself(server, finished_run, first_rescore,
+                                                   scoring_input):
+    """bert_finetune's promote emits the promoted-model event; the scheduler, by itself, makes
+    a bert_batch_score run that scores $BERTFLOW_SCORING_INPUT_URI with that version."""
+    assert finished_run["state"] == "success"
+    exported = storage.read_json(join_uri(_run_uri(server, finished_run), "export",
+                                          "manifest.json"))
+    (run,) = first_rescore
+    assert [(e["name"], e["extra"]["version"]) for e in run["events"]] == [
+        ("bertflow-model-bert-classifier", exported["version"])]
+    complete = _check_rescored(server, run, exported["version"], scoring_input)
+    assert complete["model"]["version_uri"] == exported["version_uri"]
+
+
+def test_only_this_models_promotions_are_rescored(server, second_wave, backfill, approved,
+                                                   rejected, sweep_run, scoring_input):
+    """The approved run's champion is re-scored with its own version; the sweep's model
+    ("swept") is another model_name: a run that only its promotion triggered skips (nothing
+    of it to re-score); a rejected run promotes nothing and makes no run."""
+    assert approved["state"] == "success" and sweep_run["state"] == "success"
+    (run,) = _rescores(server, approved["run"]["dag_run_id"])
+    _check_rescored(server, run, approved["export"]["version"], scoring_input)
+    assert _promotions(server, DAG_ID, backfill["runs"][1]["dag_run_id"]) == []  # rejected
+    (swept,) = _rescores(server, second_wave["sweep"]["dag_run_id"], dag_id="bert_sweep")
+    names = sorted(e["name"] for e in swept["events"])
+    if names == ["bertflow-model-swept"]:
+        assert swept["state"] == "success" and swept["summary"] is None, swept
+        assert set(swept["states"].values()) == {"skipped"}, swept["states"]
+    else:  # queued with the approved promotion (a score run was running): that one scored
+        assert swept["dag_run_id"] == run["dag_run_id"], names
+    print(f"\nthe sweep's promotion made {swept['dag_run_id']} (events {names}): "
+          f"{swept['states']}")
 
 
 # --- a scheduler that exits is started again -----------------------------------------------

@@ -342,16 +342,18 @@ def test_a_worker_killed_mid_way_is_redone_and_every_row_scored_once(store, tmp_
         publish(ctx)
 
 
-def test_a_scoring_data_event_names_the_input():
+def test_triggering_events_name_the_input_and_the_promoted_version():
     """The triggering events as the Task SDK hands them over (its own accessor and event
     classes): the newest bertflow-scoring-data event's input_uri wins; a promoted-model
-    event (no input_uri) leaves the Param."""
+    event (no input_uri) leaves the Param and names the version to score with; a run that
+    only other models' promotions triggered has nothing to re-score."""
     from datetime import datetime, timezone
 
     from airflow.sdk.execution_time.comms import AssetEventDagRunReferenceResult
     from airflow.sdk.execution_time.context import TriggeringAssetEventsAccessor
 
-    from bertflow_airflow.scoring import event_input_uri
+    from bertflow_airflow.scoring import event_input_uri, other_models_only, \
+        promoted_version_uri
 
     def event(name, extra, day, alias=None):
         return AssetEventDagRunReferenceResult(
@@ -369,6 +371,18 @@ def test_a_scoring_data_event_names_the_input():
     only_promoted = TriggeringAssetEventsAccessor.build([promoted])
     assert event_input_uri({"triggering_asset_events": only_promoted}) is None
     assert event_input_uri({}) is None
+    newer = event("bertflow-model-tiny", {"version_uri": "/m/v2"}, 4,
+                  alias="bertflow-promoted-model")
+    swept = event("bertflow-model-swept", {"version_uri": "/s/v1"}, 5,
+                  alias="bertflow-promoted-model")
+    both = {"triggering_asset_events": TriggeringAssetEventsAccessor.build(
+        [promoted, swept, newer])}
+    assert promoted_version_uri(both, "tiny") == "/m/v2"
+    assert promoted_version_uri(both, "other") is None
+    assert other_models_only(both, "tiny") == []
+    assert other_models_only(both, "other") == ["bertflow-model-swept", "bertflow-model-tiny"]
+    assert other_models_only({"triggering_asset_events": accessor}, "other") == []  # data
+    assert other_models_only({}, "tiny") == []  # triggered by hand
 
 
 # --- bert_batch_score through dag.test() ---------------------------------------------------

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from tasks.errors import ConfigError
-from tasks.topology import Topology, cluster_shape, cluster_task, resolve_strategy_name
+from tasks.topology import (Topology, cluster_shape, cluster_task, resolve_strategy_name,
+                            worker_position)
 
 
 @pytest.mark.parametrize("topology, visible, expected", [
@@ -50,3 +51,18 @@ def test_cluster_task_reads_role_index_and_the_roles_size():
     config = {"cluster": cluster, "task": {"type": "worker", "index": 2}}
     assert cluster_task({"TF_CONFIG": json.dumps(config)}) == ("worker", 2, 3)
     assert cluster_task({}) == ("chief", 0, 1)
+
+
+def test_worker_position_counts_the_chief_first():
+    """Vertex AI runs worker 0 of a workers-only cluster as "chief" (pool 0): it and the
+    workers after it must get distinct positions."""
+    def position(role, index, cluster):
+        config = {"cluster": cluster, "task": {"type": role, "index": index}}
+        return worker_position({"TF_CONFIG": json.dumps(config)})
+
+    vertex = {"chief": ["a:1"], "worker": ["b:1", "c:1"]}
+    assert [position("chief", 0, vertex), position("worker", 0, vertex),
+            position("worker", 1, vertex)] == [(0, 3), (1, 3), (2, 3)]
+    local = {"worker": ["a:1", "b:1"]}
+    assert [position("worker", i, local) for i in (0, 1)] == [(0, 2), (1, 2)]
+    assert worker_position({}) == (0, 1)

@@ -30,12 +30,18 @@ VERTEX = dict(provisioner="vertex_ai", gcp_project="proj", gcp_region="us-centra
               image_registry="us-docker.pkg.dev/proj/repo")
 
 
-@pytest.fixture
-def fake(monkeypatch):
-    server = FakeVertex().start()
+def pointed_at(server: FakeVertex, monkeypatch) -> FakeVertex:
+    """`server` started, the client and the controller's quick polls pointed at it."""
+    server.start()
     monkeypatch.setenv(vertex_client.ENDPOINT_ENV, server.endpoint)
     monkeypatch.setattr(vertex_ai, "POLL_MIN_SECONDS", 0.01)
     monkeypatch.setattr(vertex_ai, "POLL_MAX_SECONDS", 0.05)
+    return server
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    server = pointed_at(FakeVertex(), monkeypatch)
     yield server
     server.stop()
 

@@ -61,8 +61,9 @@ class VertexReplicas(LocalCluster):
         # Pools with a ps pool are parameter-server training (its workers serve until
         # stopped); otherwise every replica runs the program to its end.
         strategy = "parameter_server" if counts.get("ps") else "multi_worker_mirrored"
-        super().__init__(WorkerSpec(command=list(commands.pop()), cluster=cluster,
-                                    strategy=strategy, step="train"), log, **kwargs)
+        command = list(commands.pop())  # ... python -m tasks STEP --run-dir RUN
+        super().__init__(WorkerSpec(command=command, cluster=cluster, strategy=strategy,
+                                    step=command[-3]), log, **kwargs)
 
     def _env(self, role, index, addresses):
         env = super()._env(role, index, addresses)

@@ -246,8 +246,8 @@ class MakeAirflow(Standalone):
 
     LOGIN = re.compile(r"log in as '([^']+)' with password '([^']+)'")
 
-    def __init__(self, home: Path, artifact_root: Path):
-        super().__init__(home, artifact_root)
+    def __init__(self, home: Path, artifact_root: Path, extra_env: dict[str, str] | None = None):
+        super().__init__(home, artifact_root, extra_env)
         self.user = self.password = None
         self.log_path = home / "logs" / "standalone.log"  # where bertflow_airflow.demo --ui writes it
         self.lines: list[str] = []
@@ -255,7 +255,8 @@ class MakeAirflow(Standalone):
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("AIRFLOW__", "MAKE", "MFLAGS")) and k != "PYTHONPATH"}
-        env.update({"BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root), **TEST_SERVER_ENV})
+        env.update({"BERTFLOW_ARTIFACT_ROOT": str(self.artifact_root), **TEST_SERVER_ENV,
+                    **self.extra_env})
         return env
 
     def start(self, timeout: float = 420) -> None:

@@ -1,10 +1,11 @@
 """Score step (`python -m tasks score --run-dir RUN`): a worker of a batch-scoring run.
 
 Each of the run's num_workers processes (the same worker spec as training: local processes,
-Kubernetes pods, a Vertex AI job; TF_CONFIG's task index says which one this is) loads the
-model version's SavedModel and scores the shards k with k mod num_workers == its index, in
-the plan's order (tasks/scoring/plan.py). A shard is written to local temporary files, moved
-into place (tasks/io/storage.py: readers never see half a file) and then recorded
+Kubernetes pods, a Vertex AI job; its place in TF_CONFIG's cluster, chief first, says which
+one this is) loads the model version's SavedModel and scores the shards k with
+k mod num_workers == its index, in the plan's order (tasks/scoring/plan.py). A shard is
+written to local temporary files, moved into place (tasks/io/storage.py: readers never see
+half a file) and then recorded
 (tasks/scoring/shards.py): a shard already recorded is skipped, so a retried or preempted
 worker redoes only the rest and every input row is scored exactly once.
 
@@ -35,7 +36,7 @@ from tasks.runs.runlayout import RunContext
 from tasks.scoring import shards
 from tasks.scoring.parts import part_writer, suffix
 from tasks.scoring.plan import read_plan, read_score_config
-from tasks.topology import cluster_task
+from tasks.topology import worker_position
 
 WAIT_SECONDS = 0.5  # worker 0's poll for its peers' shards
 
@@ -44,7 +45,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     score_cfg = read_score_config(ctx)
     plan = read_plan(ctx)
     output, model = plan["output_uri"], plan["model"]
-    _, index, count = cluster_task()  # a scoring cluster has workers only
+    index, count = worker_position()  # chief (Vertex AI's pool 0) first, then the workers
     mine = [s for s in plan["shards"] if s["index"] % count == index]
     done = shards.published(output)
     todo = [s for s in mine if s["name"] not in done]
