@@ -413,11 +413,12 @@ def _create_backfill(server, tiny_model_dir) -> dict:  # noqa: F811
             "run_on_latest_version": True}
     # On SQLite (what make airflow runs on) Airflow answers 503 "Database is locked" when
     # another process writes at that moment, having rolled back what it began: a user clicks
-    # Run Backfill again. Count the attempts; any other answer fails at once.
-    refusals = []
-    for _ in range(10):
+    # Run Backfill again. Count the attempts; any other answer fails at once. Retried for
+    # two minutes: at load 15-19 on 2 cores one run took 8 attempts 3 s apart.
+    refusals, deadline = [], time.monotonic() + 120
+    while True:
         resp = server.api("POST", "/backfills", json=body)
-        if resp.status_code != 503:
+        if resp.status_code != 503 or time.monotonic() > deadline:
             break
         refusals.append(resp.json()["detail"])
         time.sleep(3)
