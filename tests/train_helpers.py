@@ -498,11 +498,12 @@ def entities_as_the_pipeline(version: Path, architecture: str) -> None:
     theirs = torch_env.ner(str(version), SERVED)
     for text, ours, pipeline in zip(SERVED, served, theirs):
         # DeBERTa's offsets count the space before a word in its first piece: the pipeline's
-        # entity starts there (its `word` has no space).
+        # entity starts there. Its `word` joins a SentencePiece entity's words without a
+        # space ("SãoPaulo"): the spans are compared, not the pipeline's words.
         starts = [e["start"] + len(text[e["start"]:e["end"]]) - len(
             text[e["start"]:e["end"]].lstrip()) for e in pipeline]
-        assert [(e["entity_group"], int(e["start"]), int(e["end"]), e["word"]) for e in ours] \
-            == [(e["entity_group"], start, e["end"], e["word"])
-                for e, start in zip(pipeline, starts)]
+        assert [(e["entity_group"], int(e["start"]), int(e["end"])) for e in ours] \
+            == [(e["entity_group"], start, e["end"]) for e, start in zip(pipeline, starts)], \
+            (text, ours, pipeline)
         assert [e["score"] for e in ours] == pytest.approx([e["score"] for e in pipeline],
-                                                           abs=1e-4)
+                                                           abs=1e-4), (text, ours, pipeline)
