@@ -7,7 +7,6 @@ pipeline("ner", aggregation_strategy="first") (PyTorch); the model card tables e
 from __future__ import annotations
 
 import json
-import random
 import shutil
 
 import pytest
@@ -16,7 +15,7 @@ from bertflow_airflow.demo import run_dag, run_folder
 from tasks.io import storage
 from tasks.io.uris import join_uri
 from tasks.training.checkpoint_sources import default_base_model_dir
-from train_helpers import write_tiny_model
+from train_helpers import tagged_sentences, write_tiny_model
 
 PEOPLE = ["alice", "bob", "carol", "dave", "erin"]
 PLACES = [["paris"], ["london"], ["new", "york"], ["san", "francisco"]]
@@ -28,24 +27,7 @@ TEXTS = ["alice went to new york today", "we saw bob and carol in paris",
 
 
 def sentences(n: int, seed: int) -> list[tuple[list[str], list[str]]]:
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        words, tags = [], []
-        for _ in range(rng.randint(3, 8)):
-            pick = rng.random()
-            if pick < 0.2:
-                words.append(rng.choice(PEOPLE))
-                tags.append("B-PER")
-            elif pick < 0.35:
-                place = rng.choice(PLACES)
-                words += place
-                tags += ["B-LOC"] + ["I-LOC"] * (len(place) - 1)
-            else:
-                words.append(rng.choice(FILLER))
-                tags.append("O")
-        out.append((words, tags))
-    return out
+    return tagged_sentences(n, seed, PEOPLE, PLACES, FILLER, most=8)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,8 @@ from tasks.model.sentencepiece_text import RUST_WHITESPACE, DebertaTextEncoder
 from tasks.training import checkpoint
 from test_byte_bpe import CORPUS, TRAINING
 from test_sentencepiece_text import MULTILINGUAL, UNSEEN
-from train_helpers import copy_checkpoint, refusals_of_a_family, steps_of_a_family
+from train_helpers import (aligned_as_transformers, copy_checkpoint, entities_as_the_pipeline,
+                           refusals_of_a_family, steps_of_a_family, token_steps_of_a_family)
 
 transformers = pytest.importorskip("transformers")
 
@@ -127,19 +128,9 @@ def test_pairs_and_truncation_equal_the_fast_tokenizer(encoder, hf, deberta_dir)
                                         max_length=max_len)["input_ids"]
 
 
-def test_pre_split_words_equal_is_split_into_words(encoder, hf):
+def test_token_pieces_and_labels_equal_is_split_into_words(deberta_dir, hf):
     """Token classification's input (first-piece labels) as transformers builds it."""
-    from tasks.model.token_encoding import WordPieceAligner
-
-    sentences = [["Zürich", "ist", "schön"], ["東京", "は", "首都"], ["Ωμέγα", "x"],
-                 ["The", "QUICK", "fox's", "day!!"]]
-    aligner = WordPieceAligner(encoder)  # held: its tf.function keeps only a weak reference
-    out = aligner.encode_words(tf.ragged.constant(sentences))
-    want = hf(sentences, is_split_into_words=True)
-    assert out["input_ids"].to_list() == want["input_ids"]
-    starts = [[ids.index(w) for w in range(len(s))]
-              for s, ids in ((s, want.word_ids(i)) for i, s in enumerate(sentences))]
-    assert out["word_starts"].to_list() == starts
+    aligned_as_transformers(deberta_dir, hf)
 
 
 def test_validate_names_the_model_file_the_casing_and_the_vocabulary(deberta_dir, tmp_path):
@@ -173,3 +164,9 @@ def test_tokenize_train_evaluate_export(deberta_dir, hf, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["DebertaV2ForSequenceClassification"]
     assert config["model_type"] == "deberta-v2"
+
+
+def test_token_classification_tokenize_train_evaluate_export(deberta_dir, hf, tmp_path):
+    version, metrics = token_steps_of_a_family(deberta_dir, tmp_path, hf)
+    assert metrics["f1"] > 0.25, metrics  # an untrained model scores 0
+    entities_as_the_pipeline(version, "DebertaV2ForTokenClassification")

@@ -20,7 +20,8 @@ from tasks.errors import BertflowError, ConfigError
 from tasks.training import checkpoint
 from test_byte_bpe import CORPUS
 from test_sentencepiece_text import MULTILINGUAL, train_sentencepiece
-from train_helpers import refusals_of_a_family, steps_of_a_family
+from train_helpers import (aligned_as_transformers, entities_as_the_pipeline,
+                           refusals_of_a_family, steps_of_a_family, token_steps_of_a_family)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
@@ -80,3 +81,15 @@ def test_tokenize_train_evaluate_export(xlmr_dir, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["XLMRobertaForSequenceClassification"]
     assert config["model_type"] == "xlm-roberta"
+
+
+def test_token_pieces_and_labels_equal_is_split_into_words(xlmr_dir):
+    aligned_as_transformers(xlmr_dir, transformers.XLMRobertaTokenizer.from_pretrained(
+        str(xlmr_dir)))
+
+
+def test_token_classification_tokenize_train_evaluate_export(xlmr_dir, tmp_path):
+    reference = transformers.XLMRobertaTokenizer.from_pretrained(str(xlmr_dir))
+    version, metrics = token_steps_of_a_family(xlmr_dir, tmp_path, reference)
+    assert metrics["f1"] > 0.25, metrics  # an untrained model scores 0
+    entities_as_the_pipeline(version, "XLMRobertaForTokenClassification")

@@ -338,3 +338,172 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1:])
+
+
+# Token classification for a family's tokenizer: CoNLL-like sentences with capitals, accents,
+# CJK and punctuation as words of their own (a CoNLL word holds no whitespace).
+NAMES = ["José", "Zoë", "ÅSA", "Müller", "田中", "O'Neil", "Théo", "Eloïse", "Pablo"]
+PLACES = [["São", "Paulo"], ["Zürich"], ["東京"], ["New", "York"], ["Ångström-by"], ["Paris"]]
+FILLER = ["the", "Quick", "fox's", "café", "visited", ",", "!!", "über", "und", "était",
+          "2024-01-31", "。", "est", "très", "niño", "(nested)", "中文", "RÉSUMÉ", "saw", "and"]
+# Served texts for the pipeline comparison: words whose first piece in the tests' tiny
+# SentencePiece models is neither a lone "▁" nor unknown. transformers' pipeline has no
+# continuing-subword prefix to find words by for SentencePiece and falls back to a heuristic
+# that would take such a piece for a word of its own; the words here are the whitespace
+# split in both.
+SERVED = ["Théo visited Paris today", "Eloïse and Pablo saw São Paulo", "the fox's café"]
+
+
+def tagged_sentences(n: int, seed: int, names: list[str] = NAMES,
+                     places: list[list[str]] = PLACES, filler: list[str] = FILLER,
+                     most: int = 14) -> list[tuple[list[str], list[str]]]:
+    """`n` seeded sentences of 3 to `most` draws: a name (PER), a place (LOC) or filler (O)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        words, tags = [], []
+        for _ in range(rng.randint(3, most)):
+            pick = rng.random()
+            if pick < 0.2:
+                words.append(rng.choice(names))
+                tags.append("B-PER")
+            elif pick < 0.35:
+                place = rng.choice(places)
+                words += place
+                tags += ["B-LOC"] + ["I-LOC"] * (len(place) - 1)
+            else:
+                words.append(rng.choice(filler))
+                tags.append("O")
+        out.append((words, tags))
+    return out
+
+
+def first_piece_labels(reference, sentences: list[list[str]], tag_ids: list[list[int]],
+                       max_len: int) -> tuple[list[list[int]], list[list[int]], list[list]]:
+    """transformers' run_ner labelling: (input_ids, labels, word starts) of `reference` (a
+    transformers tokenizer) called with is_split_into_words=True and truncation; the word's
+    tag id on its first piece (word_ids()), IGNORED on the others; a word's start is the
+    position of its first piece, -1 when truncated away."""
+    encoded = reference(sentences, is_split_into_words=True, truncation=True,
+                        max_length=max_len)
+    labels, starts = [], []
+    for i, tags in enumerate(tag_ids):
+        word_ids, row = encoded.word_ids(i), []
+        for j, word in enumerate(word_ids):
+            first = word is not None and (j == 0 or word_ids[j - 1] != word)
+            row.append(tags[word] if first else IGNORED)
+        labels.append(row)
+        starts.append([word_ids.index(w) if w in word_ids else -1 for w in range(len(tags))])
+    return encoded["input_ids"], labels, starts
+
+
+def aligned_as_transformers(model_dir: Path, reference) -> None:
+    """The family's WordPieceAligner (tasks/model/token_encoding.py) gives `reference`'s
+    is_split_into_words ids, first-piece labels and word starts on tagged_sentences, whole
+    and truncated to 12 pieces."""
+    import tensorflow as tf
+
+    from tasks.model.token_encoding import WordPieceAligner
+    from tasks.training import checkpoint
+
+    sentences = tagged_sentences(40, seed=3)
+    words = [w for w, _ in sentences]
+    names = sorted({t for _, tags in sentences for t in tags})
+    tag_ids = [[names.index(t) for t in tags] for _, tags in sentences]
+    truncated = 0
+    for max_len in (512, 12):
+        aligner = WordPieceAligner(checkpoint.text_encoder(model_dir, False, max_len))
+        out = aligner.align(tf.ragged.constant(words), tf.ragged.constant(tag_ids, tf.int64))
+        ids, labels, starts = first_piece_labels(reference, words, tag_ids, max_len)
+        assert out["input_ids"].to_list() == ids
+        assert out["labels"].to_list() == labels
+        assert out["word_starts"].to_list() == starts
+        truncated += int(out["num_truncated"])
+    assert truncated > 0  # the 12-piece run cut sentences, some words lost their labels
+
+
+def token_steps_of_a_family(model_dir: Path, tmp_path: Path, reference,
+                            max_len: int = 24) -> tuple[Path, dict]:
+    """A tiny checkpoint through data, tokenize, train and evaluate (a subprocess, as the CLI
+    runs them) and export (which checks the SavedModel in a fresh interpreter) for
+    token_classification on a CoNLL train file and a JSON Lines eval file of
+    tagged_sentences. Checks that the TFRecords hold `reference`'s is_split_into_words ids
+    and first-piece labels (first_piece_labels). Returns (version folder, evaluate's
+    metrics)."""
+    import tensorflow as tf
+
+    from tasks.steps import data, export, tokenize
+
+    train, dev = tagged_sentences(160, seed=1), tagged_sentences(24, seed=2)
+    (tmp_path / "train.conll").write_text("".join(
+        "".join(f"{w}\t{t}\n" for w, t in zip(words, tags)) + "\n" for words, tags in train))
+    (tmp_path / "dev.jsonl").write_text("".join(
+        json.dumps({"tokens": w, "tags": t}) + "\n" for w, t in dev))
+    root = tmp_path / "art"
+    cfg = RunConfig(base_model=str(model_dir), task="token_classification",
+                    train_uri=str(tmp_path / "train.conll"), eval_uri=str(tmp_path / "dev.jsonl"),
+                    num_shards=1, artifact_root=str(root), max_seq_length=max_len, epochs=20,
+                    per_replica_batch_size=16, learning_rate=1e-2, eval_batch_size=32,
+                    mixed_precision="none", model_name="tiny-ner",
+                    export_uri=str(tmp_path / "models"))
+    ctx = RunContext(artifact_root=str(root), dag_id="test", run_key="ner")
+    write_run_config(ctx, cfg)
+    storage.write_json(f"{ctx.run_uri}/context.json", ctx.to_dict())  # for the subprocess
+    labels = json.loads(Path(data.run(cfg, ctx)).read_text())["labels"]
+    manifest = json.loads(Path(tokenize.run(cfg, ctx)).read_text())
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
+        manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"])]
+    stored = {(tuple(r.features.feature["input_ids"].int64_list.value),
+               tuple(r.features.feature["label"].int64_list.value)) for r in records}
+    words = [w for w, _ in train + dev]
+    ids, piece_labels, _ = first_piece_labels(
+        reference, words, [[labels.index(t) for t in tags] for _, tags in train + dev],
+        max_len)
+    assert stored == set(zip(map(tuple, ids), map(tuple, piece_labels)))
+    assert manifest["splits"]["train"]["num_truncated"] > 0  # truncation is exercised
+    done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_manifest(ctx.manifest_uri("evaluate"))["metrics"]
+    version = read_manifest(export.run(cfg, ctx))
+    return Path(version["version_uri"]), metrics
+
+
+def served_entities(version: Path, texts: list[str]) -> list[list[dict]]:
+    """The exported SavedModel's entities of `texts`, served in a fresh interpreter that
+    imports only tensorflow and tensorflow_text (tasks/fresh_load.py)."""
+    from tasks import fresh_load
+
+    out = fresh_load.predict(str(version / "saved_model"), {"text": texts})
+    return [[{key: out[key][i][j] for key in ("entity_group", "word", "start", "end", "score")}
+             for j in range(int(out["num_entities"][i]))] for i in range(len(texts))]
+
+
+def entities_as_the_pipeline(version: Path, architecture: str) -> None:
+    """The SavedModel serves raw strings (SERVED) in a fresh process with entities whose
+    character offsets slice the text to the entity's word, and the Hugging Face export
+    loads in transformers' pipeline("ner", aggregation_strategy="first") (PyTorch), which
+    finds the same entities."""
+    import torch_env
+
+    served = served_entities(version, SERVED)
+    assert any(served), served  # the trained model finds some entity
+    for text, entities in zip(SERVED, served):
+        for entity in entities:
+            assert text[int(entity["start"]):int(entity["end"])] == entity["word"], entity
+    assert json.loads((version / "config.json").read_text())["architectures"] == [architecture]
+    try:
+        torch_env.python()
+    except torch_env.Unavailable as err:
+        pytest.skip(str(err))
+    theirs = torch_env.ner(str(version), SERVED)
+    for text, ours, pipeline in zip(SERVED, served, theirs):
+        # DeBERTa's offsets count the space before a word in its first piece: the pipeline's
+        # entity starts there. Its `word` joins a SentencePiece entity's words without a
+        # space ("SãoPaulo"): the spans are compared, not the pipeline's words.
+        starts = [e["start"] + len(text[e["start"]:e["end"]]) - len(
+            text[e["start"]:e["end"]].lstrip()) for e in pipeline]
+        assert [(e["entity_group"], int(e["start"]), int(e["end"])) for e in ours] \
+            == [(e["entity_group"], start, e["end"]) for e, start in zip(pipeline, starts)], \
+            (text, ours, pipeline)
+        assert [e["score"] for e in ours] == pytest.approx([e["score"] for e in pipeline],
+                                                           abs=1e-4), (text, ours, pipeline)
