@@ -68,7 +68,10 @@ def serving(folder: Path, timeout: float = 300) -> Iterator[Server]:
     port = free_port()
     log = folder / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYTHONPATH"))}
-    env.update(MLFLOW_AUTH_ADMIN_PASSWORD=PASSWORD, MLFLOW_FLASK_SERVER_SECRET_KEY="test-only")
+    env.update(MLFLOW_AUTH_ADMIN_PASSWORD=PASSWORD, MLFLOW_FLASK_SERVER_SECRET_KEY="test-only",
+               # No job runner: it starts a Huey consumer process per job kind, each importing
+               # mlflow (CPU the tests, which log runs and versions, never use).
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     with open(log, "w") as out:
         # cwd: the basic-auth app keeps its users in ./basic_auth.db.
         process = subprocess.Popen(

@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import re
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -134,9 +133,11 @@ def runs(server, run_type: str | None = None) -> list[dict]:
     return [r for r in out if run_type is None or r["run_type"] == run_type]
 
 
-def backfill(server, start: str, end: str, conf: dict, *extra: str) -> dict:
+def backfill(server, start: str, end: str, conf: dict, *extra: str,
+             last: bool = False) -> dict:
     """`airflow backfill create` over [start, end]; waits until Airflow marks the backfill
-    complete (the scheduler checks every 30 s) and returns its runs by date."""
+    complete (the scheduler checks every 30 s: a DAG takes one backfill at a time) and returns
+    its runs by date. The `last` backfill of the module waits only for its runs to end."""
     done = server.cli("backfill", "create", "--dag-id", DAG_ID, "--from-date", start,
                       "--to-date", end, "--dag-run-conf", json.dumps(conf),
                       "--max-active-runs", "2", *extra)
@@ -150,7 +151,13 @@ def backfill(server, start: str, end: str, conf: dict, *extra: str) -> dict:
         b = server.api("GET", f"/backfills/{newest['id']}").json()
         return b if b.get("completed_at") else None
 
-    server.wait_for(f"backfill {newest['id']} to complete", complete,
+    def runs_ended():
+        # A reprocessed run was set back to queued when the backfill was created.
+        ours = [r for r in runs(server, "backfill") if start <= r["logical_date"][:10] <= end]
+        return ours if ours and all(r["state"] in ("success", "failed") for r in ours) \
+            else None
+
+    server.wait_for(f"backfill {newest['id']} to complete", runs_ended if last else complete,
                     timeout=BACKFILL_TIMEOUT, interval=5)
     print(f"\nbackfill {newest['id']} {start}..{end} {' '.join(extra)}: complete after "
           f"{time.monotonic() - started:.0f}s")
@@ -167,14 +174,14 @@ def backfill(server, start: str, end: str, conf: dict, *extra: str) -> dict:
     return by_date
 
 
-def dry_run(server, start: str, end: str, conf: dict, *extra: str) -> list[str]:
-    """The dates `airflow backfill create --dry-run` says it would run."""
-    done = server.cli("backfill", "create", "--dag-id", DAG_ID, "--from-date", start,
-                      "--to-date", end, "--dag-run-conf", json.dumps(conf), "--dry-run",
-                      *extra)
-    assert done.returncode == 0, done.stdout + done.stderr
-    table = done.stdout.split("Runs to be attempted:", 1)[1]
-    return sorted(set(re.findall(r"(\d{4}-\d{2}-\d{2}) 00:00:00", table)))
+def dry_run(server, start: str, end: str, conf: dict, reprocess: str = "none") -> list[str]:
+    """The dates a backfill would run, by the REST API's dry run (what `airflow backfill
+    create --dry-run` computes, without an `airflow` CLI process to start)."""
+    resp = server.api("POST", "/backfills/dry_run", json={
+        "dag_id": DAG_ID, "from_date": f"{start}T00:00:00Z", "to_date": f"{end}T00:00:00Z",
+        "dag_run_conf": conf, "reprocess_behavior": reprocess})
+    assert resp.status_code == 200, resp.text
+    return sorted({b["logical_date"][:10] for b in resp.json()["backfills"]})
 
 
 def failed_task_logs(server, run_id: str) -> str:
@@ -285,8 +292,7 @@ def experiment_b(server, partitions, tiny_model_dir, backfill_a) -> dict:
     # A date that already has a finished run gets no new run unless reprocessing is asked
     # for: Airflow keeps one run per logical date (the folders are per experiment).
     assert dry_run(server, DATES[0], DATES[-1], conf_b) == []
-    assert dry_run(server, DATES[0], DATES[-1], conf_b,
-                   "--reprocess-behavior", "completed") == DATES
+    assert dry_run(server, DATES[0], DATES[-1], conf_b, "completed") == DATES
     # One date is enough to show that exp-b's run of a date exp-a ran gets its own folder
     # (one DAG run fewer than both dates).
     by_date = backfill(server, DATES[-1], DATES[-1], conf_b,
@@ -321,7 +327,7 @@ def test_reprocess_completed_rewrites_the_run_and_reuses_the_cache(server, parti
     config_mtime = (folder / "config.json").stat().st_mtime
     folders_before = sorted(p.name for p in folder.parent.iterdir())
     by_date = backfill(server, day, day, conf_for(partitions, tiny_model_dir, EXP_A, 1e-3),
-                       "--reprocess-behavior", "completed")
+                       "--reprocess-behavior", "completed", last=True)
     assert by_date[day]["state"] == "success"
     assert by_date[day]["dag_run_id"] == previous_run_id  # the same Airflow run, cleared
     assert sorted(p.name for p in folder.parent.iterdir()) == folders_before  # no new folder

@@ -11,8 +11,10 @@ import importlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -208,9 +210,44 @@ def saved_weights(model_dir: Path) -> dict:
 
 def run_steps_in_subprocess(run_dir: str, *steps: str, env: dict | None = None,
                             timeout: int = 300) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, __file__, run_dir, *steps], env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    """Each step as `python -m tasks STEP --run-dir RUN`, forked from the session's warm-start
+    server (tests/conftest.py) when it serves this environment: a fresh interpreter spends
+    seconds of CPU importing TensorFlow per call, a fork milliseconds. Without a server, or
+    with `env` changing an import-time variable, the steps left run in one fresh interpreter
+    (this file as a script). A forked step has one stream: it is in stdout and stderr both."""
+    from tasks.provision.local import warm_start
+    from tasks.provision.spec import process_env
+
+    full_env = process_env(os.environ, env or {})  # as LocalCluster builds a step's: served warm
+    output, code = "", 0
+    for k, step in enumerate(steps):
+        argv = [sys.executable, "-m", "tasks", step, "--run-dir", str(run_dir)]
+        proc = warm_start.spawn(argv, full_env, ROOT)
+        if proc is None:
+            done = subprocess.run([sys.executable, __file__, str(run_dir), *steps[k:]],
+                                  env=full_env, capture_output=True, text=True,
+                                  timeout=timeout)
+            return subprocess.CompletedProcess(done.args, done.returncode,
+                                               output + done.stdout, output + done.stderr)
+        timer = threading.Timer(timeout, _kill_group, (proc.pid,))
+        timer.start()
+        try:
+            output += proc.stdout.read()
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            proc.stdout.close()
+        if code:
+            break
+    return subprocess.CompletedProcess(list(steps), code, output, output)
+
+
+def _kill_group(pid: int) -> None:
+    """A forked step that overran its timeout (its own process group, as LocalCluster's)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def copy_checkpoint(source: Path, target: Path, drop: str = "", files: dict | None = None,
