@@ -91,13 +91,18 @@ def cluster_shape(strategy_name: str, topology: Topology) -> dict[str, int]:
     raise ConfigError("strategy", f"unknown strategy {strategy_name}")
 
 
+def _tf_config(environ) -> tuple[dict, str, int]:
+    """TF_CONFIG's (cluster, this task's type, its index); ({}, "chief", 0) without one."""
+    config = json.loads(environ.get("TF_CONFIG") or "{}")
+    task = config.get("task") or {}
+    return config.get("cluster") or {}, task.get("type", "chief"), int(task.get("index", 0))
+
+
 def cluster_task(environ=os.environ) -> tuple[str, int, int]:
     """This process's (task type, index, processes of that type) from TF_CONFIG; ("chief",
     0, 1) without a cluster."""
-    config = json.loads(environ.get("TF_CONFIG") or "{}")
-    task = config.get("task") or {}
-    role = task.get("type", "chief")
-    return role, int(task.get("index", 0)), len((config.get("cluster") or {}).get(role) or ()) or 1
+    cluster, role, index = _tf_config(environ)
+    return role, index, len(cluster.get(role) or ()) or 1
 
 
 def worker_position(environ=os.environ) -> tuple[int, int]:
@@ -105,9 +110,7 @@ def worker_position(environ=os.environ) -> tuple[int, int]:
     first; (0, 1) without a cluster. Independent workers (batch scoring) split their work by
     it: Vertex AI runs worker 0 of a workers-only cluster as its pool-0 task "chief", so the
     TF_CONFIG index alone would make it and worker 1 both "worker 0 of 1"."""
-    config = json.loads(environ.get("TF_CONFIG") or "{}")
-    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    cluster, role, index = _tf_config(environ)
     chiefs = len(cluster.get("chief") or ())
-    role, index = task.get("type", "chief"), int(task.get("index", 0))
     position = index + (chiefs if role == "worker" else 0)
     return position, (chiefs + len(cluster.get("worker") or ())) or 1
