@@ -33,14 +33,14 @@ from tasks.errors import ConfigError, StorageError
 from tasks.io import storage
 # Optional: they say whether the tokenizer lower-cases.
 from tasks.model.casing import FILES as TOKENIZER_FILES
+from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES, EncoderConfig
 from tasks.runs.runlayout import CHAMPION
 
 CONFIG, VOCAB = "config.json", "vocab.txt"
 # Every kind of vocabulary: WordPiece's vocab.txt, byte-level BPE's vocab.json and merges.txt
 # (RoBERTa) or a SentencePiece model (XLM-R, DeBERTa-v3). config.json's family decides which
 # one a checkpoint's folder gives (it may hold several); this list names them when it is missing.
-VOCABULARIES = ((VOCAB,), ("vocab.json", "merges.txt"), ("sentencepiece.bpe.model",),
-                ("spm.model",))
+VOCABULARIES = tuple(dict.fromkeys(FAMILY_FILES.values()))
 # PyTorch-layout safetensors: what the hub ships and what bertflow writes (tasks/model).
 WEIGHTS = ("model.safetensors",)
 RECORD = ".bertflow-checkpoint.json"  # in a cache entry: what was fetched, sizes and hashes
@@ -129,7 +129,6 @@ def casing(cfg):
     files, vocab.txt, config.json), never the weights; None where the checkpoint is checked
     where it is loaded (a path in a remote worker's image). Call after `check`."""
     from tasks.model import casing as casing_lib
-    from tasks.model.config import EncoderConfig
 
     src = parse(cfg.base_model)
     if src.kind in ("default", "local") and cfg.provisioner != "local":
@@ -220,8 +219,6 @@ def _pick_files(value: str, names, where: str, champion: bool = False,
     (config.json, None where `names` has none): its family's tokenizer files are the ones
     taken, whatever other vocabulary the folder holds (an XLM-R checkpoint with a vocab.txt
     beside its sentencepiece.bpe.model)."""
-    from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES
-
     missing = [n for n in (CONFIG,) if n not in names]
     if config is None and not missing:
         raise ValueError("_pick_files: config.json is listed: pass it")
@@ -248,8 +245,6 @@ def _pick_files(value: str, names, where: str, champion: bool = False,
 
 def _family(config: dict | None) -> str | None:
     """config.json's family where bertflow reads it (else _check_config says why not)."""
-    from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES, EncoderConfig
-
     try:
         family = EncoderConfig.from_dict(config).family if config is not None else None
     except ConfigError:
@@ -259,8 +254,6 @@ def _family(config: dict | None) -> str | None:
 
 def _missing_tokenizer(family: str, names) -> list[str]:
     """The family's tokenizer files absent from `names`, as one entry of a missing list."""
-    from tasks.model.config import TOKENIZER_FILES as FAMILY_FILES
-
     needed = FAMILY_FILES[family]
     missing = [name for name in needed if name not in names]
     return [f"{', '.join(missing)} (a {family} checkpoint's tokenizer is "
@@ -285,8 +278,6 @@ def _read_config(value: str, uri: str) -> dict:
 def _check_config(value: str, config: dict, names=None, where: str = "") -> None:
     """A family bertflow's model builds (tasks/model/config.py), with its tokenizer files
     among `names` (when the listing is known), refused before any fetch."""
-    from tasks.model.config import EncoderConfig
-
     try:
         family = EncoderConfig.from_dict(config).family
     except ConfigError as err:
@@ -299,10 +290,8 @@ def _check_config(value: str, config: dict, names=None, where: str = "") -> None
 def _check_vocabulary_size(value: str, config: dict, uri: str) -> None:
     """A vocabulary with more ids than the embedding matrix has rows is refused: its last
     pieces would index past the matrix (an error on CPU, silent zeros on GPU)."""
-    from tasks.model.config import TOKENIZER_FILES, EncoderConfig
-
     encoder = EncoderConfig.from_dict(config)
-    name = TOKENIZER_FILES[encoder.family][0]
+    name = FAMILY_FILES[encoder.family][0]
     try:
         data = storage.read_bytes(join_uri(uri, name))
         if name.endswith(".model"):  # SentencePiece: the family's ids around its pieces
