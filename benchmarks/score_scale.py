@@ -3,7 +3,7 @@ in the workers and in the Airflow task processes.
 
     ./.venv/bin/python benchmarks/score_scale.py [--sizes 100000,1000000]
         [--formats jsonl,parquet] [--workers 2] [--batch-size 64] [--shard-rows 10000]
-        [--work /tmp/bertflow-score-scale] [--smoke]
+        [--model minilm|tiny] [--work /tmp/bertflow-score-scale] [--smoke]
 
 Rows are generated as benchmarks/scale.py generates them (SST-2 and SNIPS rows with a prefix
 and suffix drawn per row, a TSV on local disk under `--work`, outside the repository). One
@@ -24,6 +24,11 @@ Targets: the workers' and each task process's peak RSS at the largest size withi
 the smallest's (flat: nothing grows with the rows); every Airflow task process < 300 MB.
 Expect the run to take about (sum of sizes x formats) / (batch_score_throughput.py's rows
 per second at `--workers`).
+
+`--model tiny` scores with the smoke's tiny random BERT (2 layers, hidden 32) instead of
+MiniLM: what grows with the rows (reading, planning, writing, publishing) is the same, and
+1M rows take minutes instead of about 2 hours per format at MiniLM's ~150 rows/s on 2 cores
+(computed from results/batch_score_throughput.json); its rows per second mean little.
 
 `--smoke`: a tiny random BERT, 120 and 240 synthetic rows, Parquet only, 1 worker, work
 files and results in temporary folders (only the harness is checked; its figures mean
@@ -160,6 +165,8 @@ def main() -> int:
     ap.add_argument("--shard-rows", type=int, default=10_000)
     ap.add_argument("--train-rows", type=int, default=2000,
                     help="rows of the few-step training run that makes the model version")
+    ap.add_argument("--model", choices=("minilm", "tiny"), default="minilm",
+                    help="tiny: a 2-layer random BERT; memory, not speed, is measured")
     ap.add_argument("--work", default="/tmp/bertflow-score-scale")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
@@ -175,7 +182,7 @@ def main() -> int:
         raise SystemExit("--work must be outside the repository")
     base = base_rows()  # before any work: a missing data set fails first
     work.mkdir(parents=True, exist_ok=True)
-    if args.smoke:
+    if args.smoke or args.model == "tiny":
         model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     formats = args.formats.split(",")
@@ -205,8 +212,8 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     common.write_results("score_scale", {
         "smoke": args.smoke, "load_average": list(os.getloadavg()), "targets": TARGETS,
-        "model": "tiny random BERT" if args.smoke else "MiniLM-L6 (offline checkpoint), "
-                                                       "a few training steps",
+        "model": ("tiny random BERT (2 layers, hidden 32)" if model_dir
+                  else "MiniLM-L6 (offline checkpoint)") + ", a few training steps",
         "workers": args.workers, "batch_size": args.batch_size,
         "shard_rows": args.shard_rows, "formats": formats, "runs": runs, "verdict": result})
     return 0
