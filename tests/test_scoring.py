@@ -155,6 +155,20 @@ def test_reader_jsonl_names_malformed_lines_and_counts_quoted_csv_lines(tmp_path
             for a in source.starts] == ["two\nlines", "third é", "four"]
 
 
+@pytest.mark.parametrize("block_size", [5, 1 << 20])
+def test_reader_cuts_lines_only_at_newlines_whatever_the_block(tmp_path, block_size):
+    """CR, LF and CRLF end lines, as open(newline="") reads them; form feeds, NEL and the
+    Unicode line separators stay inside a text; offsets stay exact across small blocks."""
+    texts = ["form\x0cfeed", "next\u0085line", "sep\u2028arator", "vt\x0btab", "plain"]
+    path = tmp_path / "in.tsv"
+    path.write_bytes(("text\r" + "\r\n".join(texts[:3]) + "\n" + "\r".join(texts[3:])
+                      ).encode())
+    source = ScoreFile(str(path), "auto", "text", every=1, block_size=block_size)
+    assert [(r.line, r.text) for r in source.rows()] == list(enumerate(texts, start=2))
+    data = path.read_bytes()
+    assert [data[a["offset"]:].splitlines()[0].decode() for a in source.starts] == texts
+
+
 def test_output_rows_keep_each_tasks_outputs_as_served():
     """What serve_rows gives per task (tasks/task_kinds.py serving_outputs) -> output rows:
     entities cut to num_entities as objects, multi-label names without the "" padding."""
