@@ -1,4 +1,4 @@
-"""bert_batch_score: validate -> score -> publish. Puts the champion to work.
+"""bert_batch_score: validate -> score -> publish [release]. Puts the champion to work.
 
 Scores text files with a model version's SavedModel (the champion by default) in worker
 processes (the same worker spec and backends as training; local processes by default), one
@@ -10,7 +10,9 @@ emits: re-score the configured input_uri with the version the event names; anoth
 model_name's promotion skips) and on the "bertflow-scoring-data" asset (its
 event's extra input_uri names the data to score); triggerable with a form; backfills over
 @daily intervals resolve {ds} in input_uri and output_uri. Publishing emits a
-"bertflow-scores" asset event whose extra names the output.
+"bertflow-scores" asset event whose extra names the output. release, a teardown as in
+bert_finetune, runs whatever score did: it kills workers a dead controller left and removes
+their scratch folders, Kubernetes objects or Vertex AI job.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import Param, dag
 from airflow.sdk.definitions.timetables.assets import AssetOrTimeSchedule
 
-from bertflow_airflow.run_tasks import PROMOTED
+from bertflow_airflow.run_tasks import PROMOTED, release
 from bertflow_airflow.timetables import BackfillOnlyTimetable
 from bertflow_airflow.scoring import (DAG_ID, SCORING_DATA, ScoreWorkersOperator, publish,
                                       validate)
@@ -43,6 +45,8 @@ def bert_batch_score():
     run_uri = validate()
     scored = ScoreWorkersOperator(task_id="score", step="score", run_uri=run_uri)
     publish(run_uri, scored.output)
+    # validate made the run folder the workers' records and scratch belong to: its setup.
+    scored >> release(run_uri).as_teardown(setups=run_uri)
 
 
 bert_batch_score()

@@ -62,7 +62,8 @@ SCORE_SECTIONS: dict[str, tuple[str, ...]] = {
                     "accelerator"),
     "Input": ("file_format", "text_column", "text_pair_column", "id_column"),
     "Model and output": ("model_name", "export_uri", "expected_task", "output_format",
-                         "batch_size", "shard_rows", "max_error_rows"),
+                         "batch_size", "shard_rows", "peer_wait_seconds",
+                         "max_error_rows"),
     "Remote workers (advanced)": (
         "worker_image", "image_registry", "accelerator_type", "machine_type", "worker_cpu",
         "worker_memory", "k8s_conn_id", "k8s_namespace", "service_account",

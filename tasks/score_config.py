@@ -47,7 +47,8 @@ class _ScoreFields(BaseModel):
 
     input_uri: str = Field(
         default_factory=default_input_uri, title="Input data", min_length=1,
-        description="The texts to score: a CSV, TSV or JSON Lines file, a folder ending in / "
+        description="The texts to score: a CSV, TSV, JSON Lines or Parquet (.parquet) "
+                    "file, a folder ending in / "
                     "(every data file under it) or a glob such as gs://bucket/in/*.jsonl; "
                     "local, gs:// or s3://. May hold the run's date: "
                     "gs://bucket/tickets/{ds}/ (backfills). A bertflow-scoring-data asset "
@@ -80,6 +81,13 @@ class _ScoreFields(BaseModel):
         default=10000, ge=1, le=10_000_000, title="Rows per shard",
         description="Input rows per output shard: the unit of work of a worker, published "
                     "atomically and skipped when a retried worker finds it done.")
+    peer_wait_seconds: int = Field(
+        default=600, ge=1, le=86400, title="Wait for a stalled worker (s)",
+        description="Worker 0, done with its own shards, fails the try when no worker has "
+                    "published a shard for this long (or 4 times the slowest shard, if "
+                    "longer), naming the missing shards: a worker that hangs or died where "
+                    "the backend cannot tell. The task's retry scores only those shards. "
+                    "Must cover a worker's start (loading the model).")
     max_error_rows: int = Field(
         default=1000, ge=0, title="Most unreadable rows",
         description="Rows that cannot be scored (bad UTF-8, an empty text, a malformed "

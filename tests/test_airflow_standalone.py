@@ -785,7 +785,7 @@ def _check_rescored(server, run: dict, version: str, scoring_input: dict) -> dic
     """run scored the configured input with `version`: one row per input row."""
     assert run["run_type"] == "asset_triggered" and run["state"] == "success", run
     assert run["states"] == {"validate": "success", "score": "success",
-                             "publish": "success"}, run["states"]
+                             "publish": "success", "release": "success"}, run["states"]
     complete = storage.read_json(join_uri(run["summary"]["output_uri"], "_COMPLETE.json"))
     assert complete["model"]["version"] == version
     assert [i["uri"] for i in complete["inputs"]] == [scoring_input["uri"]]

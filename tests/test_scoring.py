@@ -1,7 +1,8 @@
 """Batch scoring (issue 46): the reader that keeps bad rows as values, the checks before any
 worker starts, bert_batch_score through a real dag.test() with two local worker processes,
-a worker SIGKILLed mid-way whose retry scores every row exactly once, and Parquet output read
-back with pyarrow (classification and token classification, local and on S3, a retry).
+a worker SIGKILLed mid-way whose retry scores every row exactly once, worker 0 giving up on a
+dead peer that no controller watches, the release teardown, and Parquet output read back
+with pyarrow (classification and token classification, local and on S3, a retry).
 
 One tiny classifier is exported once per module (tests/test_export.py's helpers) and promoted
 with the real promote step, so `model: champion` follows a real CHAMPION.json."""
@@ -356,6 +357,101 @@ def test_a_worker_killed_mid_way_is_redone_and_every_row_scored_once(store, tmp_
         publish(ctx)
 
 
+def start_worker(argv: list[str], env: dict[str, str]):
+    """A step process as the local backend starts one (forked from the warm-start server when
+    one serves, else cold), with its output collected by a thread: (process, lines)."""
+    import subprocess
+
+    from tasks.config import PROJECT_ROOT
+    from tasks.provision.local import warm_start
+
+    proc = warm_start.spawn(argv, env, PROJECT_ROOT) or subprocess.Popen(
+        argv, env=env, cwd=PROJECT_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines
+
+
+def test_worker_0_gives_up_on_a_dead_peer_and_the_retry_scores_the_rest(store, tmp_path):
+    """Two real worker processes started as the local backend starts them, but with no
+    controller watching them (as on a backend that cannot see a peer die, or a peer that
+    hangs): worker 1 is SIGKILLed once it has published a shard. Worker 0 scores its own
+    shards, sees no progress for peer_wait_seconds and exits 2 naming worker 1's missing
+    shards. The retry (the score task's attempt loop over the local backend) scores only
+    those: every row published once. The release step then removes the workers' scratch."""
+    import sys
+
+    from tasks.provision.attempts import read_attempts, run_step
+    from tasks.provision.backends import backend_for
+    from tasks.provision.local.cluster import local_tmp_root, tf_config
+    from tasks.provision.spec import process_env, scoring_spec
+    from tasks.steps import release
+
+    ids = write_input(tmp_path / "in.tsv", 120)
+    cfg = parse_score_config(score_values(store, tmp_path, input_uri=str(tmp_path / "in.tsv"),
+                                          num_workers=2, shard_rows=4, batch_size=4,
+                                          peer_wait_seconds=3))
+    ctx = RunContext(store["root"], "bert_batch_score", "stall-1", "stall-1")
+    init_run(run_config(cfg), ctx)
+    plan = scoring_plan.make_plan(cfg, ctx)
+    output = plan["output_uri"]
+    worker1 = {s["name"] for s in plan["shards"] if s["index"] % 2 == 1}
+    spec = scoring_spec(ctx.run_uri, 2, accelerated=False)
+    # Read for the worker's index only: independent scoring workers bind no port.
+    addresses = {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}
+    scratch = local_tmp_root(ctx.run_uri)
+    workers = []
+    for index in range(2):
+        (scratch / f"worker-{index}").mkdir(parents=True, exist_ok=True)
+        env = process_env(os.environ, spec.env, {
+            "TF_CONFIG": tf_config(addresses, "worker", index),
+            "TMPDIR": str(scratch / f"worker-{index}")})
+        workers.append(start_worker([sys.executable, *spec.command[1:]], env))
+    (worker_0, out_0), (worker_1, _) = workers
+    try:
+        deadline = time.monotonic() + 300
+        while not worker1 & set(shards.published(output)):
+            assert worker_1.poll() is None and time.monotonic() < deadline, "no shard of 1"
+            time.sleep(0.02)
+        os.killpg(worker_1.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        code = worker_0.wait(timeout=240)
+        waited = time.monotonic() - killed_at
+    finally:
+        for proc, _ in workers:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    before = shards.published(output)
+    missing = sorted(worker1 - set(before))
+    assert missing and {s["name"] for s in plan["shards"]} - worker1 <= set(before)
+    assert code == 2 and waited < 120, (code, waited, out_0[-5:])
+    [error] = [line for line in out_0 if line.startswith("bertflow: error: no shard")]
+    assert f"{len(missing)} shard(s) missing: " in error and "peer_wait_seconds 3" in error
+    assert all(f"{name} (worker 1)" in error for name in missing[:10])
+    assert not storage.exists(ctx.manifest_uri("score"))
+
+    # The retry with the default wait: its worker 0 has nothing left to score and waits
+    # from the start, while worker 1 loads the model (3 s is for this test's first half).
+    storage.write_json(join_uri(ctx.run_uri, scoring_plan.SCORE_CONFIG),
+                       {**json.loads(cfg.model_dump_json()), "peer_wait_seconds": 600})
+    rcfg, _ = runlayout.load_run(ctx.run_uri)
+    lines: list[str] = []
+    run_step(backend_for(rcfg), rcfg, ctx, spec, log=lines.append, secrets={}).run()
+    assert [a["outcome"] for a in read_attempts(ctx, "score")] == ["success"]
+    final = shards.published(output)
+    assert all(final[name]["started"] == record["started"] for name, record in before.items())
+    assert any(f"worker 1 of 2: {len(worker1)} shard(s), {len(worker1) - len(missing)} "
+               "already published" in line for line in lines), lines
+    got = output_ids(output)
+    assert sorted(got) == sorted(ids) and len(got) == len(set(got)) == 120
+
+    assert scratch.is_dir()
+    manifest = runlayout.read_manifest(release.run(rcfg, ctx))
+    assert manifest["removed_tmp_root"] == str(scratch) and not scratch.exists()
+
+
 def test_triggering_events_name_the_input_and_the_promoted_version():
     """The triggering events as the Task SDK hands them over (its own accessor and event
     classes): the newest bertflow-scoring-data event's input_uri wins; a promoted-model
@@ -418,7 +514,8 @@ def dag_run(store, airflow_db, tmp_path_factory):
 def test_dag_scores_every_row_with_the_champion(dag_run, store):
     run, tmp, ids = dag_run
     assert {ti.task_id: ti.state for ti in run.get_task_instances()} == {
-        "validate": "success", "score": "success", "publish": "success"}
+        "validate": "success", "score": "success", "publish": "success",
+        "release": "success"}
     [found] = (tmp / "scores").glob(f"*/{COMPLETE}")
     output = str(found.parent)
     assert output == join_uri(str(tmp / "scores"), runlayout.run_key_for("manual", None,
@@ -445,6 +542,31 @@ def test_dag_scores_every_row_with_the_champion(dag_run, store):
     assert sorted(e["reason"].split(" ")[0] for e in errors) == ["empty", "expected", "not"]
     assert all(e["file"] == str(tmp / "in" / "tickets.tsv") and e["line"] > 1
                for e in errors)
+
+
+def test_dag_releases_what_its_workers_left_in_a_teardown(dag_run, store):
+    """release (bert_finetune's teardown task) runs after score whatever score's outcome, as
+    the teardown of validate (which made the run folder), and leaves no worker process and
+    no scratch folder behind."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from tasks.config import PROJECT_ROOT
+    from tasks.provision.local.backend import pid_record_uri
+    from tasks.provision.local.cluster import local_tmp_root, process_started
+
+    dag = DagBag(dag_folder=str(PROJECT_ROOT / "dags" / "bert_batch_score.py")).dags[
+        "bert_batch_score"]
+    release = dag.get_task("release")
+    assert release.is_teardown and release.trigger_rule == "all_done_setup_success"
+    assert dag.get_task("validate").is_setup and "score" in release.upstream_task_ids
+    run, _, _ = dag_run
+    run_uri = join_uri(store["root"], "runs", "bert_batch_score",
+                       runlayout.run_key_for("manual", None, run.run_id))
+    manifest = storage.read_json(join_uri(run_uri, "release", "manifest.json"))
+    assert manifest["removed_tmp_root"] == str(local_tmp_root(run_uri))
+    assert not local_tmp_root(run_uri).exists()
+    pids = storage.read_json(pid_record_uri(run_uri, "score"))["pids"]
+    assert len(pids) == 2 and all(process_started(p["pid"]) != p["started"] for p in pids)
 
 
 def test_dag_emits_the_scores_event(dag_run):
@@ -650,3 +772,86 @@ def test_parquet_entities_of_a_token_classification_model(ner_version, store, tm
     for key, entity in entities:
         assert texts[key][entity["start"]:entity["end"]] == entity["word"]
         assert entity["entity_group"] == "PER" and 0 <= entity["score"] <= 1
+
+
+# --- Parquet input -------------------------------------------------------------------------
+def write_parquet_input(path, rows: int = 50) -> list:
+    """A Parquet file of `rows` rows in row groups of 8 (ticket, body, n); rows 7 and 20 have
+    a blank and a null body. Returns the bodies."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(3)
+    bodies = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))
+              for _ in range(rows)]
+    bodies[7], bodies[20] = "  ", None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"ticket": [f"t{i}" for i in range(rows)], "body": bodies,
+                             "n": list(range(rows))}), path, row_group_size=8)
+    return bodies
+
+
+def test_parquet_input_is_read_by_row_group_with_its_row_numbers(root, tmp_path, monkeypatch):
+    """A .parquet input on each storage backend (gs:// and s3:// through ranged reads): the
+    plan's pass counts and hashes it; a shard reads only the row groups that hold its rows
+    (row groups of 8: rows 10-21 are in groups 1 and 2); rows keep their row numbers; a
+    blank or null text is a row error; a missing column names the file and its columns."""
+    import pyarrow.parquet as pq
+
+    from tasks.io.scoring_parquet import ParquetScoreFile, open_score_file
+
+    local = tmp_path / "a.parquet"
+    bodies = write_parquet_input(local)
+    uri = f"{root}/in/a.parquet"
+    storage.write_bytes(uri, local.read_bytes())
+    source = open_score_file(uri, "auto", "body", id_column="ticket", every=6)
+    assert isinstance(source, ParquetScoreFile)
+    assert list(source.rows(0, 0)) == [] and source.records == 50
+    assert source.sha256 == hashlib.sha256(local.read_bytes()).hexdigest()
+    assert source.starts == [{"index": i} for i in range(0, 50, 6)]
+    groups = []
+    read = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", lambda self, **kw: (
+        groups.append(kw["row_groups"]), read(self, **kw))[1])
+    rows = list(source.rows(10, 22, at={"index": 10}))
+    assert groups == [[1, 2]]
+    assert [(r.index, r.line) for r in rows] == [(i, i + 1) for i in range(10, 22)]
+    assert [r.id for r in rows if not r.error] == [f"t{i}" for i in range(10, 22) if i != 20]
+    assert rows[20 - 10].error == "empty text in column 'body'"
+    assert [r.text for r in rows if not r.error] == [b.strip() for b in bodies[10:22] if b]
+    assert [r.error for r in source.rows(0, 9, at={"index": 0}) if r.error] == [
+        "empty text in column 'body'"]
+    with pytest.raises(DataError, match=r"a\.parquet.*no column 'text'; columns found: "
+                                        r"ticket, body, n"):
+        open_score_file(uri, "auto", "text").check_columns()
+
+
+def test_a_parquet_input_is_scored_with_its_row_numbers(store, tmp_path, capsys):
+    """init-score, score and publish-scores on a prefix holding a Parquet file (and a marker
+    file): every row scored once or kept as an error, each named by its row number."""
+    from tasks.__main__ import main
+
+    bodies = write_parquet_input(tmp_path / "in" / "a.parquet")
+    (tmp_path / "in" / "_SUCCESS").write_text("")
+    run_dir = str(tmp_path / "runs" / "score-pq")
+    flags = ["--input-uri", str(tmp_path / "in") + "/", "--text-column", "body",
+             "--id-column", "ticket", "--model-name", "tiny", "--export-uri",
+             store["export_uri"], "--artifact-root", store["root"], "--output-uri",
+             str(tmp_path / "out"), "--shard-rows", "16"]
+    assert main(["init-score", "--run-dir", run_dir, *flags]) == 0
+    assert "50 rows in 4 shard(s)" in capsys.readouterr().out
+    assert main(["score", "--run-dir", run_dir]) == 0
+    capsys.readouterr()
+    assert main(["publish-scores", "--run-dir", run_dir]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["rows"], summary["error_rows"]) == (48, 2)
+    output = summary["output_uri"]
+    rows = [row for uri in sorted(storage.list_uris(output))
+            if uri.rpartition("/")[0] == output and uri.rpartition("/")[2].startswith("part-")
+            for row in read_part(uri)]
+    assert sorted(r["id"] for r in rows) == sorted(f"t{i}" for i, b in enumerate(bodies)
+                                                   if b and b.strip())
+    assert all(r["line"] == int(r["id"][1:]) + 1 and r["label"] in LABELS for r in rows)
+    errors = [json.loads(line) for uri in storage.list_uris(join_uri(output, "errors"))
+              for line in storage.read_text(uri).splitlines()]
+    assert sorted(e["line"] for e in errors) == [8, 21]

@@ -1,4 +1,5 @@
-"""Rows to score from a CSV, TSV or JSON Lines file, streamed, where a bad row is a value.
+"""Rows to score from a CSV, TSV or JSON Lines file, streamed, where a bad row is a value
+(Parquet files: tasks/io/scoring_parquet.py, the same interface; its `open_score_file` picks).
 
 Unlike the training readers (tasks/io/text_readers.py), which refuse a file at its first bad
 row, scoring keeps going: a row that cannot be scored (bytes that are not UTF-8, an empty
@@ -26,7 +27,18 @@ from tasks.io import storage
 from tasks.io.chunked_reader import BLOCK_SIZE, line_blocks
 from tasks.io.text_readers import format_of
 
+# Read by scoring only (training's readers take the text formats): a file so named, with
+# file_format auto, is read with pyarrow.
+PARQUET_EXTENSIONS = (".parquet",)
+
 _UNDECODABLE = re.compile("[\udc80-\udcff]")  # what surrogateescape made of a bad byte
+
+
+def score_format(uri: str, file_format: str) -> str:
+    """format_of, and "parquet" for a .parquet file under file_format auto."""
+    if file_format == "auto" and uri.lower().endswith(PARQUET_EXTENSIONS):
+        return "parquet"
+    return format_of(uri, file_format)
 
 
 @dataclass(frozen=True)
@@ -44,10 +56,12 @@ class ScoreFile:
     JSON line's keys); `rows()` streams them all. After `rows()` is exhausted, `sha256` and
     `records` describe the whole file."""
 
+    header_line: Optional[int] = 1  # where a missing column is looked for
+
     def __init__(self, uri: str, file_format: str, text_column: str,
                  pair_column: Optional[str] = None, id_column: Optional[str] = None,
                  block_size: int = BLOCK_SIZE, every: int = 10_000):
-        self.uri, self.fmt = uri, format_of(uri, file_format)
+        self.uri, self.fmt = uri, score_format(uri, file_format)
         self.every = every  # records between two entries of `starts`
         self.text_column, self.pair_column, self.id_column = text_column, pair_column, id_column
         self.block_size = block_size
@@ -169,7 +183,8 @@ class ScoreFile:
         missing = [c for c in wanted if c not in columns]
         if missing:
             raise DataError(self.uri, f"no column '{missing[0]}'; columns found: "
-                                      f"{', '.join(columns) or '(none)'}", line=1,
+                                      f"{', '.join(columns) or '(none)'}",
+                            line=self.header_line,
                             hint="set text_column / text_pair_column / id_column to the "
                                  "file's column names")
 

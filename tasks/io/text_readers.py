@@ -35,12 +35,13 @@ class Table:
     keys: dict[str, object]
 
 
-def data_files(uri: str, file_format: str = "auto") -> list[str]:
+def data_files(uri: str, file_format: str = "auto", also: tuple[str, ...] = ()) -> list[str]:
     """The files `uri` names, sorted: itself, the data files under a prefix ending in `/`
-    (recursively; marker files such as `_SUCCESS` or `.keep` skipped), or a glob's matches.
+    (recursively; marker files such as `_SUCCESS` or `.keep` skipped; `also`: more data file
+    extensions), or a glob's matches.
     Raises DataError naming the prefix or pattern when nothing matches."""
     if uri.endswith("/"):
-        files = [u for u in storage.list_uris(uri) if is_data_file(u, file_format)]
+        files = [u for u in storage.list_uris(uri) if is_data_file(u, file_format, also)]
         if not files:
             raise DataError(uri, "no data files under this prefix", hint=(
                 f"data files end in {', '.join(FORMATS_BY_EXTENSION)} unless file_format "
@@ -55,12 +56,12 @@ def data_files(uri: str, file_format: str = "auto") -> list[str]:
     return sorted(files)
 
 
-def is_data_file(uri: str, file_format: str = "auto") -> bool:
+def is_data_file(uri: str, file_format: str = "auto", also: tuple[str, ...] = ()) -> bool:
     name = uri.rsplit("/", 1)[-1]
     if name.startswith(("_", ".")):  # job markers and hidden files, not data
         return False
     return file_format != "auto" or name.lower().endswith(
-        tuple(FORMATS_BY_EXTENSION) + CONLL_EXTENSIONS)
+        tuple(FORMATS_BY_EXTENSION) + CONLL_EXTENSIONS + also)
 
 
 def format_of(uri: str, file_format: str = "auto") -> str:

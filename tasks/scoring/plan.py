@@ -9,7 +9,8 @@ Refused here, each naming what to change:
 
 The plan cuts each file into row ranges of shard_rows records (`tasks.io.scoring_reader`
 counts them, hashing each file as it streams by, and notes the byte offset and line where
-each range begins, so that a worker reads only its own): shard k is `part-{k:05d}`, scored by
+each range begins, so that a worker reads only its own; a Parquet file's shards start at row
+numbers, tasks/io/scoring_parquet.py): shard k is `part-{k:05d}`, scored by
 worker k mod num_workers. It is written to `{run}/score/plan.json` with the model's lineage.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ import os
 
 from tasks.errors import BertflowError, ConfigError, DataError
 from tasks.io import storage, text_readers
-from tasks.io.scoring_reader import ScoreFile
+from tasks.io.scoring_parquet import open_score_file
+from tasks.io.scoring_reader import PARQUET_EXTENSIONS, ScoreFile
 from tasks.io.uris import join_uri
 from tasks.runs import lineage
 from tasks.runs.runlayout import CHAMPION, RunContext
@@ -109,9 +111,9 @@ def check_output(cfg) -> str:
 
 
 def sources(cfg) -> list[ScoreFile]:
-    files = text_readers.data_files(cfg.input_uri, cfg.file_format)
-    return [ScoreFile(uri, cfg.file_format, cfg.text_column, cfg.text_pair_column,
-                      cfg.id_column, every=cfg.shard_rows) for uri in files]
+    files = text_readers.data_files(cfg.input_uri, cfg.file_format, also=PARQUET_EXTENSIONS)
+    return [open_score_file(uri, cfg.file_format, cfg.text_column, cfg.text_pair_column,
+                            cfg.id_column, every=cfg.shard_rows) for uri in files]
 
 
 def make_plan(cfg, ctx: RunContext) -> dict:

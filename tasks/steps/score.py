@@ -17,7 +17,11 @@ as JSON Lines or, with output_format parquet, as Parquet columns (tasks/scoring/
 
 Worker 0 returns only when every shard is recorded (a backend ends a step when its first
 worker ends), then writes the step's manifest; the publish task checks the counts and writes
-_COMPLETE.json.
+_COMPLETE.json. The controllers end the attempt when a worker dies where they can see it (a
+local process's exit, a failed pod); for what they cannot see (a peer that hangs, a Vertex AI
+replica restarting in place without end), worker 0 gives up when no shard has been published
+for `peer_wait_seconds` (or STALL_FACTOR times the slowest shard, if longer) and fails,
+naming the missing shards: the task's retry scores only those.
 """
 from __future__ import annotations
 
@@ -28,8 +32,9 @@ from contextlib import closing
 from pathlib import Path
 
 from tasks.config import RunConfig
+from tasks.errors import WorkerError
 from tasks.io import storage
-from tasks.io.scoring_reader import ScoreFile
+from tasks.io.scoring_parquet import open_score_file
 from tasks.io.uris import join_uri, sha256_file
 from tasks.runs import runlayout
 from tasks.runs.runlayout import RunContext
@@ -39,6 +44,9 @@ from tasks.scoring.plan import read_plan, read_score_config
 from tasks.topology import worker_position
 
 WAIT_SECONDS = 0.5  # worker 0's poll for its peers' shards
+# A peer's next shard may take this many times the slowest shard seen so far (rows differ in
+# length; a shared machine slows down) before worker 0 takes the peer for dead or stuck.
+STALL_FACTOR = 4
 
 
 def run(cfg: RunConfig, ctx: RunContext) -> str:
@@ -59,13 +67,38 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
                   f"unreadable, {record['seconds']:.2f} s", flush=True)
     if index != 0:
         return ""
-    names = {s["name"] for s in plan["shards"]}
-    while not names <= set(done := shards.published(output)):
-        time.sleep(WAIT_SECONDS)
+    owners = {s["name"]: s["index"] % count for s in plan["shards"]}
+    done = wait_for_peers(output, owners, score_cfg.peer_wait_seconds)
     return runlayout.write_manifest(ctx.step_uri("score"), {
-        "output_uri": output, "shards": len(names), "workers": count,
-        "rows": sum(done[n]["rows"] for n in names),
-        "error_rows": sum(done[n]["error_rows"] for n in names)})
+        "output_uri": output, "shards": len(owners), "workers": count,
+        "rows": sum(done[n]["rows"] for n in owners),
+        "error_rows": sum(done[n]["error_rows"] for n in owners)})
+
+
+def wait_for_peers(output: str, owners: dict[str, int], floor: float,
+                   poll: float = WAIT_SECONDS) -> dict[str, dict]:
+    """Worker 0's wait for the other workers' shards (`owners`: shard name -> its worker).
+    Published records are the peers' heartbeat: when none has come for max(floor,
+    STALL_FACTOR x the slowest shard recorded), WorkerError names the missing shards."""
+    count, since = -1, time.monotonic()
+    while True:
+        done = shards.published(output)
+        missing = [name for name in sorted(owners) if name not in done]
+        if not missing:
+            return done
+        if len(done) != count:  # progress: a peer is alive
+            count, since = len(done), time.monotonic()
+        slowest = max((r.get("seconds") or 0.0 for r in done.values()), default=0.0)
+        limit = max(floor, STALL_FACTOR * slowest)
+        if time.monotonic() - since > limit:
+            named = ", ".join(f"{n} (worker {owners[n]})" for n in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise WorkerError(
+                f"no shard published for {limit:.0f} s (peer_wait_seconds {floor:g}, or "
+                f"{STALL_FACTOR}x the slowest shard, {slowest:.1f} s): a worker died or hangs; "
+                f"{len(missing)} shard(s) missing: {named}{more}. The task's retry scores "
+                "only the missing shards; raise peer_wait_seconds if the workers are slow")
+        time.sleep(poll)
 
 
 def _load(version_uri: str):
@@ -99,8 +132,8 @@ def score_shard(serve, cfg, shard: dict, output: str, model: dict) -> dict:
     from tasks.steps.gate_eval import serve_rows
 
     started = time.time()
-    source = ScoreFile(shard["file"], cfg.file_format, cfg.text_column, cfg.text_pair_column,
-                       cfg.id_column)
+    source = open_score_file(shard["file"], cfg.file_format, cfg.text_column,
+                             cfg.text_pair_column, cfg.id_column)
     rows = errors = 0
     fmt = cfg.output_format
     with tempfile.TemporaryDirectory(prefix="bertflow-score-") as tmp:
