@@ -525,6 +525,14 @@ def _exited(process) -> bool:
         return True
 
 
+def _await_exit(process, timeout: float = subreaper.REAP_TIMEOUT_S) -> None:
+    """Until the psutil `process` (a scheduler just killed, or found ended) has exited, at
+    most `timeout` seconds: from then on its children are orphans of this process."""
+    deadline = time.monotonic() + timeout
+    while not _exited(process) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _hung_for(process, heartbeat_age: Callable[[], float | None]) -> float | None:
     """Seconds without a heartbeat, if the scheduler `process` has lived SCHEDULER_STALE_S
     and the newest heartbeat is older than that (a new one has time to make its first)."""
@@ -570,8 +578,9 @@ def _wait_keeping_the_scheduler(proc: subprocess.Popen, env: dict[str, str],
     environment and log, unless the one started last ended within SCHEDULER_MIN_LIFE_S.
     What an ended scheduler leaves (executor workers, task processes, its log server) is
     killed first: this process adopts every orphan of its descendants (bertflow_airflow/
-    subreaper.py) and ends each one at every look; those a scheduler had when last seen
-    are killed too (all there is where no subreaper can be had).
+    subreaper.py) and ends each one at every look, and all an ended scheduler left before
+    its replacement starts; those a scheduler had when last seen are killed too (all there
+    is where no subreaper can be had).
     `command`: what starts one (`airflow scheduler` of this venv). Each one runs in a
     session of its own, whose id is appended to `sessions` for _stop_standalone."""
     with subreaper.adopting_orphans():
@@ -615,9 +624,12 @@ def _keep_the_scheduler(proc, env, airflow_home, log_path, heartbeat_age, comman
             continue
         # A hung scheduler is killed with its children. One that was killed leaves its
         # executor workers, task processes and log server (which keeps the log port from the
-        # next one's) running as orphans.
+        # next one's) running as orphans. Once it has ended, all it left are orphans of this
+        # process, those born after the last look too: ended before another one starts.
         _kill_all(family)
         family = []
+        _await_exit(scheduler)
+        subreaper.end_orphans(keep)
         if replacement is not None and time.monotonic() - started < SCHEDULER_MIN_LIFE_S:
             print(f"Airflow's scheduler {ended}, within {SCHEDULER_MIN_LIFE_S:.0f}s of its "
                   f"restart; not starting it again: no run will move. See {log_path}; "

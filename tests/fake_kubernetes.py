@@ -72,6 +72,12 @@ def _rfc3339_nano(ns: int) -> str:
     return f"{whole}.{frac}Z" if frac else f"{whole}Z"
 
 
+def _started_at(status: dict) -> str | None:
+    """The running container's startedAt in a pod status, else None."""
+    container = (status.get("containerStatuses") or [{}])[0]
+    return container.get("state", {}).get("running", {}).get("startedAt")
+
+
 def _matches(labels: dict, selector: str) -> bool:
     for term in filter(None, (selector or "").split(",")):
         if "!=" in term:
@@ -130,6 +136,9 @@ class FakePod:
         def change(obj):
             status = {"phase": phase, "conditions": conditions or [
                 {"type": "PodScheduled", "status": "True"}], **extra}
+            if state is not None and "terminated" in state:  # startedAt stays, if it ran
+                started = _started_at(obj["status"])
+                state["terminated"].update({"startedAt": started} if started else {})
             if state is not None:
                 status["containerStatuses"] = [{
                     "name": self.container["name"], "image": self.container["image"],

@@ -866,23 +866,30 @@ def test_a_scheduler_that_exits_is_started_again(server, rejected, sweep_run):
     """standalone never restarts a component: a scheduler that dies (as Airflow's does after
     a refused SQLite backfill, with ObjectDeletedError) leaves runs that never move. make
     airflow starts another; the Ctrl-C test below then runs on it, and finds no process
-    left. What the killed one leaves (its executor workers, log server) is killed too, or the
-    log server keeps the port the next one's must bind. SIGKILL stands for the crash: the
-    race itself cannot be provoked on demand, but may have struck during the tests above, so
-    the one killed here may be a replacement already, and only what make airflow prints
-    after the kill counts. (After it, the scheduler may also hang in its shutdown instead of
-    exiting; tests/test_scheduler_watch.py covers that, with the heartbeat's age that
-    scheduler_heartbeat_age reads here from the real api-server.)"""
+    left. What the killed one leaves (its executor workers, log server) is killed too, before
+    the next one starts, or the log server keeps the port the next one's must bind. SIGKILL
+    stands for the crash: the race itself cannot be provoked on demand, but may have struck
+    during the tests above, so the one killed here may be a replacement already, and only
+    what make airflow prints after the kill counts. (After it, the scheduler may also hang
+    in its shutdown instead of exiting; tests/test_scheduler_watch.py covers that, with the
+    heartbeat's age that scheduler_heartbeat_age reads here from the real api-server.)"""
     (old,) = _schedulers(server)
-    # its executor workers and log server (not a task started since the watch last looked)
-    left_behind = [child for child in psutil.Process(old).children(recursive=True)
-                   if child.create_time() < time.time() - 30]
+    # its executor workers, log server and task processes, however young
+    left_behind = psutil.Process(old).children(recursive=True)
     assert left_behind
     printed = len(server.lines)
     killed = time.time()
     os.kill(old, signal.SIGKILL)
     server.wait_for_line(re.compile(r"Airflow's scheduler exited( \(exit -9\))?; starting it "
                                     r"again"), timeout=60, after=printed)
+    # Ended before the line, whenever they were born: make airflow prints it, then starts
+    # the next scheduler, once the watch has killed and reaped what the killed one left.
+    alive = []
+    for child in left_behind:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child.pid)
+    assert not alive, f"the killed scheduler's {alive} outlived it\n{_process_table(server)}"
 
     def heartbeat_after_kill():
         health = server.api("GET", "/monitor/health").json()["scheduler"]
@@ -895,12 +902,6 @@ def test_a_scheduler_that_exits_is_started_again(server, rejected, sweep_run):
     new = [pid for pid, born in schedulers.items() if pid != old and born > killed]
     assert len(new) == 1 and old not in schedulers, \
         f"killed {old} at {killed:.2f}; schedulers {schedulers}\n{_process_table(server)}"
-    alive = []
-    for child in left_behind:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
-                alive.append(child.pid)
-    assert not alive, f"the killed scheduler's {alive} outlived it\n{_process_table(server)}"
 
 
 # --- last: Ctrl-C ---------------------------------------------------------------------------

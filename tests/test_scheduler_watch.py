@@ -63,14 +63,15 @@ def test_what_an_ended_scheduler_leaves_is_killed(tmp_path, monkeypatch, capsys)
     assert _ended(int(pid_file.read_text()))
 
 
-def _watch_a_scheduler_that_exits(tmp_path, capsys, standalone: str, *argv: str) -> None:
+def _watch_a_scheduler_that_exits(tmp_path, capsys, standalone: str, *argv: str,
+                                  command: list[str] = FAILING) -> None:
     """The watch over the stand-in `standalone` (python -c) whose scheduler exits once: it is
-    started again (FAILING), and the watch returns when the stand-in exits."""
+    started again (`command`), and the watch returns when the stand-in exits."""
     proc = subprocess.Popen([sys.executable, "-c", standalone, *argv])
     time.sleep(0.5)  # its scheduler child exists before the watch looks for it
     rc = demo._wait_keeping_the_scheduler(proc, dict(os.environ), tmp_path,
                                           tmp_path / "standalone.log", lambda: None,
-                                          command=FAILING)
+                                          command=command)
     err = capsys.readouterr().err
     assert rc == 1 and err.count("Airflow's scheduler exited; starting it again") == 1, err
 
@@ -89,6 +90,19 @@ scheduler = "import os, subprocess, sys, time; time.sleep(1.5); p = subprocess.P
 subprocess.Popen([sys.executable, "-c", scheduler, sys.argv[2], grandchild, "scheduler"])
 time.sleep(float(sys.argv[1]))
 """
+# What starts a scheduler again, here: it writes which pids of the file argv[1] still run (not
+# zombies) to the log, then fails.
+COUNTING = """
+import sys, psutil
+def runs(pid):
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+print("running when the replacement started:", [p for p in open(sys.argv[1]).read().split()
+                                                if runs(p)])
+raise SystemExit(3)
+"""
 
 
 def test_an_orphan_born_after_the_last_look_is_adopted_killed_and_reaped(tmp_path, monkeypatch,
@@ -98,7 +112,11 @@ def test_an_orphan_born_after_the_last_look_is_adopted_killed_and_reaped(tmp_pat
     child subreaper: the orphan comes to it, and it kills and reaps it with its children."""
     monkeypatch.setattr(demo, "SCHEDULER_CHECK_S", 1.0)  # looks at ~1.5 s and ~2.5 s
     pid_file = tmp_path / "orphans.pid"
-    _watch_a_scheduler_that_exits(tmp_path, capsys, ORPHANING, "5", str(pid_file))
+    _watch_a_scheduler_that_exits(tmp_path, capsys, ORPHANING, "5", str(pid_file), command=[
+        sys.executable, "-c", COUNTING, str(pid_file), "scheduler"])
+    # Ended before the next scheduler started, not only by the watch's next look.
+    assert (tmp_path / "standalone.log").read_text() == \
+        "running when the replacement started: []\n"
     orphan, grandchild = (int(pid) for pid in pid_file.read_text().split())
     assert not psutil.pid_exists(orphan), "the orphan was not killed, or not reaped (a zombie)"
     assert _ended(grandchild)

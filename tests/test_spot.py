@@ -473,7 +473,8 @@ def test_a_pod_deleted_with_a_grace_period_saves_exits_75_and_is_reprovisioned(
     assert err is None, "\n".join(lines[-40:])
     records = attempts.read_attempts(ctx, "train")
     assert [r["outcome"] for r in records] == ["preempted", "success"]
-    assert records[0]["running_at"] is not None
+    for r in records:  # the pods ran, even if they ended before a poll saw them both run
+        assert r["requested_at"] <= r["running_at"] <= r["ended_at"], r
     assert len(jobs) == 2  # one Job per attempt, same name: the step's pods re-created
     for name in ("worker-0", "worker-1"):
         notice = json.loads((run / "train" / "preemption" / f"{name}.json").read_text())
@@ -594,8 +595,6 @@ def test_the_dag_operator_rides_out_a_preemption_within_one_try(tmp_path):
 def test_kubernetes_pod_endings_are_told_apart(tmp_path, monkeypatch, end, outcome):
     """Scripted pods (no processes): worker 1's first-attempt pod ends as given; later pods
     succeed. Only a real failure fails the step."""
-    from fake_kubernetes import ScriptedKubelet
-
     def script(pod):
         pod.schedule()
         pod.run()
@@ -605,24 +604,70 @@ def test_kubernetes_pod_endings_are_told_apart(tmp_path, monkeypatch, end, outco
             return end(pod)
         pod.succeed()
 
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    cfg = RunConfig(provisioner="kubernetes", artifact_root=BUCKET, num_workers=2,
-                    strategy="multi_worker_mirrored", capacity="spot")
-    ctx = RunContext(artifact_root=str(tmp_path), dag_id="bert_finetune", run_key="run1")
-    with FakeKube(ScriptedKubelet(script)) as kube:
-        monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
-        backend = KubernetesBackend(poll_seconds=0.05, grace_seconds=5)
-        loop = attempts.run_step(backend, cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
-                                 log=lambda line: None, secrets={})
-        if outcome == "failed":
-            with pytest.raises(WorkerError, match="exit code 1"):
-                loop.run()
-        else:
-            loop.run()
-        pods = kube.created
+    ctx, pods, error = _scripted_spot_step(tmp_path, monkeypatch, script,
+                                           KubernetesBackend(poll_seconds=0.05, grace_seconds=5))
+    if outcome == "failed":
+        assert isinstance(error, WorkerError) and "exit code 1" in str(error), error
+    else:
+        assert error is None, error
     records = attempts.read_attempts(ctx, "train")
     assert [r["outcome"] for r in records] == [outcome] + ([] if outcome == "failed"
                                                            else ["success"])
     spot_pods = [o for o in pods if o["kind"] == "Pod"]
     assert spot_pods and all(o["spec"]["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
                              for o in spot_pods)
+
+
+def _scripted_spot_step(tmp_path, monkeypatch, script, backend: KubernetesBackend,
+                        log=lambda line: None):
+    """The spot train step of 2 MWMS workers through `backend`'s real controller in an
+    AttemptLoop, on pods played by `script`: (ctx, objects created, the step's WorkerError)."""
+    from fake_kubernetes import ScriptedKubelet
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    cfg = RunConfig(provisioner="kubernetes", artifact_root=BUCKET, num_workers=2,
+                    strategy="multi_worker_mirrored", capacity="spot")
+    ctx = RunContext(artifact_root=str(tmp_path), dag_id="bert_finetune", run_key="run1")
+    error = None
+    with FakeKube(ScriptedKubelet(script)) as kube:
+        monkeypatch.setenv("KUBECONFIG", str(kube.write_kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            attempts.run_step(backend, cfg, ctx, distributed_spec(cfg, "train", ctx.run_uri),
+                              log=log, secrets={}).run()
+        except WorkerError as err:
+            error = err
+        created = kube.created
+    return ctx, created, error
+
+
+def test_pods_preempted_between_two_polls_still_record_when_they_ran(tmp_path, monkeypatch):
+    """Issue 47: attempt 1's pods start and are preempted (exit 75) between two polls of the
+    controller (its default poll_seconds, 2 s), so no poll sees them running. The attempt still
+    ran: its running_at comes from the containers' startedAt (kept in their terminated
+    state), or goodput would count the whole attempt as waiting for capacity."""
+    runs: list[float] = []  # attempt 1: when each pod started, when each was preempted
+    ends: list[float] = []
+
+    def script(pod):
+        pod.schedule()
+        if pod.environment()["BERTFLOW_ATTEMPT"] == "1":
+            time.sleep(1.0)  # the first poll, right after the Job's creation, sees them pending
+            runs.append(time.time())
+            pod.run()
+            time.sleep(0.2)
+            ends.append(time.time())
+            return pod.fail(exit_code=PREEMPTED_EXIT_CODE)
+        pod.run()
+        time.sleep(0.3)
+        pod.succeed()
+
+    lines: list[str] = []
+    ctx, _, error = _scripted_spot_step(tmp_path, monkeypatch, script, KubernetesBackend(),
+                                        log=lines.append)
+    assert error is None, error
+    first, second = attempts.read_attempts(ctx, "train")
+    assert (first["outcome"], second["outcome"]) == ("preempted", "success"), lines
+    assert len(runs) == 2 and first["running_at"] is not None, (first, lines)
+    # The later start (startedAt has whole seconds, as a kubelet's), never before the request
+    assert max(first["requested_at"], int(max(runs))) <= first["running_at"] <= max(ends)
+    assert second["requested_at"] <= second["running_at"] <= second["ended_at"]

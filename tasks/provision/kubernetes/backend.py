@@ -279,6 +279,7 @@ class JobController:
         self._lock = threading.RLock()
         self._logs: dict[str, PodLog] = {}
         self.running_at: float | None = None  # every pod running (attempts.py)
+        self._requested_at = time.time()  # no pod of this attempt ran before
         # Every pod's log in the run folder (worker_logs), kept before the pods are deleted.
         self.logs = StepLogs(ctx.run_uri, spec.step, log, attempt=attempt_of(spec.env))
 
@@ -391,6 +392,7 @@ class JobController:
             if self._stopped.is_set():
                 raise WorkerError(f"{self.spec.step} workers stopped before finishing")
             pods = self._pods()
+            self._note_running(pods)
             failed = self._failed(pods)
             if failed:
                 self._fail_root_cause(failed)
@@ -418,9 +420,6 @@ class JobController:
                 raise WorkerLost(f"{role}:{index} pod disappeared before the step finished "
                                  f"(its node was removed, or it was deleted outside "
                                  f"bertflow, or its Job was removed)")
-            if self.running_at is None and not missing and all(
-                    _phase(pods[k]) in ("Running", "Succeeded") for k in expected):
-                self.running_at = time.time()  # every pod runs: the attempt's running_at
             if missing and time.monotonic() > schedule_deadline:
                 self._job_failure()
                 role, index = missing[0]
@@ -441,6 +440,22 @@ class JobController:
                     return
             self._job_failure()
             self._stopped.wait(self.backend.poll_seconds)
+
+    def _note_running(self, pods: dict) -> None:
+        """The attempt's running_at, once every pod has run: now, if this poll sees them all
+        running (or done); else the latest container start their statuses report, when a pod
+        ended before any poll saw them all running (a spot pod preempted within poll_seconds
+        of its start: its terminated state keeps startedAt)."""
+        expected = self.spec.roles
+        if self.running_at is not None or any(k not in pods for k in expected):
+            return
+        if all(_phase(pods[k]) in ("Running", "Succeeded") for k in expected):
+            self.running_at = time.time()
+            return
+        starts = [_started_at(pods[k]) for k in expected]
+        if all(starts):  # the node's clock, kept within this attempt's span
+            latest = max(start.timestamp() for start in starts)
+            self.running_at = min(max(latest, self._requested_at), time.time())
 
     def _drain(self, pods: dict) -> None:
         """Let the finished pods' streams deliver their last lines before teardown."""
@@ -485,6 +500,7 @@ class JobController:
         while not any(_killed(pod) for _, pod, _ in failed) and \
                 time.monotonic() < deadline and not self._stopped.is_set():
             pods = self._pods()
+            self._note_running(pods)
             failed = self._failed(pods) or failed
             if not any(_phase(pod) == "Running" for pod in pods.values()):
                 break
@@ -570,6 +586,16 @@ def _killed(pod) -> bool:
     disruption = _condition(pod, "DisruptionTarget")
     return (disruption is not None and disruption.status == "True") or \
         (pod.status is not None and pod.status.reason in LOST_REASONS)
+
+
+def _started_at(pod) -> datetime | None:
+    """When the pod's container started, running or since ended; None if it never did."""
+    container = _container_status(pod)
+    state = container.state if container else None
+    for current in (state.running, state.terminated) if state else ():
+        if current is not None and current.started_at is not None:
+            return current.started_at
+    return None
 
 
 def _finished_at(pod) -> datetime:
