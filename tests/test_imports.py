@@ -148,22 +148,34 @@ for _module, _tree in TREES.items():
             if _name is not None:
                 NAMES_TAKEN.append((_module, _node.lineno, _target, _name))
 
-# benchmarks/: scripts run by path, which import each other as top-level modules
-# (`import common`, the script's folder on sys.path); named "benchmarks/<stem>".
-BENCH_SOURCES = {p.stem: p for p in sorted((ROOT / "benchmarks").glob("*.py"))}
+# benchmarks/: scripts run by path with benchmarks/ on the import path (the scripts' own
+# folder; the workers' through PYTHONPATH), which import each other as top-level modules
+# (`import quality`, `from lib import common`); named "benchmarks/<path without .py>", a
+# package by its folder ("benchmarks/lib").
+BENCH = ROOT / "benchmarks"
+BENCH_SOURCES = {p.relative_to(BENCH).with_suffix("").as_posix().removesuffix("/__init__"): p
+                 for p in sorted(BENCH.rglob("*.py"))}
+
+
+def _bench_target(dotted: str) -> str | None:
+    """The benchmarks module `import dotted` loads: the longest that exists, or None."""
+    parts = dotted.split(".")
+    while parts and "/".join(parts) not in BENCH_SOURCES:
+        parts.pop()
+    return "/".join(parts) or None
 
 
 def _bench_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for stem, path in BENCH_SOURCES.items():
+    for name, path in BENCH_SOURCES.items():
         names = set()
         for node in _imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                names |= {alias.name.split(".")[0] for alias in node.names}
-            elif not node.level and node.module:
-                names.add(node.module.split(".")[0])
-        graph[f"benchmarks/{stem}"] = {f"benchmarks/{n}" for n in names
-                                       if n in BENCH_SOURCES and n != stem}
+                names |= {_bench_target(alias.name) for alias in node.names}
+            elif not node.level and node.module:  # `from lib import common`: lib/common
+                names |= {_bench_target(f"{node.module}.{alias.name}") for alias in node.names}
+        graph[f"benchmarks/{name}"] = {f"benchmarks/{n}" for n in names
+                                       if n is not None and n != name}
     return graph
 
 
@@ -294,8 +306,11 @@ def test_the_graph_sees_the_code():
     assert "tasks.steps.validate" in GRAPH["bertflow_airflow.run_tasks"]  # a function-level import
     assert "tasks.model.token_encoding" in GRAPH["tasks.training.entity_serving"]  # TYPE_CHECKING
     assert len([m for m in SOURCES if m.startswith("tasks.")]) > 50
-    assert "benchmarks/common" in BENCH_GRAPH["benchmarks/model_sizes"]
-    assert "benchmarks/synthetic_inputs" in BENCH_GRAPH["benchmarks/common"]  # in a function
+    assert "benchmarks/lib/common" in BENCH_GRAPH["benchmarks/model_sizes"]
+    assert "benchmarks/lib/synthetic_inputs" in BENCH_GRAPH["benchmarks/lib/common"]  # in a def
+    assert "benchmarks/quality" in BENCH_GRAPH["benchmarks/class_weights"]
+    assert BENCH_GRAPH["benchmarks/workers/_bertflow_train_worker"] == {
+        "benchmarks/lib/trainbench_data"}  # `from lib.trainbench_data import train_flops`
 
 
 def test_every_kind_of_import_is_an_edge():
@@ -346,7 +361,7 @@ def test_no_import_circles_among_benchmark_modules():
     circles = _circle_report(BENCH_GRAPH)
     assert not circles, (
         "import circles among benchmarks/ modules; move what both sides need into a module "
-        "below them (as benchmarks/synthetic_inputs.py):\n" + "\n".join(circles))
+        "below them (as benchmarks/lib/synthetic_inputs.py):\n" + "\n".join(circles))
 
 
 @pytest.mark.parametrize("edge", sorted(EXPECTED_BACK_EDGES), ids="->".join)
