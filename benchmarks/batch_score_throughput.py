@@ -17,7 +17,7 @@ scores with and a Hugging Face checkpoint, which the peer's pipeline loads. The 
   and model load), so `plan_s + startup_s` is the fixed cost to the first row scored;
   `rows_per_s` = rows / (last shard's end - first shard's start), the scoring rate as the
   peer's is counted; `wall_rows_per_s` = rows / wall_s, start-up included;
-- the peer (benchmarks/_peer_score_worker.py in .venv-peer): the pipeline's load and its
+- the peer (benchmarks/peers/_peer_score_worker.py in .venv-peer): the pipeline's load and its
   scoring of the same texts in batches of `--batch-size`; `rows_per_s` = rows / score_s
   (its load not counted: in its favour).
 `computed_speedup` = bertflow's rows_per_s at each worker count / the peer's.
@@ -38,11 +38,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 DATASETS = {"sst2": "sst2/train.tsv", "banking77": "banking77/train.tsv"}
 PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
-W_PEER = str(Path(__file__).resolve().parent / "_peer_score_worker.py")
+W_PEER = str(Path(__file__).resolve().parent / "peers" / "_peer_score_worker.py")
 RECIPE = {"max_seq_length": 128, "max_steps": 2, "per_replica_batch_size": 16,
           "num_shards": 1, "checkpoint_every_steps": 100_000}
 

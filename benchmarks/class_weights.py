@@ -17,7 +17,7 @@ Arms (one run per arm and seed; the order alternates per seed, as quality.py's s
 - bertflow_none, bertflow_balanced: quality.py's bertflow side (init-run, then data, tokenize,
   train, evaluate through LocalCluster, forked from one warm-start server) with
   `class_weights` none or balanced;
-- peer_balanced: quality.py's peer (.venv-peer, benchmarks/_peer_quality_worker.py: the
+- peer_balanced: quality.py's peer (.venv-peer, benchmarks/peers/_peer_quality_worker.py: the
   Trainer, PyTorch) with `--class-weights`: a weighted `torch.nn.CrossEntropyLoss(weight=)` in
   compute_loss, its weights bertflow's balanced ones (tasks/class_weights.for_run on the same
   rows: examples / (classes x the class's examples)), checked against the weights bertflow's
@@ -55,7 +55,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-import common
+from lib import common
 import quality
 
 TRAIN, TEST = "banking77/train.tsv", "banking77/dev.tsv"

@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 RUNS = (("deterministic_a", True), ("not_deterministic_a", False), ("deterministic_b", True),
         ("not_deterministic_b", False))

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 
 def task_durations(airflow_home: Path, run_key: str) -> list[dict]:

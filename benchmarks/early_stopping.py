@@ -45,8 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-from common import median
+from lib import common
+from lib.common import median
 
 DATASETS = {  # name: (train file, test file, task, test metric)
     "banking77": ("banking77/train.tsv", "banking77/dev.tsv", "classification", "accuracy"),

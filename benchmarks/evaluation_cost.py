@@ -9,8 +9,8 @@ fresh interpreter through LocalCluster, common.run_step) on BANKING77's training
 validation_fraction 0.1 (about 1,000 validation rows), the test rows being its dev file
 (never read here), and the product's defaults otherwise (batch 16, max_seq_length 128, the
 fit loop). It trains `max_steps` steps with `eval_every_steps` set so that it validates four
-times. bert-base has RANDOM weights (synthetic_inputs.py; the time does not depend on the values)
-and MiniLM's uncased vocabulary, which is bert-base's.
+times. bert-base has RANDOM weights (lib/synthetic_inputs.py; the time does not depend on the
+values) and MiniLM's uncased vocabulary, which is bert-base's.
 
 Measured per run: each evaluation's seconds (history.json `validation[].seconds`; the first
 includes tracing the evaluation function and is reported apart as `first_evaluation_s`),
@@ -31,8 +31,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import common
-from common import median
+from lib import common
+from lib.common import median
 
 TRAIN, TEST = "banking77/train.tsv", "banking77/dev.tsv"
 RECIPE = {"task": "classification", "validation_fraction": 0.1, "epochs": 1,
@@ -42,7 +42,7 @@ INTERVAL_STEPS = 100
 
 
 def model_dirs(names: list[str], work: Path, smoke: bool) -> dict[str, str]:
-    import synthetic_inputs
+    from lib import synthetic_inputs
 
     if smoke:
         return {names[0]: str(common.smoke_model_dir(work / "tiny-random-bert"))}

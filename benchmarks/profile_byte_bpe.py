@@ -19,7 +19,7 @@ import random
 import tempfile
 from pathlib import Path
 
-import common
+from lib import common
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 
 class SerialPool:

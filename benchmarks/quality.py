@@ -9,7 +9,7 @@ with the Hugging Face recipe (transformers' Trainer + PyTorch) at the same budge
 bertflow: per data set and seed, a run folder and the real steps as the workers run them:
 `python -m tasks init-run`, then `python -m tasks {data,tokenize,train,evaluate} --run-dir RUN`.
 Peer (in .venv-peer: `python3 -m venv .venv-peer && .venv-peer/bin/pip install -r
-benchmarks/requirements.txt`): benchmarks/_peer_quality_worker.py, transformers' Trainer with
+benchmarks/requirements.txt`): benchmarks/peers/_peer_quality_worker.py, transformers' Trainer with
 its defaults (torch's fused AdamW `adamw_torch_fused` with epsilon 1e-8, gradient clipping at
 1.0, linear schedule), bf16 autocast where the CPU has native bf16 (avx512_bf16 or amx_bf16;
 elsewhere torch emulates it and takes hours, so the peer trains in float32 there, as bertflow
@@ -90,10 +90,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
-W_PEER = str(common.BENCH_DIR / "_peer_quality_worker.py")
+W_PEER = str(common.BENCH_DIR / "peers" / "_peer_quality_worker.py")
 DATASETS = {"sst2": ("sst2/train.tsv", None), "snips": ("snips/train.tsv", "snips/dev.tsv"),
             "banking77": ("banking77/train.tsv", "banking77/dev.tsv"),
             "sst2_sentences": ("sst2/train.tsv", None),

@@ -35,8 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-import common
-from common import PROJECT_ROOT, require_data, write_results
+from lib import common
+from lib.common import PROJECT_ROOT, require_data, write_results
 
 GB = 1 << 30
 TARGETS = {"max_rss_bytes": int(1.5 * GB), "throughput_ratio": 0.8,

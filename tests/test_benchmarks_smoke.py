@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import common  # noqa: E402
-import trainbench_data  # noqa: E402
+from lib import common, trainbench_data  # noqa: E402
 
 
 def test_missing_data_is_an_error_naming_the_path_to_set(monkeypatch, tmp_path, capsys):
@@ -27,8 +26,8 @@ def test_missing_data_is_an_error_naming_the_path_to_set(monkeypatch, tmp_path, 
 def test_the_data_root_is_beside_the_checkout_unless_set():
     import subprocess
 
-    code = "import common; print(common.DATA_ROOT)"
-    bench = Path(common.__file__).parent
+    code = "from lib import common; print(common.DATA_ROOT)"
+    bench = common.BENCH_DIR
     env = {k: v for k, v in __import__("os").environ.items() if k != "BERTFLOW_SHARED_DATA"}
     out = subprocess.run([sys.executable, "-c", code], cwd=bench, env=env, text=True,
                          capture_output=True, check=True).stdout.strip()
@@ -50,7 +49,7 @@ def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
 
     scratch = tmp_path / "tmp"
     scratch.mkdir()
-    done = subprocess.run([sys.executable, str(Path(common.__file__).parent / f"{script}.py")],
+    done = subprocess.run([sys.executable, str(common.BENCH_DIR / f"{script}.py")],
                           env={**os.environ, "BERTFLOW_SHARED_DATA": str(tmp_path),
                                "TMPDIR": str(scratch)},
                           capture_output=True, text=True, timeout=300)
@@ -379,7 +378,7 @@ def test_a_smoke_run_refuses_to_write_to_the_results_folder(tmp_path):
 
 def test_every_benchmark_has_a_smoke_mode():
     writers = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
-               if "write_results(" in p.read_text()} - {"common"}
+               if "write_results(" in p.read_text()}
     with_smoke = {p.stem for p in (ROOT / "benchmarks").glob("*.py")
                   if '"--smoke"' in p.read_text()}
     assert set(SMOKE) | SMOKE_NOT_IN_SUITE <= with_smoke

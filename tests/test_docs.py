@@ -20,6 +20,7 @@ def pages() -> list[Path]:
     return [PROJECT_ROOT / "README.md", PROJECT_ROOT / "CONTRACTS.md",
             *sorted((PROJECT_ROOT / "docs").glob("*.md")),
             PROJECT_ROOT / "benchmarks" / "RESULTS.md",
+            PROJECT_ROOT / "benchmarks" / "README.md",
             *sorted((PROJECT_ROOT / "benchmarks" / "results").glob("**/README.md"))]
 
 

@@ -1,6 +1,7 @@
 """The import graph of bertflow's own code, read with `ast` (nothing is imported): no import
-circles among `tasks` modules or among the benchmarks' modules, and no module imports a layer
-above its own. Each failure names the modules and the import (the edge) to remove.
+circles among `tasks` modules or among the benchmarks' modules, no module imports a layer
+above its own, and each benchmarks/ folder imports only what it may (BENCH_FOLDER_IMPORTS).
+Each failure names the modules and the import (the edge) to remove.
 
 Every `import` statement in a module's source counts, wherever it stands:
 - at module level;
@@ -148,26 +149,69 @@ for _module, _tree in TREES.items():
             if _name is not None:
                 NAMES_TAKEN.append((_module, _node.lineno, _target, _name))
 
-# benchmarks/: scripts run by path, which import each other as top-level modules
-# (`import common`, the script's folder on sys.path); named "benchmarks/<stem>".
-BENCH_SOURCES = {p.stem: p for p in sorted((ROOT / "benchmarks").glob("*.py"))}
+# benchmarks/: scripts run by path with benchmarks/ on the import path (the scripts' own
+# folder; the workers' through PYTHONPATH), which import each other as top-level modules
+# (`import quality`, `from lib import common`); named "benchmarks/<path without .py>", a
+# package by its folder ("benchmarks/lib").
+BENCH = ROOT / "benchmarks"
+BENCH_SOURCES = {p.relative_to(BENCH).with_suffix("").as_posix().removesuffix("/__init__"): p
+                 for p in sorted(BENCH.rglob("*.py"))}
+
+
+def _bench_target(dotted: str) -> str | None:
+    """The benchmarks module `import dotted` loads: the longest that exists, or None."""
+    parts = dotted.split(".")
+    while parts and "/".join(parts) not in BENCH_SOURCES:
+        parts.pop()
+    return "/".join(parts) or None
 
 
 def _bench_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
-    for stem, path in BENCH_SOURCES.items():
+    for name, path in BENCH_SOURCES.items():
         names = set()
         for node in _imports(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
-                names |= {alias.name.split(".")[0] for alias in node.names}
-            elif not node.level and node.module:
-                names.add(node.module.split(".")[0])
-        graph[f"benchmarks/{stem}"] = {f"benchmarks/{n}" for n in names
-                                       if n in BENCH_SOURCES and n != stem}
+                names |= {_bench_target(alias.name) for alias in node.names}
+            elif not node.level and node.module:  # `from lib import common`: lib/common
+                names |= {_bench_target(f"{node.module}.{alias.name}") for alias in node.names}
+        graph[f"benchmarks/{name}"] = {f"benchmarks/{n}" for n in names
+                                       if n is not None and n != name}
     return graph
 
 
 BENCH_GRAPH = _bench_graph()
+
+# What each benchmarks/ folder may import (benchmarks/README.md): lib/ sits below the scripts
+# on top; the workers run by path in a fresh process and take only lib/; the peers run in
+# .venv-peer, which has no bertflow for lib/ to import, and take nothing. Nothing imports a
+# worker or a peer: they are processes, not modules.
+BENCH_FOLDER_IMPORTS = {"lib": {"lib"}, "workers": {"lib"}, "peers": set(),
+                        "scripts": {"lib", "scripts"}}
+
+
+def _bench_folder(module: str) -> str:
+    """"benchmarks/lib/common" -> "lib", "benchmarks/quality" -> "scripts" (the top)."""
+    parts = module.split("/")
+    folder = parts[1] if len(parts) > 2 or parts[1] == "lib" else "scripts"
+    if folder not in BENCH_FOLDER_IMPORTS:
+        raise AssertionError(f"{module}: benchmarks/{folder}/ has no entry in "
+                             "BENCH_FOLDER_IMPORTS (tests/test_imports.py): add one, and the "
+                             "folder to benchmarks/README.md")
+    return folder
+
+
+def _bench_folder_report(graph: dict[str, set[str]]) -> list[str]:
+    """One line per import a module's folder may not make (BENCH_FOLDER_IMPORTS)."""
+    out = []
+    for module, targets in graph.items():
+        folder = _bench_folder(module)
+        allowed = BENCH_FOLDER_IMPORTS[folder]
+        shown = f"{folder}/" if folder != "scripts" else folder
+        names = ", ".join(sorted(allowed)) or "nothing of benchmarks/"
+        out += [f"{module} imports {t} ({shown} may import: {names})"
+                for t in targets if _bench_folder(t) not in allowed]
+    return sorted(out)
 
 
 def _unit(module: str) -> str:
@@ -294,8 +338,11 @@ def test_the_graph_sees_the_code():
     assert "tasks.steps.validate" in GRAPH["bertflow_airflow.run_tasks"]  # a function-level import
     assert "tasks.model.token_encoding" in GRAPH["tasks.training.entity_serving"]  # TYPE_CHECKING
     assert len([m for m in SOURCES if m.startswith("tasks.")]) > 50
-    assert "benchmarks/common" in BENCH_GRAPH["benchmarks/model_sizes"]
-    assert "benchmarks/synthetic_inputs" in BENCH_GRAPH["benchmarks/common"]  # in a function
+    assert "benchmarks/lib/common" in BENCH_GRAPH["benchmarks/model_sizes"]
+    assert "benchmarks/lib/synthetic_inputs" in BENCH_GRAPH["benchmarks/lib/common"]  # in a def
+    assert "benchmarks/quality" in BENCH_GRAPH["benchmarks/class_weights"]
+    assert BENCH_GRAPH["benchmarks/workers/_bertflow_train_worker"] == {
+        "benchmarks/lib/trainbench_data"}  # `from lib.trainbench_data import train_flops`
 
 
 def test_every_kind_of_import_is_an_edge():
@@ -328,6 +375,12 @@ def test_the_checks_report_a_circle_and_an_upward_import():
         "benchmarks/common -> benchmarks/model_sizes -> benchmarks/common  (tangled together: "
         "benchmarks/common, benchmarks/mfu, benchmarks/model_sizes)"]
     assert _circle_report({"a": {"b"}, "b": set()}) == []
+    folders = {"benchmarks/lib/common": {"benchmarks/quality"},  # lib is below the scripts
+               "benchmarks/quality": {"benchmarks/lib/common", "benchmarks/peers/_p"},
+               "benchmarks/peers/_p": set()}
+    assert _bench_folder_report(folders) == [
+        "benchmarks/lib/common imports benchmarks/quality (lib/ may import: lib)",
+        "benchmarks/quality imports benchmarks/peers/_p (scripts may import: lib, scripts)"]
 
 
 def test_no_import_circles_among_tasks_modules():
@@ -341,12 +394,19 @@ def test_no_import_circles_among_tasks_modules():
 
 
 def test_no_import_circles_among_benchmark_modules():
-    """benchmarks/ has no layers of its own, but a circle there (common.py <-> model_sizes.py
-    until issue 47) means a helper lives in the wrong file."""
+    """A circle among benchmarks/ modules (common.py <-> model_sizes.py until issue 47) means
+    a helper lives in the wrong file, even within one folder."""
     circles = _circle_report(BENCH_GRAPH)
     assert not circles, (
         "import circles among benchmarks/ modules; move what both sides need into a module "
-        "below them (as benchmarks/synthetic_inputs.py):\n" + "\n".join(circles))
+        "below them (as benchmarks/lib/synthetic_inputs.py):\n" + "\n".join(circles))
+
+
+def test_benchmark_modules_import_only_what_their_folder_may():
+    bad = _bench_folder_report(BENCH_GRAPH)
+    assert not bad, ("imports across benchmarks/ folders (BENCH_FOLDER_IMPORTS, "
+                     "benchmarks/README.md); move what is shared into benchmarks/lib/:\n"
+                     + "\n".join(bad))
 
 
 @pytest.mark.parametrize("edge", sorted(EXPECTED_BACK_EDGES), ids="->".join)

@@ -36,7 +36,7 @@ a = p.parse_args()
 from tasks.steps import data as data_step, tokenize as tokenize_step, train as train_step  # noqa
 from tasks.config import RunConfig  # noqa: E402
 from tasks.runs.runlayout import RunContext, write_run_config  # noqa: E402
-from trainbench_data import train_flops  # noqa: E402
+from lib.trainbench_data import train_flops  # noqa: E402
 
 batches = json.load(open(a.batches))["batches"]
 timed_steps = len(batches)

@@ -91,7 +91,7 @@ def model_and_batches(tmp: Path, examples: int, smoke: bool) -> tuple[str, Path]
     """The model folder and batches file of a training-step benchmark (mfu.py,
     train_step_ablation.py): in smoke mode a tiny random BERT and synthetic batches of 4,
     else MiniLM and `examples` SST-2 rows in length-grouped batches of 32."""
-    import common
+    from lib import common
 
     out = tmp / "batches.json"
     if smoke:

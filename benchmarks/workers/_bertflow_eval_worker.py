@@ -1,7 +1,8 @@
 """benchmarks/evaluation_floor.py's bertflow worker: the parts of the evaluation of a trained
 run's model, in a fresh process, printed as one `RESULT {json}` line.
 
-    ./.venv/bin/python benchmarks/_bertflow_eval_worker.py RUN_DIR [--no-graph-optimization]
+    PYTHONPATH=benchmarks ./.venv/bin/python benchmarks/workers/_bertflow_eval_worker.py RUN_DIR \
+        [--no-graph-optimization]
 
 On the run's saved model and evaluation shards, under the run's strategy (one device here):
 1. `evaluate_model` once, as the evaluate step runs it (`evaluate_model_s`; this process's
@@ -20,7 +21,7 @@ import argparse
 import json
 
 import tasks  # noqa: F401  (bertflow's TensorFlow settings, before TensorFlow)
-from common import timed
+from lib.common import timed
 from tasks.runs.runlayout import load_run, read_manifest
 from tasks.steps import evaluate
 from tasks.training import checkpoint, inputs, model as model_lib, strategy as strategy_lib

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-BENCH_DIR = Path(__file__).resolve().parent
+BENCH_DIR = Path(__file__).resolve().parent.parent  # benchmarks/ (this file is in lib/)
 PROJECT_ROOT = BENCH_DIR.parent
 # Where write_results writes: benchmarks/results/, or $BERTFLOW_BENCH_RESULTS_DIR (smoke runs,
 # tests). A smoke run with the variable unset gets a fresh temporary folder (smoke_results_dir).
@@ -68,7 +68,7 @@ def smoke_results_dir() -> Path:
 def smoke_model_dir(out: Path) -> Path:
     """A tiny RANDOM BERT checkpoint (2 layers, hidden 32; the MiniLM checkpoint's uncased
     vocabulary) for --smoke runs: config.json, vocab.txt, model.safetensors."""
-    import synthetic_inputs
+    from lib import synthetic_inputs
     return synthetic_inputs.write_random_checkpoint(synthetic_inputs.MODELS["tiny"], out,
                                                     synthetic_inputs.vocab_file())
 
@@ -77,7 +77,7 @@ def smoke_batches(model_dir: Path, out: Path, batch: int = 4, steps: int = 3,
                   seq: int = 16) -> Path:
     """`steps` synthetic batches (random whole-word rows, truncated to `seq` tokens) in the
     format trainbench_data.build writes, for --smoke runs: no shared data needed."""
-    import synthetic_inputs
+    from lib import synthetic_inputs
     return synthetic_inputs.write_batches(model_dir / "vocab.txt", seq, batch, steps, out)
 
 
@@ -289,6 +289,16 @@ def verdict(value: float, target: float, unit: str = "") -> str:
 
 # The product's interpreter: benchmarks run bertflow's steps as its users do.
 PRODUCT_PYTHON = str(PROJECT_ROOT / ".venv" / "bin" / "python")
+
+
+def worker_env(env: dict[str, str] | None = None, bench_dir: Path = BENCH_DIR) -> dict[str, str]:
+    """`env` (default: this process's) with `bench_dir` first on PYTHONPATH: a worker run by
+    path from benchmarks/workers/ imports the shared helpers as `lib.<module>`, as the
+    scripts on top do (no benchmark edits the import path: tests/test_imports.py)."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(bench_dir), env.get("PYTHONPATH"))
+                                        if p)
+    return env
 
 
 def tasks_cli(*argv: str) -> str:
