@@ -42,7 +42,8 @@ def test_the_data_root_is_beside_the_checkout_unless_set():
                                     "train_step_ablation", "scale", "quality", "determinism",
                                     "evaluation_floor", "evaluation_cost",
                                     "sweep_pruning", "batch_score_throughput",
-                                    "score_scale", "profile_byte_bpe", "class_weights"])
+                                    "score_scale", "profile_byte_bpe", "class_weights",
+                                    "tokenizer_parity"])
 def test_a_benchmark_without_its_data_exits_non_zero(script, tmp_path):
     import os
     import subprocess
@@ -155,6 +156,8 @@ SMOKE = {
     "long_texts": ([], None),  # bertflow's two arms, no peer
     "class_weights": (["--arms", "bertflow_none,bertflow_balanced"],
                       ["--arms", "peer_balanced,peer_none"]),
+    # the tests' tiny vocabularies of the three families; its peer is transformers, here
+    "tokenizer_parity": ([], None),
 }
 
 
@@ -274,6 +277,8 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert set(data["verdict"]["rss_growth_largest_over_smallest"]) == {"parquet"}
     if script == "class_weights":
         _check_class_weights(data, "bertflow")
+    if script == "tokenizer_parity":
+        _check_tokenizer_parity(data)
     if script == "determinism":
         assert data["summary"]["deterministic_weights_bitwise_equal"] is True
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
@@ -323,6 +328,33 @@ def _check_class_weights(data: dict, side: str) -> None:
     assert balanced["final_loss"] != none["final_loss"]
     assert set(balanced["per_class"]) == set(data["data"]["rows_per_class"])
     assert set(data["computed_deltas"]) == {f"{side}_balanced_vs_none"}
+
+
+def _check_tokenizer_parity(data: dict) -> None:
+    """Each family's tiny vocabulary (the one its tests train) gives transformers' ids on the
+    synthetic rows of every set, and on the generated multilingual texts but for one known
+    difference; it cuts a text of more than 512 pieces where transformers cuts it, alone and
+    as a pair."""
+    import re
+
+    # 64 rows of each synthetic set (banking77: a copy of snips) and 200 generated texts
+    assert data["texts_by_set"] == {"sst2": 64, "snips": 64, "banking77": 64,
+                                    "goemotions": 64, "wnut17": 64, "multilingual": 200}
+    assert set(data["families"]) == {"roberta", "xlm-roberta", "deberta-v2"}
+    assert data["families"]["roberta"]["mismatches"] == 0
+    for name, family in data["families"].items():
+        assert {s for s, n in family["mismatches_by_set"].items() if n} <= {"multilingual"}
+        # transformers' Precompiled normalizer maps a grapheme cluster whole or char by char:
+        # a combining mark before a zero-width (non-)joiner stays uncomposed (n U+0303 U+200C
+        # gives n and U+0303), where SentencePiece, and bertflow, compose it (docs/model.md)
+        for shown in family["first_mismatches"]:
+            assert re.search("[\u0300-\u036f][\u200b-\u200d\u2060\ufeff]",
+                             shown["text"]), (name, shown)
+        assert family["cut_512"] == {**family["cut_512"], "single_equal": True,
+                                     "single_length": 512, "pair_equal": True,
+                                     "pair_length": 512}
+        assert all(f["smoke"].startswith("trained by test_") for f in family["files"].values())
+        assert min(family["median_rows_per_s"].values()) > 0
 
 
 def test_smoke_quality_on_the_new_tasks(tmp_path):
