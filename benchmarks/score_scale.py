@@ -129,7 +129,7 @@ def score_run(work: Path, path: Path, rows: int, fmt: str, version: str, args,
           f"{score['worker_rss_bytes'] / 2**20:5.0f} MB, task {mb['score']:5.0f} MB | "
           f"publish {mb['publish']:5.0f} MB", flush=True)
     shutil.rmtree(output, ignore_errors=True)  # 1M rows of scores: not kept
-    # The workers' scratch folders (bert_batch_score has no release task to remove them).
+    # The workers' scratch folders: the DAG's release teardown removes them; not run here.
     tmp_root = local_tmp_root(run_uri)
     shutil.rmtree(tmp_root, ignore_errors=True)
     with contextlib.suppress(OSError):

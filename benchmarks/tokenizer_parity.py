@@ -43,7 +43,7 @@ import zipfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import common
+from lib import common
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
