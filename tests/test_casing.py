@@ -337,6 +337,7 @@ def test_a_cased_checkpoint_finds_entities_end_to_end(tmp_path, cased_checkpoint
     assert not casing.read(version, "bert").lower_case
     # Texts without punctuation inside a word: transformers' pipeline takes BertPreTokenizer's
     # words ("fox's" is three), bertflow the whitespace words it was trained on.
-    texts = SERVED[:2] + ["Zoë and Müller visited New York", "the Quick fox saw José"]
+    texts = ["Théo visited Paris", SERVED[1], "Zoë and Müller visited New York",
+             "the Quick café saw José"]  # words of the training sentences
     capitalised = {w for text in texts for w in text.split() if w[0].isupper()}
     entities_as_the_pipeline(version, "BertForTokenClassification", texts, capitalised)
