@@ -196,7 +196,8 @@ class RunConfig(BaseModel):
                     "leaves it at mean).")
     lower_case: Optional[bool] = Field(
         default=None, title="Lower-case input",
-        description="Lower-case and strip accents (uncased checkpoints) or not (cased ones). "
+        description="Lower-case (uncased checkpoints) or not (cased ones); accents are "
+                    "stripped with it unless the checkpoint's strip_accents says otherwise. "
                     "Empty: read from the checkpoint (tokenizer_config.json's do_lower_case, "
                     "tokenizer.json's normalizer, else its vocabulary); the tokenize "
                     "manifest says which rule decided. A value the checkpoint contradicts is "

@@ -1,8 +1,9 @@
 """A checkpoint's casing is read from the checkpoint (tasks/model/casing.py): cased vocabularies
-are no longer lower-cased, a contradicting lower_case is refused at validate, and the HF export
+are no longer lower-cased, a contradicting lower_case is refused at validate, accents follow
+the checkpoint's strip_accents where it sets them apart from the casing, and the HF export
 records what the tokenizer did. The cased vocabulary is trained here with the tokenizers
 library on text with capitals, accents, CJK and emoji; transformers' BertTokenizer is the
-reference it must match."""
+reference it must match. A cased checkpoint also runs token classification end to end."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,8 @@ from tasks.config import RunConfig
 from tasks.errors import ConfigError
 from tasks.model import casing
 from tasks.training import checkpoint
-from train_helpers import write_tiny_model
+from train_helpers import (FILLER, NAMES, PLACES, SERVED, entities_as_the_pipeline,
+                           token_steps_of_a_family, write_tiny_model)
 
 CORPUS = [
     "The Quick Brown Fox jumps over Zoë's café in São Paulo.",
@@ -43,7 +45,9 @@ def cased_vocab(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("cased")
     trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False, clean_text=True,
                                      handle_chinese_chars=True)
-    trainer.train_from_iterator(CORPUS * 20, vocab_size=600, min_frequency=1,
+    # The token-classification sentences' words too (train_helpers.tagged_sentences).
+    words = [" ".join(NAMES), " ".join(w for place in PLACES for w in place), " ".join(FILLER)]
+    trainer.train_from_iterator((CORPUS + words + SERVED) * 20, vocab_size=700, min_frequency=1,
                                 special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     trainer.save_model(str(out))
     return out / "vocab.txt"
@@ -97,13 +101,35 @@ def test_each_rule_in_order():
     assert found.rule == "distilbert default (the checkpoint does not say)"
 
 
-def test_a_checkpoint_whose_accents_follow_other_rules_is_refused():
-    config = json.dumps({"do_lower_case": False, "strip_accents": True}).encode()
-    with pytest.raises(ConfigError) as err:
-        casing.from_files({"tokenizer_config.json": config}.get, "bert", "gs://b/ckpt")
-    assert err.value.field == "base_model"
-    assert "gs://b/ckpt/tokenizer_config.json: strip_accents true with lower-casing off" in str(
-        err.value)
+def test_accents_are_read_apart_from_the_casing():
+    """strip_accents from the file that gave the casing; None where it follows lower_case."""
+    def found(name: str, content: dict) -> casing.Casing:
+        return casing.from_files({name: json.dumps(content).encode()}.get, "bert", "ckpt")
+
+    kept = found("tokenizer_config.json", {"do_lower_case": True, "strip_accents": False})
+    assert (kept.lower_case, kept.strip_accents, kept.strips_accents) == (True, False, False)
+    stripped = found("tokenizer_config.json", {"do_lower_case": False, "strip_accents": True})
+    assert (stripped.lower_case, stripped.strip_accents) == (False, True)
+    assert stripped.strips_accents
+    same = found("tokenizer_config.json", {"do_lower_case": True, "strip_accents": True})
+    assert (same.strip_accents, same.strips_accents) == (None, True)
+    unset = found("tokenizer_config.json", {"do_lower_case": False, "strip_accents": None})
+    assert (unset.strip_accents, unset.strips_accents) == (None, False)
+    bert = found("tokenizer.json", {"normalizer": {"type": "BertNormalizer", "lowercase": True,
+                                                   "strip_accents": False}})
+    assert (bert.lower_case, bert.strip_accents, bert.rule) == (
+        True, False, "tokenizer.json normalizer")
+    lone = found("tokenizer.json", {"normalizer": {"type": "Lowercase"}})
+    assert (lone.lower_case, lone.strip_accents) == (True, False)
+    steps = found("tokenizer.json", {"normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "NFD"}, {"type": "StripAccents"}]}})
+    assert (steps.lower_case, steps.strip_accents) == (False, True)
+    # A forced lower_case keeps the checkpoint's accents where they were set apart.
+    assert casing.decide(False, True, kept).strip_accents is None  # false, as lower_case now
+    assert casing.decide(True, True, stripped).strip_accents is None
+    forced = casing.decide(False, True, found("tokenizer_config.json", {
+        "do_lower_case": True, "strip_accents": True}))
+    assert (forced.lower_case, forced.strips_accents) == (False, False)
     with pytest.raises(ConfigError, match="tokenizer.json is not JSON"):
         casing.from_files({"tokenizer.json": b"{"}.get, "bert", "ckpt")
 
@@ -212,3 +238,106 @@ def test_the_data_step_reads_the_casing_where_validate_could_not(cased_checkpoin
     assert cfg.lower_case is None and checkpoint.lower_case(cfg) is False
     assert checkpoint.lower_case(RunConfig(base_model=str(cased_checkpoint),
                                            lower_case=True, lower_case_override=True))
+
+
+@pytest.fixture(scope="module")
+def accents_kept_checkpoint(tmp_path_factory, cased_checkpoint) -> Path:
+    """The cased checkpoint with a tokenizer that lower-cases and keeps accents, as some
+    multilingual, German and Turkish checkpoints set it (transformers writes it)."""
+    import transformers
+
+    folder = tmp_path_factory.mktemp("accents-kept") / "model"
+    shutil.copytree(cased_checkpoint, folder)
+    transformers.BertTokenizer(vocab=str(folder / "vocab.txt"), do_lower_case=True,
+                               strip_accents=False).save_pretrained(folder)
+    return folder
+
+
+def _stored_ids(manifest: dict) -> set:
+    import tensorflow as tf
+
+    records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
+        manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"])]
+    return {tuple(r.features.feature["input_ids"].int64_list.value) for r in records}
+
+
+def test_accents_kept_by_a_lower_casing_checkpoint_through_tokenize_serving_and_export(
+        tmp_path, accents_kept_checkpoint):
+    """Lower-cased with accents kept: the TFRecords, a saved encoder and the HF export give
+    BertTokenizer(do_lower_case=True, strip_accents=False)'s ids; the tokenize manifest and
+    the cache key record it, so the same vocabulary with accents stripped is tokenized again."""
+    import tensorflow as tf
+    import transformers
+
+    from tasks.runs.runlayout import RunContext
+    from tasks.steps import data, export, tokenize
+
+    vocab = str(accents_kept_checkpoint / "vocab.txt")
+    reference = transformers.BertTokenizer(vocab=vocab, do_lower_case=True,
+                                           strip_accents=False, model_max_length=48)
+    stripping = transformers.BertTokenizer(vocab=vocab, do_lower_case=True, model_max_length=48)
+    cfg = RunConfig(base_model=str(accents_kept_checkpoint), train_uri=_train_file(tmp_path),
+                    num_shards=1, artifact_root=str(tmp_path / "art"), max_seq_length=48)
+    ctx = RunContext(str(tmp_path / "art"), "dag", "accents")
+    data.run(cfg, ctx)
+    manifest = json.loads(Path(tokenize.run(cfg, ctx)).read_text())
+    assert (manifest["lower_case"], manifest["strip_accents"]) == (True, False)
+    assert _stored_ids(manifest) == {tuple(reference(t, truncation=True)["input_ids"])
+                                     for t in CORPUS}
+    # The same vocab.txt whose tokenizer strips accents: another cache entry, other ids.
+    plain = accents_kept_checkpoint.parent / "stripping"
+    shutil.copytree(accents_kept_checkpoint, plain)
+    (plain / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    (plain / "tokenizer.json").unlink()
+    cfg_plain = cfg.model_copy(update={"base_model": str(plain)})
+    ctx_plain = RunContext(str(tmp_path / "art"), "dag", "stripping")
+    data.run(cfg_plain, ctx_plain)
+    other = json.loads(Path(tokenize.run(cfg_plain, ctx_plain)).read_text())
+    assert other["content_hash"] != manifest["content_hash"] and not other["reused"]
+    assert other["strip_accents"] is None
+    assert _stored_ids(other) == {tuple(stripping(t, truncation=True)["input_ids"])
+                                  for t in CORPUS} != _stored_ids(manifest)
+
+    # Serving: the SavedModel holds the encoder as the tokenize step built it.
+    encoder = checkpoint.text_encoder(accents_kept_checkpoint, True, 48,
+                                      manifest["strip_accents"])
+    tf.saved_model.save(encoder, str(tmp_path / "encoder"))
+    loaded = tf.saved_model.load(str(tmp_path / "encoder"))
+    texts = CORPUS + UNSEEN
+    want = reference(texts, truncation=True)["input_ids"]
+    assert loaded.encode(tf.constant(texts))[0].to_list() == want
+    assert want != stripping(texts, truncation=True)["input_ids"]
+
+    model = checkpoint.load_classifier(accents_kept_checkpoint, manifest["labels"])
+    exported = tmp_path / "export"
+    exported.mkdir()
+    export.write_hf_checkpoint(model, manifest["labels"], accents_kept_checkpoint, exported,
+                               manifest["lower_case"], manifest["max_seq_length"],
+                               strip_accents=manifest["strip_accents"])
+    assert casing.read(exported, "bert") == casing.Casing(
+        True, "tokenizer_config.json do_lower_case", True, False)
+    normalizer = json.loads((exported / "tokenizer.json").read_text())["normalizer"]
+    assert (normalizer["lowercase"], normalizer["strip_accents"]) == (True, False)
+    served = transformers.AutoTokenizer.from_pretrained(str(exported))
+    assert served(texts, truncation=True)["input_ids"] == want
+
+
+def test_a_cased_checkpoint_finds_entities_end_to_end(tmp_path, cased_checkpoint):
+    """Token classification on the cased checkpoint: TFRecords as BertTokenizer(do_lower_case=
+    False) with is_split_into_words, train, evaluate, export; the SavedModel's entities are
+    character spans of the raw text, as transformers' pipeline finds them, in capitalised
+    words; the export records do_lower_case false."""
+    import transformers
+
+    reference = transformers.BertTokenizer(vocab=str(cased_checkpoint / "vocab.txt"),
+                                           do_lower_case=False)
+    version, metrics = token_steps_of_a_family(cased_checkpoint, tmp_path, reference)
+    assert metrics["f1"] > 0.25, metrics  # an untrained model scores 0
+    assert json.loads((version / "tokenizer_config.json").read_text())["do_lower_case"] is False
+    assert not casing.read(version, "bert").lower_case
+    # Texts without punctuation inside a word: transformers' pipeline takes BertPreTokenizer's
+    # words ("fox's" is three), bertflow the whitespace words it was trained on.
+    texts = ["Théo visited Paris", SERVED[1], "Zoë and Müller visited New York",
+             "the Quick café saw José"]  # words of the training sentences
+    capitalised = {w for text in texts for w in text.split() if w[0].isupper()}
+    entities_as_the_pipeline(version, "BertForTokenClassification", texts, capitalised)

@@ -1,6 +1,7 @@
 """bertflow's in-graph WordPiece (BertTextEncoder: tasks/model/wordpiece_normalizer.py, then
 tensorflow-text's FastBertTokenizer) gives transformers' BertTokenizerFast's ids, with and
-without lower_case, on:
+without lower_case, and with accents set apart from it (lower-cased keeping accents, cased
+stripping them: tasks/model/casing.py), on:
 
 - texts built to hit each class where tensorflow-text's own normaliser differed (case folding
   of ß, ligatures and titlecase letters, control and format characters, U+FFFD and NUL,
@@ -11,8 +12,9 @@ without lower_case, on:
 
 The differences left are listed in wordpiece_known_differences.txt (Unicode table versions,
 and Hugging Face's CJK range); the test asserts that list exactly on the BMP and that nothing
-outside it differs. The vocabulary is written here (every character of the corpus in each
-normal form, whole and as a ##suffix): nothing is downloaded.
+outside it differs (with accents set apart, that nothing outside the whole list differs: the
+list's modes are of lower_case alone). The vocabulary is written here (every character of
+the corpus in each normal form, whole and as a ##suffix): nothing is downloaded.
 """
 from __future__ import annotations
 
@@ -104,14 +106,22 @@ def ids_of(encoder, texts) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("lower_case", [False, True], ids=["cased", "lower_case"])
-def test_ids_equal_bert_tokenizer_fast_but_the_listed_code_points(lower_case, corpus,
-                                                                  vocab_file):
+@pytest.mark.parametrize("lower_case,strip_accents",
+                         [(False, None), (True, None), (True, False), (False, True)],
+                         ids=["cased", "lower_case", "lower_case_keep_accents",
+                              "cased_strip_accents"])
+def test_ids_equal_bert_tokenizer_fast_but_the_listed_code_points(lower_case, strip_accents,
+                                                                  corpus, vocab_file):
     import transformers
 
-    hf = transformers.BertTokenizerFast(vocab=str(vocab_file), do_lower_case=lower_case)
-    encoder = BertTextEncoder(vocab_file, lower_case=lower_case, max_seq_length=512)
-    known = known_differences()["lower" if lower_case else "cased"]
+    hf = transformers.BertTokenizerFast(vocab=str(vocab_file), do_lower_case=lower_case,
+                                        strip_accents=strip_accents)
+    encoder = BertTextEncoder(vocab_file, lower_case=lower_case, max_seq_length=512,
+                              strip_accents=strip_accents)
+    listed = known_differences()
+    known = listed["lower" if lower_case else "cased"]
+    if strip_accents is not None:  # accents apart: the listed points of either mode
+        known = listed["lower"] | listed["cased"]
 
     texts = corpus["classes"]
     assert not {ord(c) for t in texts for c in t} & known  # so all must match exactly
@@ -119,13 +129,17 @@ def test_ids_equal_bert_tokenizer_fast_but_the_listed_code_points(lower_case, co
     wrong = [(t, hf.convert_ids_to_tokens(g), hf.convert_ids_to_tokens(w))
              for t, g, w in zip(texts, got, want) if g != w]
     assert not wrong, wrong[:5]
+    if strip_accents is not None:  # the classes' accents make the setting matter
+        default = transformers.BertTokenizerFast(vocab=str(vocab_file), do_lower_case=lower_case)
+        assert want != default(texts)["input_ids"]
 
     points = code_points()
     got, want = ids_of(encoder, corpus["points"]), hf(corpus["points"])["input_ids"]
     differ = {c for c, g, w in zip(points, got, want) if g != w}
     assert differ - known == set(), sorted(f"{c:04X}" for c in differ - known)[:40]
-    bmp_known = {c for c in known if c < 0x10000}
-    assert {c for c in differ if c < 0x10000} == bmp_known, "update the known list"
+    if strip_accents is None:
+        bmp_known = {c for c in known if c < 0x10000}
+        assert {c for c in differ if c < 0x10000} == bmp_known, "update the known list"
 
     # The known CJK difference, spelled out: Hugging Face keeps these in one word.
     (ours,), (theirs,) = ids_of(encoder, [CJK_GAP]), hf([CJK_GAP])["input_ids"]

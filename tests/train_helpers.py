@@ -515,16 +515,19 @@ def served_entities(version: Path, texts: list[str]) -> list[list[dict]]:
              for j in range(int(out["num_entities"][i]))] for i in range(len(texts))]
 
 
-def entities_as_the_pipeline(version: Path, architecture: str) -> None:
-    """The SavedModel serves raw strings (SERVED) in a fresh process with entities whose
+def entities_as_the_pipeline(version: Path, architecture: str,
+                             texts: list[str] = SERVED, within: set | None = None) -> None:
+    """The SavedModel serves raw strings (`texts`) in a fresh process with entities whose
     character offsets slice the text to the entity's word, and the Hugging Face export
     loads in transformers' pipeline("ner", aggregation_strategy="first") (PyTorch), which
-    finds the same entities."""
+    finds the same entities. `within`: words of which some served entity must be made."""
     import torch_env
 
-    served = served_entities(version, SERVED)
+    served = served_entities(version, texts)
     assert any(served), served  # the trained model finds some entity
-    for text, entities in zip(SERVED, served):
+    assert within is None or any(set(e["word"].split()) <= within for row in served
+                                 for e in row), (served, within)
+    for text, entities in zip(texts, served):
         for entity in entities:
             assert text[int(entity["start"]):int(entity["end"])] == entity["word"], entity
     assert json.loads((version / "config.json").read_text())["architectures"] == [architecture]
@@ -532,8 +535,8 @@ def entities_as_the_pipeline(version: Path, architecture: str) -> None:
         torch_env.python()
     except torch_env.Unavailable as err:
         pytest.skip(str(err))
-    theirs = torch_env.ner(str(version), SERVED)
-    for text, ours, pipeline in zip(SERVED, served, theirs):
+    theirs = torch_env.ner(str(version), texts)
+    for text, ours, pipeline in zip(texts, served, theirs):
         # DeBERTa's offsets count the space before a word in its first piece: the pipeline's
         # entity starts there. Its `word` joins a SentencePiece entity's words without a
         # space ("SãoPaulo"): the spans are compared, not the pipeline's words.

@@ -17,9 +17,13 @@ it is (XLM-R's normalizer, nmt_nfkc, keeps capitals), whatever the files say. De
 tokenizer has one (`do_lower_case`, false in its tokenizer_config.json); bertflow's in-graph
 SentencePiece does not lower-case, so a checkpoint that sets it true is refused.
 
-bertflow's in-graph tokenizer (tasks/model/wordpiece_normalizer.py) strips accents exactly when
-it lower-cases, as transformers does when `strip_accents` is unset; a checkpoint that sets
-`strip_accents` the other way is refused, since its tokenization cannot be reproduced.
+Accents are read with the casing, from the same file: `tokenizer_config.json`'s
+`strip_accents`, or the normalizer's (`BertNormalizer.strip_accents`, a `StripAccents` step).
+Unset, they follow lower-casing, as in transformers' BertNormalizer; some multilingual,
+German and Turkish checkpoints lower-case and keep accents. `Casing.strip_accents` is None
+unless it differs from `lower_case`, so a run of a checkpoint without the distinction keeps
+its tokenize cache key; the in-graph WordPiece (tasks/model/wordpiece_normalizer.py) applies
+it and the HF export writes it back.
 """
 from __future__ import annotations
 
@@ -51,6 +55,12 @@ class Casing:
     lower_case: bool
     rule: str  # where the value came from, for the tokenize manifest and errors
     from_checkpoint: bool  # False: the family's default (the checkpoint did not say)
+    # Whether accents are stripped, only where it differs from lower_case (None: as it).
+    strip_accents: Optional[bool] = None
+
+    @property
+    def strips_accents(self) -> bool:
+        return self.lower_case if self.strip_accents is None else self.strip_accents
 
 
 def read(folder: Path | str, family: str) -> Casing:
@@ -75,14 +85,14 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
         return _sentencepiece_casing(config, family, where)
     if config is not None and config.get("do_lower_case") is not None:
         lower = bool(config["do_lower_case"])
-        _check_accents(config.get("strip_accents"), lower, f"{where}/{TOKENIZER_CONFIG}")
-        return Casing(lower, f"{TOKENIZER_CONFIG} do_lower_case", True)
+        return Casing(lower, f"{TOKENIZER_CONFIG} do_lower_case", True,
+                      _differing(config.get("strip_accents"), lower))
     tokenizer = _json(read_file, TOKENIZER_JSON, where)
     found = _normalizer_casing(tokenizer.get("normalizer")) if tokenizer else None
     if found is not None:
         lower, strip_accents = found
-        _check_accents(strip_accents, lower, f"{where}/{TOKENIZER_JSON}")
-        return Casing(lower, f"{TOKENIZER_JSON} normalizer", True)
+        return Casing(lower, f"{TOKENIZER_JSON} normalizer", True,
+                      _differing(strip_accents, lower))
     vocab = read_file("vocab.txt")
     if vocab is not None:
         pieces = [p for p in vocab.decode("utf-8", "replace").splitlines()
@@ -120,9 +130,11 @@ def decide(explicit: Optional[bool], override: bool, found: Casing) -> Casing:
             f"{'lower-cased' if found.lower_case else 'cased'}); leave lower_case empty to "
             f"follow the checkpoint, or set lower_case_override to train with "
             f"{str(explicit).lower()} anyway"))
+    # The checkpoint's accents stay where they were set apart from its casing.
     return Casing(explicit, f"lower_case {str(explicit).lower()} set for the run "
                             f"(the checkpoint: {found.rule}, "
-                            f"{'lower-cased' if found.lower_case else 'cased'})", False)
+                            f"{'lower-cased' if found.lower_case else 'cased'})", False,
+                  _differing(found.strip_accents, explicit))
 
 
 def _json(read_file, name: str, where: str) -> Optional[dict]:
@@ -151,15 +163,14 @@ def _normalizer_casing(normalizer) -> Optional[tuple[bool, Optional[bool]]]:
         if bert is not None:
             return _normalizer_casing(bert)
         kinds = {s.get("type") for s in steps}
-        return "Lowercase" in kinds, ("StripAccents" in kinds) or None
+        return "Lowercase" in kinds, "StripAccents" in kinds
     if kind == "Lowercase":
-        return True, None
+        return True, False  # a lone Lowercase step keeps accents
     return None
 
 
-def _check_accents(strip_accents, lower: bool, where: str) -> None:
-    if strip_accents is not None and bool(strip_accents) != lower:
-        raise ConfigError("base_model", (
-            f"{where}: strip_accents {str(bool(strip_accents)).lower()} with lower-casing "
-            f"{'on' if lower else 'off'}: bertflow's in-graph tokenizer strips accents "
-            f"exactly when it lower-cases; use a checkpoint whose tokenizer does the same"))
+def _differing(strip_accents, lower: bool) -> Optional[bool]:
+    """strip_accents where set and not what lower-casing implies, else None."""
+    if strip_accents is None or bool(strip_accents) == lower:
+        return None
+    return bool(strip_accents)

@@ -47,6 +47,7 @@ class SegmentEncoder(tf.Module):
     """
 
     PAIR_SEPARATORS = 1  # separators between the two segments of a pair
+    strip_accents = None  # WordPiece only: set apart from lower_case (tasks/model/casing.py)
     TOKEN_TYPES = True  # False: token_type_ids are all 0 (the family has none)
     WORD_PREFIX = ""  # put before each word of a pre-split sentence (token classification)
 
@@ -136,8 +137,9 @@ class SegmentEncoder(tf.Module):
 class BertTextEncoder(SegmentEncoder):
     """Raw strings -> BERT input ids, in-graph and exportable in a SavedModel.
 
-    Matches transformers' `BertTokenizerFast(do_lower_case=lower_case)` token for token (its
-    normalisation is wordpiece_normalizer.py's; docs/model.md lists what still differs),
+    Matches transformers' `BertTokenizerFast(do_lower_case=lower_case,
+    strip_accents=strip_accents)` token for token (its normalisation is
+    wordpiece_normalizer.py's; docs/model.md lists what still differs),
     including truncation: single texts keep their first max_seq_length - 2 tokens; pairs are
     cut like Hugging Face's 'longest_first' (when both segments must shrink, the budget is
     split evenly and an odd token goes to the longer, or to the second when they tie).
@@ -145,12 +147,14 @@ class BertTextEncoder(SegmentEncoder):
     computed here.
     """
 
-    def __init__(self, vocab_path, lower_case: bool = True, max_seq_length: int = 128):
+    def __init__(self, vocab_path, lower_case: bool = True, max_seq_length: int = 128,
+                 strip_accents: bool | None = None):
         super().__init__(name="bert_text_encoder")
         text = storage.read_text(str(vocab_path))
         vocab = text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
         self.vocab_size = len(vocab)
         self.lower_case = lower_case
+        self.strip_accents = strip_accents  # None: as lower_case
         self.max_seq_length = max_seq_length
         self._cls_id = vocab.index("[CLS]")
         self._sep_id = vocab.index("[SEP]")
@@ -170,7 +174,7 @@ class BertTextEncoder(SegmentEncoder):
 
     def wordpieces(self, texts) -> tf.RaggedTensor:
         """Token ids of each text, before truncation and without [CLS]/[SEP]."""
-        return self._tokenizer.tokenize(normalize(texts, self.lower_case))
+        return self._tokenizer.tokenize(normalize(texts, self.lower_case, self.strip_accents))
 
 
 def _head(rt: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:

@@ -51,28 +51,33 @@ PLAIN = r"[\t\n\r -~]*"
 _TEXTS = tf.TensorSpec([None], tf.string)
 
 
-def normalize(texts: tf.Tensor, lower_case: bool) -> tf.Tensor:
-    """UTF-8 strings as BertNormalizer(clean_text=True, strip_accents=lower_case,
-    lowercase=lower_case) leaves them (CJK spacing is left to FastBertTokenizer). A traced
-    function: the tokenize step calls it eagerly, where op-by-op dispatch cost 2.5x its
-    work (by hand, no results file)."""
-    return _NORMALIZE[bool(lower_case)](texts)
+def normalize(texts: tf.Tensor, lower_case: bool,
+              strip_accents: bool | None = None) -> tf.Tensor:
+    """UTF-8 strings as BertNormalizer(clean_text=True, strip_accents=strip_accents,
+    lowercase=lower_case) leaves them (CJK spacing is left to FastBertTokenizer); accents
+    follow lower_case where strip_accents is None, as there. A traced function: the tokenize
+    step calls it eagerly, where op-by-op dispatch cost 2.5x its work (by hand, no results
+    file)."""
+    strip = lower_case if strip_accents is None else strip_accents
+    return _NORMALIZE[bool(lower_case), bool(strip)](texts)
 
 
-def _normalize(texts: tf.Tensor, lower_case: bool) -> tf.Tensor:
+def _normalize(texts: tf.Tensor, lower_case: bool, strip_accents: bool) -> tf.Tensor:
     rows = tf.where(~tf.strings.regex_full_match(texts, PLAIN))
     rest = tf.strings.regex_replace(tf.gather_nd(texts, rows), DELETED, "")
-    if lower_case:
+    if strip_accents:  # before lower-casing, as BertNormalizer does
         rest = tf_text.normalize_utf8(rest, "NFD")
         rest = tf.strings.regex_replace(rest, NONSPACING_MARKS, "")
+    if lower_case:
         rest = tf.strings.regex_replace(rest, CAPITAL_SIGMA, "\u03c3")
         rest = tf.strings.lower(rest, encoding="utf-8")  # ICU's, per character
         texts = tf.strings.lower(texts)  # ASCII's, several times faster, for the plain ones
     return _cap_long_words(tf.tensor_scatter_nd_update(texts, rows, rest))
 
 
-_NORMALIZE = {case: tf.function(lambda texts, case=case: _normalize(texts, case),
-                                input_signature=[_TEXTS]) for case in (True, False)}
+_NORMALIZE = {(case, strip): tf.function(
+    lambda texts, case=case, strip=strip: _normalize(texts, case, strip),
+    input_signature=[_TEXTS]) for case in (True, False) for strip in (True, False)}
 
 
 def _cap_long_words(texts: tf.Tensor) -> tf.Tensor:

@@ -84,9 +84,11 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
         with storage.staged_local_dir(train["model_dir"]) as model_dir:
             model = checkpoint.load_classifier(model_dir, labels, head=kind.head)
             encoder = checkpoint.text_encoder(model_dir, tokens["lower_case"],
-                                              tokens["max_seq_length"])
+                                              tokens["max_seq_length"],
+                                              tokens.get("strip_accents"))
             write_hf_checkpoint(model, labels, model_dir, out, tokens["lower_case"],
-                                tokens["max_seq_length"], kind.problem_type)
+                                tokens["max_seq_length"], kind.problem_type,
+                                tokens.get("strip_accents"))
             record_thresholds(out, kind.name, labels, threshold, train.get("thresholds"))
         module = serving_module(encoder, model, labels, has_pair, kind, threshold,
                                 window_setting(cfg, tokens))
@@ -106,12 +108,16 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
 
 def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
                         lower_case: bool, max_seq_length: int,
-                        problem_type: str = "single_label_classification") -> None:
+                        problem_type: str = "single_label_classification",
+                        strip_accents: bool | None = None) -> None:
     """The classifier as a standard Hugging Face checkpoint in `out`: config.json (its
     family's architecture, id2label, label2id), model.safetensors in PyTorch's key layout
     (tasks/model/hf_weights.py), `model_dir`'s tokenizer files (vocab.txt; RoBERTa's
     vocab.json and merges.txt; XLM-R's sentencepiece.bpe.model or DeBERTa-v3's spm.model, and a
-    tokenizer.json converted from it) and the tokenizer's config. PyTorch's
+    tokenizer.json converted from it) and the tokenizer's config (WordPiece: do_lower_case and
+    strip_accents, None following it, in tokenizer_config.json and tokenizer.json's
+    BertNormalizer; RoBERTa token classification: add_prefix_space, as the words were
+    tokenized and as run_ner loads RoBERTa). PyTorch's
     AutoModelForSequenceClassification and AutoTokenizer load the folder as is, and
     `champion` warm-starts read it (tasks/training/checkpoint_sources.py)."""
     from transformers import BertTokenizer, RobertaTokenizerFast  # tokenizer files only
@@ -120,7 +126,8 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
     checkpoint.copy_tokenizer_files(model_dir, out)
     if model.config.family == "roberta":
         RobertaTokenizerFast.from_pretrained(
-            str(out), model_max_length=max_seq_length).save_pretrained(out)
+            str(out), model_max_length=max_seq_length,
+            add_prefix_space=problem_type == "token_classification").save_pretrained(out)
         return
     if model.config.family in SENTENCEPIECE_TOKENIZERS:
         sentencepiece_tokenizer(model.config.family,
@@ -131,7 +138,7 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
     # DistilBERT's forward takes no token_type_ids: its tokenizer must not produce them.
     inputs = (["input_ids", "attention_mask"] if model.config.type_vocab_size == 0
               else ["input_ids", "token_type_ids", "attention_mask"])
-    BertTokenizer(vocab=str(vocab_file), do_lower_case=lower_case,
+    BertTokenizer(vocab=str(vocab_file), do_lower_case=lower_case, strip_accents=strip_accents,
                   model_max_length=max_seq_length,
                   model_input_names=inputs).save_pretrained(out)
 
@@ -447,6 +454,7 @@ def model_card(cfg: RunConfig, ctx: RunContext, version: str, data: dict, tokens
         "long texts": long_texts_line(cfg, tokens),
         "lower_case": (f"{tokens['lower_case']} ({tokens['lower_case_rule']})"
                        if tokens.get("lower_case_rule") else tokens["lower_case"]),
+        "strip_accents": tokens.get("strip_accents"),  # None (as lower_case): not shown
         "strategy": train.get("strategy"), "replicas": train.get("num_replicas"),
         "global batch": train.get("global_batch_size"), "epochs": train.get("epochs"),
         "steps": train.get("steps"), "learning rate": train.get("learning_rate"),

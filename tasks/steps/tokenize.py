@@ -79,13 +79,15 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     version = ENCODER_VERSIONS.get(EncoderConfig.from_pretrained(model_dir).family,
                                    ENCODER_VERSION)
     content_hash = _content_hash(data["splits"], _tokenizer_bytes(files), cfg,
-                                 task, len(data["labels"]), casing.lower_case, version)
+                                 task, len(data["labels"]), casing.lower_case, version,
+                                 casing.strip_accents)
     cache = runlayout.cache_uri(cfg.artifact_root, content_hash)
 
     cached = _complete_cache_manifest(cache)
     reused = cached is not None
     if not reused:
-        encoder = checkpoint.text_encoder(model_dir, casing.lower_case, cfg.max_seq_length)
+        encoder = checkpoint.text_encoder(model_dir, casing.lower_case, cfg.max_seq_length,
+                                          casing.strip_accents)
         cached = _build_cache(cache, content_hash, encoder, data, cfg.num_shards, task,
                               version, cfg.window_stride if cfg.long_text == "window" else None)
     if cfg.long_text == "window":
@@ -107,6 +109,8 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
         "max_seq_length": cached["max_seq_length"],
         "lower_case": cached["lower_case"],
         "lower_case_rule": casing.rule,  # which rule decided (tasks/model/casing.py)
+        # Set apart from lower_case by the checkpoint, else None (caches before: absent).
+        "strip_accents": cached.get("strip_accents"),
         "has_pair": data["has_pair"],
         "task": task,
         "labels": data["labels"],
@@ -133,18 +137,22 @@ def _tokenizer_bytes(files: list[Path]) -> bytes:
 
 def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "classification",
                   num_labels: int = 0, lower_case: bool = True,
-                  encoder_version: str = ENCODER_VERSION) -> str:
+                  encoder_version: str = ENCODER_VERSION,
+                  strip_accents: bool | None = None) -> str:
     """sha256 over the settings, the vocab and each split's prepared bytes (its shards in
     order), streamed block by block; the same value as hashing each split's bytes whole.
 
     The task decides the label feature (int64 index, float multi-hot of num_labels, float
     score), so it is part of the key; classification leaves it out, which keeps the caches
-    written before tasks existed valid."""
+    written before tasks existed valid. strip_accents likewise: only where the checkpoint
+    sets it apart from lower_case (tasks/model/casing.py)."""
     digest = hashlib.sha256()
     settings = {"encoder": encoder_version, "max_seq_length": cfg.max_seq_length,
                 "lower_case": lower_case, "num_shards": cfg.num_shards}
     if task != "classification":
         settings.update(task=task, num_labels=num_labels)
+    if strip_accents is not None:
+        settings["strip_accents"] = strip_accents
     if cfg.long_text == "window":  # truncating runs keep the key they had before windows
         settings.update(long_text="window", window_stride=cfg.window_stride)
     names = split_names(splits)
@@ -199,7 +207,8 @@ def _build_cache(cache: str, content_hash: str, encoder: SegmentEncoder, data: d
         splits = _write_shards(Path(tmp), encoder, data["splits"], num_shards, codec)
         manifest = {"content_hash": content_hash, "encoder_version": encoder_version,
                     "vocab_size": encoder.vocab_size, "max_seq_length": encoder.max_seq_length,
-                    "lower_case": encoder.lower_case, "has_pair": data["has_pair"],
+                    "lower_case": encoder.lower_case,
+                    "strip_accents": encoder.strip_accents, "has_pair": data["has_pair"],
                     "num_shards": num_shards, "splits": splits}
         storage.write_json(str(Path(tmp) / CACHE_MANIFEST), manifest)
         if storage.exists(cache) and _complete_cache_manifest(cache) is None:

@@ -103,10 +103,12 @@ _CASED_ENCODERS = {
                    "SentencePiece model")}
 
 
-def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
+def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int,
+                 strip_accents: bool | None = None):
     """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, RoBERTa's
     byte-level BPE, or XLM-R's or DeBERTa-v3's SentencePiece model; all but WordPiece read text
-    as it is (no lower-casing)."""
+    as it is (no lower-casing, no accent stripping). strip_accents: None follows lower_case
+    (`casing.Casing.strip_accents`)."""
     import importlib
 
     from tasks.model.config import EncoderConfig
@@ -116,11 +118,11 @@ def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int):
     if family not in _CASED_ENCODERS:
         from tasks.model.text_encoder import BertTextEncoder
 
-        return BertTextEncoder(files[0], lower_case, max_seq_length)
+        return BertTextEncoder(files[0], lower_case, max_seq_length, strip_accents)
     module, name, tokenizer = _CASED_ENCODERS[family]
-    if lower_case:
+    if lower_case or strip_accents:
         raise BertflowError(f"{model_dir}: a {family} checkpoint's {tokenizer} does not "
-                            "lower-case; leave lower_case empty or false")
+                            "lower-case or strip accents; leave lower_case empty or false")
     return getattr(importlib.import_module(module), name)(*files, max_seq_length=max_seq_length)
 
 
