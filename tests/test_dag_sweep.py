@@ -98,12 +98,16 @@ def _separable_tsv(path: Path, rows: int) -> str:
 
 
 def test_a_pruned_sweep_names_the_pruned_trial_and_reads_test_once(airflow_db, tmp_path, dag,
-                                                                  tiny_model_dir):  # noqa: F811
+                                                                  tiny_model_dir,  # noqa: F811
+                                                                  monkeypatch):
     """Three trials one after another (max_parallel_trials 1: dag.test alone runs mapped
     instances in no fixed order), the third with a learning rate too small to learn: at the
     first evaluation where the two before it have learned, it validates below their median,
     so the median rule stops it. Its train task ends named as
     pruned; the best of the others is the only trial evaluated on the test rows."""
+    # A waiting trial pokes again after poke_interval (20 s, for a real scheduler); dag.test
+    # sat idle for most of each wait. The order the slots give is the same at 1 s.
+    monkeypatch.setattr(dag.get_task("trial.wait_for_slot"), "poke_interval", 1)
     root = tmp_path / "artifacts"
     run = dag.test(run_conf={
         "artifact_root": str(root), "base_model": str(tiny_model_dir),
