@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -47,17 +46,12 @@ SCENARIOS = {
     "gcs-data-glob_s3-model_gcs-runs": ("gs", "train/part-*.tsv", "s3", "gs"),
 }
 
-# One child process runs every scenario's DAG (one interpreter importing Airflow and parsing
-# the DAGs, not one per scenario); a line before each run splits the output by scenario.
-RUN_DAGS = """
+RUN_DAG = """
 import json, sys
 from bertflow_airflow.demo import run_dag
-for name, conf in json.loads(sys.argv[1]).items():
-    print("BERTFLOW_SCENARIO " + name, flush=True)
-    dag_run = run_dag(conf)
-    print("BERTFLOW_RUN " + json.dumps({"run_id": dag_run.run_id,
-                                        "run_type": getattr(dag_run.run_type, "value", "")}),
-          flush=True)
+dag_run = run_dag(json.loads(sys.argv[1]))
+print("BERTFLOW_RUN " + json.dumps({"run_id": dag_run.run_id,
+                                    "run_type": getattr(dag_run.run_type, "value", "")}))
 """
 
 
@@ -81,49 +75,31 @@ def _upload_demo_data(base: str) -> None:
     storage.write_text(f"{base}/eval.tsv", (DEMO_DIR / "eval.tsv").read_text())
 
 
-def _scenario_conf(name: str, prefix: str, tmp: Path, model_dir: Path) -> dict:
-    """The scenario's data uploaded under its own bucket prefix, and its run's conf."""
-    data_scheme, train_name, export_scheme, root_scheme = SCENARIOS[name]
+@pytest.fixture(scope="module", params=list(SCENARIOS))
+def cloud_run(request, airflow_db, s3_server, gcs_connection,  # noqa: F811
+              tiny_model_dir, tmp_path_factory):  # noqa: F811
+    data_scheme, train_name, export_scheme, root_scheme = SCENARIOS[request.param]
+    prefix = uuid.uuid4().hex[:12]
+    storage.configure(storage.Connections(GCS_CONN_ID, S3_CONN_ID))
     data = f"{data_scheme}://{BUCKET}/{prefix}/data"
     _upload_demo_data(data)
+    tmp = tmp_path_factory.mktemp("cloud-run")
     root = f"{root_scheme}://{BUCKET}/{prefix}/artifacts" if root_scheme else str(tmp / "art")
-    return {**TINY, "train_uri": f"{data}/{train_name}", "eval_uri": f"{data}/eval.tsv",
+    conf = {**TINY, "train_uri": f"{data}/{train_name}", "eval_uri": f"{data}/eval.tsv",
             "export_uri": f"{export_scheme}://{BUCKET}/{prefix}/models",
             "artifact_root": root, "gcp_conn_id": GCS_CONN_ID, "aws_conn_id": S3_CONN_ID,
-            "base_model": str(model_dir)}
-
-
-@pytest.fixture(scope="module")
-def cloud_runs(airflow_db, s3_server, gcs_connection,  # noqa: F811
-               tiny_model_dir, tmp_path_factory):  # noqa: F811
-    """Every scenario's DAG run, by scenario, each with its own bucket prefix and the part of
-    the child's output its run printed."""
-    storage.configure(storage.Connections(GCS_CONN_ID, S3_CONN_ID))
-    prefixes = {name: uuid.uuid4().hex[:12] for name in SCENARIOS}
-    confs = {name: _scenario_conf(name, prefixes[name], tmp_path_factory.mktemp("cloud-run"),
-                                  tiny_model_dir) for name in SCENARIOS}
-    log = tmp_path_factory.getbasetemp() / "dag-test-cloud.log"
+            "base_model": str(tiny_model_dir)}
+    log = tmp / "dag-test.log"
     with open(log, "w") as out:
-        subprocess.run([sys.executable, "-c", RUN_DAGS, json.dumps(confs)], cwd=PROJECT_ROOT,
+        subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,
                        stdout=out, stderr=subprocess.STDOUT, timeout=1800)
     output = log.read_text(errors="replace")
-    parts = dict(part.split("\n", 1) for part in output.split("BERTFLOW_SCENARIO ")[1:])
-    out = {}
-    for name, conf in confs.items():
-        part = parts.get(name, "")
-        marker = [ln for ln in part.splitlines() if ln.startswith("BERTFLOW_RUN ")]
-        assert marker, f"dag.test of {name} did not finish:\n{output[-5000:]}"
-        dag_run = SimpleNamespace(**json.loads(marker[-1].split(" ", 1)[1]))
-        out[name] = SimpleNamespace(
-            dag_run=dag_run, run_uri=run_folder(dag_run, conf["artifact_root"]), conf=conf,
-            cfg=parse_config(conf), prefix=prefixes[name], log=part)
-    yield out
+    marker = [ln for ln in output.splitlines() if ln.startswith("BERTFLOW_RUN ")]
+    assert marker, f"dag.test did not finish:\n{output[-5000:]}"
+    dag_run = SimpleNamespace(**json.loads(marker[-1].split(" ", 1)[1]))
+    yield SimpleNamespace(dag_run=dag_run, run_uri=run_folder(dag_run, root), conf=conf,
+                          cfg=parse_config(conf), prefix=prefix, log=output)
     storage.configure(storage.Connections())
-
-
-@pytest.fixture(scope="module", params=list(SCENARIOS))
-def cloud_run(request, cloud_runs):
-    return cloud_runs[request.param]
 
 
 def test_every_task_succeeds(cloud_run):
