@@ -4,7 +4,10 @@ does with an exported model. The export step checks every version this way
 (tasks/steps/export.py); the demo prints its predictions from it (bertflow_airflow/demo.py).
 
 The interpreter reads one JSON line on stdin, `[saved_model_path, {input: [strings]}]`, and
-prints one: every output of the signature, strings decoded and numbers as floats.
+prints one: every output of the signature, strings decoded and numbers as floats. Where a
+warm-start server runs ($BERTFLOW_WARM_SOCKET), it is forked from that server's clean
+companion, which imported these two modules and nothing of bertflow
+(tasks/provision/local/warm_start.py); elsewhere it is a new interpreter.
 """
 from __future__ import annotations
 
@@ -47,12 +50,29 @@ def parse(stdout: str) -> dict[str, list]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def start(cwd: str, stdout, stderr):
+    """The interpreter, writing to the open files `stdout` and `stderr`, in `cwd` (a folder
+    outside the checkout); write the request to its `stdin` (text) and close it. A warm
+    start's process or a Popen: both have stdin, poll, wait, kill and returncode."""
+    from tasks.provision.local import warm_start
+
+    return warm_start.spawn_serving(command(), environment(), cwd, stdout, stderr) or \
+        subprocess.Popen(command(), cwd=cwd, env=environment(), stdin=subprocess.PIPE,
+                         stdout=stdout, stderr=stderr, text=True)
+
+
 def predict(saved_model: str, inputs: dict[str, list[str]]) -> dict[str, list]:
     """Start the interpreter, run the signature once on `inputs`, return its outputs."""
     with tempfile.TemporaryDirectory(prefix="bertflow-fresh-load-") as cwd:
-        done = subprocess.run(command(), input=request(saved_model, inputs), cwd=cwd,
-                              env=environment(), capture_output=True, text=True)
-    if done.returncode != 0:
+        out_path, err_path = os.path.join(cwd, "stdout"), os.path.join(cwd, "stderr")
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            proc = start(cwd, out, err)
+        with proc.stdin:
+            proc.stdin.write(request(saved_model, inputs))
+        code = proc.wait()
+        with open(out_path) as out, open(err_path) as err:
+            stdout, stderr = out.read(), err.read()
+    if code != 0:
         raise RuntimeError(f"loading the SavedModel {saved_model} in a fresh interpreter "
-                           f"failed:\n{done.stderr[-3000:]}")
-    return parse(done.stdout)
+                           f"failed:\n{stderr[-3000:]}")
+    return parse(stdout)

@@ -201,3 +201,103 @@ def test_the_socket_folder_takes_a_bindable_path_whatever_tmpdir(deep, tmp_path,
         shutil.rmtree(folder)
         if not deep:
             shutil.rmtree(tmpdir)
+
+
+# --- the fresh-load check's server (tasks/fresh_load.py) ----------------------------------
+
+def _serving_server_pid() -> int:
+    """The session server's serving companion, once it serves (it imports TensorFlow after
+    the steps' server has started)."""
+    import psutil
+
+    path = os.environ[warm_start.SOCKET_ENV] + warm_start.SERVING_SUFFIX
+    deadline = time.monotonic() + 180
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline, f"no serving server on {path}"
+        time.sleep(0.2)
+    (pid,) = [p.pid for p in psutil.process_iter(["cmdline"])
+              if p.info["cmdline"] and path in p.info["cmdline"]]
+    return pid
+
+
+@pytest.fixture(scope="module")
+def tokenizing_saved_model(tmp_path_factory) -> str:
+    """A SavedModel whose signature runs a tensorflow-text op on raw strings."""
+    import tensorflow as tf
+    import tensorflow_text as text
+
+    class Words(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, text_in):
+            words = text.WhitespaceTokenizer().tokenize(text_in)
+            return {"count": tf.cast(words.row_lengths(), tf.float32),
+                    "first": words[:, :1].to_tensor(default_value="")[:, 0]}
+
+    path = str(tmp_path_factory.mktemp("words") / "saved_model")
+    module = Words()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    return path
+
+
+def test_the_fresh_load_check_forked_answers_as_a_new_interpreter(tokenizing_saved_model,
+                                                                   monkeypatch):
+    """Served warm (a WarmProcess, which kill() ends), the check's interpreter gives what a
+    new one gives, tensorflow-text's ops included."""
+    from tasks import fresh_load
+
+    _serving_server_pid()
+    inputs = {"text_in": ["a b c", "héllo  wörld", ""]}
+    with open(os.devnull, "w") as out, open(os.devnull, "w") as err:
+        proc = fresh_load.start(os.getcwd(), out, err)
+        assert isinstance(proc, warm_start.WarmProcess)
+        proc.kill()
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    warm_out = fresh_load.predict(tokenizing_saved_model, inputs)
+    monkeypatch.delenv(warm_start.SOCKET_ENV)
+    assert warm_out == fresh_load.predict(tokenizing_saved_model, inputs) == {
+        "count": [3.0, 2.0, 0.0], "first": ["a", "héllo", ""]}
+
+
+def test_a_graph_needing_bertflows_kernels_fails_the_forked_check_as_a_new_one(
+        tmp_path, monkeypatch):
+    """The serving server never loaded bertflow's CPU kernels (the steps' server may): a
+    SavedModel whose graph needs one is refused in the fork, as in a user's server."""
+    import tensorflow as tf
+
+    from tasks import fresh_load
+    from tasks.model import cpu_kernels
+
+    if not cpu_kernels.available():
+        pytest.skip("bertflow's CPU kernels are not built (make install builds them)")
+
+    class Gelu(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def serve(self, text_in):
+            return {"y": cpu_kernels.ops().bertflow_gelu(
+                tf.strings.to_number(text_in, tf.float32))}
+
+    path, module = str(tmp_path / "gelu"), Gelu()
+    tf.saved_model.save(module, path, signatures={"serving_default": module.serve})
+    pid = _serving_server_pid()
+    with open(f"/proc/{pid}/maps") as maps:
+        assert "bertflow_cpu_kernels" not in maps.read()
+    for warm in (True, False):
+        if not warm:
+            monkeypatch.delenv(warm_start.SOCKET_ENV)
+        with pytest.raises(RuntimeError, match="BertflowGelu"):
+            fresh_load.predict(path, {"text_in": ["1.5"]})
+
+
+def test_the_serving_server_runs_only_the_fresh_load_script_and_reports_failures(tmp_path):
+    """Another command is refused (started cold); a SavedModel that does not load fails in
+    the forked interpreter as in a new one, with its traceback on stderr."""
+    from tasks import fresh_load
+
+    _serving_server_pid()
+    other = [sys.executable, "-c", "print('not the check')"]
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        assert warm_start.spawn_serving(other, fresh_load.environment(), tmp_path, out,
+                                        err) is None
+    with pytest.raises(RuntimeError, match="fresh interpreter failed") as failed:
+        fresh_load.predict(str(tmp_path / "no-such-model"), {"text_in": ["x"]})
+    assert "no-such-model" in str(failed.value)

@@ -279,9 +279,7 @@ class FreshLoadCheck:
         folder = Path(self._dir.name)
         self._out, self._err = folder / "stdout", folder / "stderr"
         with open(self._out, "w") as out, open(self._err, "w") as err:
-            self._proc = subprocess.Popen(fresh_load.command(), cwd=folder,
-                                          env=fresh_load.environment(), stdin=subprocess.PIPE,
-                                          stdout=out, stderr=err, text=True)
+            self._proc = fresh_load.start(str(folder), out, err)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -30,9 +30,16 @@ Not multiprocessing's forkserver: it serves only the process that started it, an
 controllers are many processes (each Airflow task runs its own LocalCluster) sharing one
 server found through an environment variable.
 
+A second, clean server serves the export's fresh-load check (tasks/fresh_load.py): started by
+the steps' server as a new interpreter (`--serving`, on SOCKET + SERVING_SUFFIX) that imports
+only tensorflow and tensorflow_text, never bertflow's model or its CPU kernels, so a fork of it
+loads a SavedModel as a user's server would, without the ~6 s of CPU that importing
+TensorFlow costs a new interpreter (each export starts one; a test session ~130).
+
 Protocol (a Unix socket, one connection per process): the client sends the child's stdout
-descriptor (SCM_RIGHTS) and one JSON line {argv, env, cwd}; the server answers JSON lines:
-{"pid": N} then {"exit": code} (Popen's returncode: -N for signal N), or {"cold": reason}.
+descriptor (SCM_RIGHTS; the serving server takes stdin, stdout and stderr) and one JSON line
+{argv, env, cwd}; the server answers JSON lines: {"pid": N} then {"exit": code} (Popen's
+returncode: -N for signal N), or {"cold": reason}.
 """
 from __future__ import annotations
 
@@ -63,6 +70,9 @@ PRELOAD = ("tensorflow", "tensorflow_text", "tasks.model.classifier",
            "tasks.provision.launcher", "tasks.runs.runlayout", "tasks.steps.data",
            "tasks.steps.tokenize", "tasks.steps.train", "tasks.steps.evaluate",
            "tasks.steps.export", "tasks.steps.gate_eval")
+# The serving server's preload: what tasks/fresh_load.py's interpreter imports, and no more.
+SERVING_PRELOAD = ("tensorflow", "tensorflow_text")
+SERVING_SUFFIX = ".serving"
 
 
 def import_env(env: dict[str, str]) -> dict[str, str]:
@@ -79,8 +89,9 @@ class WarmProcess:
     (not this process's child: its exit status arrives over the socket)."""
 
     def __init__(self, sock: socket.socket, pid: int, stdout, args: list[str],
-                 received: bytes = b""):
+                 received: bytes = b"", stdin=None):
         self._sock, self.pid, self.stdout, self.args = sock, pid, stdout, args
+        self.stdin = stdin
         self._buffer = received
         self._orphaned = False
         self.returncode: int | None = None
@@ -99,6 +110,11 @@ class WarmProcess:
                 raise subprocess.TimeoutExpired(self.args, timeout)
             self._read(left if left is not None else 1.0)
         return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
 
     def _read(self, timeout: float) -> None:
         """Take the exit message if it came within `timeout`. LocalCluster.stop() may call
@@ -152,12 +168,48 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str | os.PathLike,
     path = os.environ.get(SOCKET_ENV)
     if not path or not is_step_command(argv):
         return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     read_end, write_end = os.pipe()
+    try:
+        started = _request(path, [write_end], argv, env, cwd, log)
+    finally:
+        os.close(write_end)
+    if started is None:
+        os.close(read_end)
+        return None
+    sock, pid, buffer = started
+    return WarmProcess(sock, pid, open(read_end, "r", errors="replace"), list(argv), buffer)
+
+
+def spawn_serving(argv: list[str], env: dict[str, str], cwd: str | os.PathLike, stdout,
+                  stderr) -> WarmProcess | None:
+    """Fork tasks/fresh_load.py's interpreter (`argv`, its command) from the serving server
+    beside $BERTFLOW_WARM_SOCKET, writing to the open files `stdout` and `stderr`; its stdin
+    is the returned process's `stdin` (text). None when it must start cold."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path:
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        started = _request(path + SERVING_SUFFIX, [read_end, stdout.fileno(), stderr.fileno()],
+                           argv, env, cwd)
+    finally:
+        os.close(read_end)
+    if started is None:
+        os.close(write_end)
+        return None
+    sock, pid, buffer = started
+    return WarmProcess(sock, pid, None, list(argv), buffer, stdin=open(write_end, "w"))
+
+
+def _request(path: str, fds: list[int], argv: list[str], env: dict[str, str],
+             cwd: str | os.PathLike, log=None) -> tuple[socket.socket, int, bytes] | None:
+    """Ask the server on `path` to fork `argv` with `fds` as its standard streams: (the
+    connection, the child's pid, what followed the reply) or None (start it cold)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(30)
         sock.connect(path)
-        socket.send_fds(sock, [b"F"], [write_end])
+        socket.send_fds(sock, [b"F"], fds)
         sock.sendall(json.dumps({"argv": list(argv), "env": env, "cwd": str(cwd)}).encode()
                      + b"\n")
         # Read on the socket itself, not a buffered file: the exit message of a process that
@@ -172,23 +224,20 @@ def spawn(argv: list[str], env: dict[str, str], cwd: str | os.PathLike,
         reply = json.loads(line)
     except (OSError, ValueError) as err:
         reply = {"cold": f"{path}: {err}"}
-    finally:
-        os.close(write_end)
     if "pid" not in reply:
         sock.close()
-        os.close(read_end)
         if log is not None:
             log(f"[cluster] cold start ({reply.get('cold')})")
         return None
     sock.settimeout(None)
-    stdout = open(read_end, "r", errors="replace")
-    return WarmProcess(sock, reply["pid"], stdout, list(argv), buffer)
+    return sock, reply["pid"], buffer
 
 
 # --- server ------------------------------------------------------------------------------
 class Server:
-    def __init__(self, path: str):
+    def __init__(self, path: str, serving: bool = False):
         self.path = path
+        self.serving = serving  # the fresh-load check's server (tasks/fresh_load.py)
         self.children: dict[int, socket.socket] = {}
         self.stopping = False
         self.parent = os.getppid()
@@ -205,7 +254,7 @@ class Server:
         # Frozen on the way out: the preloaded objects stay shared with the children (no
         # refcount copies), and no collection scans them.
         with process_start.imports_out_of_collection():
-            for name in PRELOAD:
+            for name in SERVING_PRELOAD if self.serving else PRELOAD:
                 importlib.import_module(name)
         self.import_sets = {k: v for k, v in os.environ.items() if self.start_env.get(k) != v}
         from tensorflow.python.eager import context
@@ -246,17 +295,18 @@ class Server:
     def _handle(self, listener: socket.socket, conn: socket.socket) -> None:
         try:
             conn.settimeout(30)
-            _, fds, _, _ = socket.recv_fds(conn, 1, 1)
+            _, fds, _, _ = socket.recv_fds(conn, 1, 3)
             request = json.loads(conn.makefile("rb").readline())
         except (OSError, ValueError):
             conn.close()
             return
         reason = self._refusal(request)
-        if reason or not fds:
+        wanted = 3 if self.serving else 1  # stdin, stdout, stderr; or stdout
+        if reason or len(fds) != wanted:
             print(f"warm_start: refused ({reason})", flush=True)
             for fd in fds:
                 os.close(fd)
-            _send(conn, {"cold": reason or "no stdout descriptor"})
+            _send(conn, {"cold": reason or f"{len(fds)} descriptors, not {wanted}"})
             conn.close()
             return
         # Signals wait until the child has its own handlers: a SIGTERM that reached it while it
@@ -268,16 +318,24 @@ class Server:
             for other in self.children.values():
                 other.close()
             conn.close()
+            if self.serving:
+                os._exit(_run_serving_child(request, fds, self.import_sets, mask))
             os._exit(_run_child(request, fds[0], self.import_sets, mask))
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        os.close(fds[0])
+        for fd in fds:
+            os.close(fd)
         self.children[pid] = conn
         _send(conn, {"pid": pid})
-        print(f"warm_start: pid {pid}: {' '.join(request['argv'][3:])}", flush=True)
+        shown = "fresh-load check" if self.serving else " ".join(request["argv"][3:])
+        print(f"warm_start: pid {pid}: {shown}", flush=True)
 
     def _refusal(self, request: dict) -> str | None:
+        from tasks import fresh_load
+
         argv, env = request.get("argv") or [], request.get("env") or {}
-        if not is_step_command(argv):
+        if self.serving and argv[1:] != fresh_load.command()[1:]:
+            return "not tasks/fresh_load.py's interpreter"
+        if not self.serving and not is_step_command(argv):
             return f"not a step command: {argv[:3]}"
         if os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
             return f"another interpreter: {argv[0]}"
@@ -312,34 +370,15 @@ def _send(conn: socket.socket, message: dict) -> None:
 def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) -> int:
     """In the forked process: become what `python -m tasks ARGS` would be, run it, end as it
     would end. Returns the exit code."""
-    import random
     import runpy
     import traceback
 
     from tasks import process_end
 
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    os.setsid()  # its own process group, as LocalCluster's start_new_session
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what came meanwhile acts now
     null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out_fd, 1)
-    os.dup2(out_fd, 2)
+    _become_a_new_process(request, [null, out_fd, out_fd], import_sets, mask)
     os.close(null)
     os.close(out_fd)
-    os.chdir(request["cwd"])
-    os.environ.clear()  # in place: modules hold os.environ itself
-    os.environ.update(request["env"])
-    os.environ.update(import_sets)
-    tempfile.tempdir = None  # TMPDIR is per process (LocalCluster sets it per role)
-    random.seed()
-    try:
-        import numpy
-        numpy.random.seed()
-    except ImportError:
-        pass
     sys.argv = [request["argv"][0], *request["argv"][3:]]
     code = 0
     try:
@@ -351,6 +390,65 @@ def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) ->
         code = 1
     process_end.finish()
     return code
+
+
+def _run_serving_child(request: dict, fds: list[int], import_sets: dict[str, str],
+                       mask) -> int:
+    """In a fork of the serving server: run tasks/fresh_load.py's script as `python -c` would,
+    with the request's stdin, stdout and stderr, outside the project (its modules dropped,
+    the checkout off sys.path, as in an interpreter started in a temporary folder)."""
+    import traceback
+
+    from tasks import fresh_load
+
+    _become_a_new_process(request, fds, import_sets, mask)
+    for fd in set(fds):
+        os.close(fd)
+    for name in [m for m in sys.modules if m == "tasks" or m.startswith("tasks.")]:
+        del sys.modules[name]
+    sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd(), str(_CHECKOUT))]
+    sys.argv = ["-c"]
+    code = 0
+    try:
+        exec(compile(fresh_load.SCRIPT, "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as stop:
+        code = _exit_code(stop.code)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
+
+
+_CHECKOUT = Path(__file__).resolve().parents[3]  # the folder that holds `tasks`
+
+
+def _become_a_new_process(request: dict, std_fds: list[int], import_sets: dict[str, str],
+                          mask) -> None:
+    """What a fresh process has: default signal handlers, its own session, `std_fds` as
+    stdin, stdout and stderr, the request's cwd and environment, fresh random seeds."""
+    import random
+
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.setsid()  # its own process group, as LocalCluster's start_new_session
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # what came meanwhile acts now
+    for target, fd in enumerate(std_fds):
+        os.dup2(fd, target)
+    os.chdir(request["cwd"])
+    os.environ.clear()  # in place: modules hold os.environ itself
+    os.environ.update(request["env"])
+    os.environ.update(import_sets)
+    tempfile.tempdir = None  # TMPDIR is per process (LocalCluster sets it per role)
+    random.seed()
+    try:
+        import numpy
+        numpy.random.seed()
+    except ImportError:
+        pass
 
 
 def _exit_code(code) -> int:
@@ -392,9 +490,10 @@ def start(path: str | os.PathLike, env: dict[str, str] | None = None,
 
 
 # A Unix socket's path has at most 107 bytes (sun_path is 108 with its NUL, on Linux). The
-# server binds "socket.PID" first (serve): the longest PID has 7 digits (pid_max 2^22).
+# server binds "socket.PID" first (serve), its serving server "socket.serving.PID": the longest
+# PID has 7 digits (pid_max 2^22).
 MAX_SOCKET_PATH = 107
-BIND_NAME = "socket.4194304"
+BIND_NAME = "socket" + SERVING_SUFFIX + ".4194304"
 
 
 def socket_folder() -> str:
@@ -430,11 +529,34 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasks.provision.local.warm_start",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--socket", required=True, help="Unix socket path to serve on")
+    parser.add_argument("--serving", action="store_true",
+                        help="serve tasks/fresh_load.py's interpreter (the steps' server "
+                             "starts one on SOCKET.serving)")
     args = parser.parse_args(argv)
-    server = Server(args.socket)
-    server.preload()
-    server.serve()
+    server = Server(args.socket, serving=args.serving)
+    serving = None if args.serving else _start_serving(args.socket + SERVING_SUFFIX)
+    try:
+        server.preload()
+        server.serve()
+    finally:
+        if serving is not None:
+            serving.terminate()
+            try:
+                serving.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                serving.kill()
     return 0
+
+
+def _start_serving(path: str) -> subprocess.Popen:
+    """The serving server, as a new interpreter (not a fork: it must never have imported
+    bertflow's model), in tasks/fresh_load.py's environment and a folder outside the
+    checkout; it logs to this server's output and ends when this server does."""
+    from tasks import fresh_load
+
+    return subprocess.Popen([sys.executable, "-m", "tasks.provision.local.warm_start",
+                             "--socket", path, "--serving"], env=fresh_load.environment(),
+                            cwd=os.path.dirname(path) or ".", stdin=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":
