@@ -175,7 +175,7 @@ class ByteBpeTokenizer(tf.Module):
             tf.constant(list(ranks.values()), tf.int64)), default_value=_NO_RANK)
         self._merged = tf.constant(merged, tf.int64)  # rank -> the merged piece's id
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
     def tokenize(self, texts: tf.Tensor) -> tf.RaggedTensor:
         """A tf.function also when called eagerly (the tokenize step): the merge loop runs
         as a graph, several times faster than op by op."""

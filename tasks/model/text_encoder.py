@@ -65,12 +65,12 @@ class SegmentEncoder(tf.Module):
             return self.encode(texts)
         return self.encode_pair(texts, pairs)
 
-    @tf.function(input_signature=[_STRINGS])
+    @tf.function(input_signature=[_STRINGS], autograph=False)
     def encode(self, texts):
         ids, types, _ = self.encode_with_lengths(texts)
         return ids, types
 
-    @tf.function(input_signature=[_STRINGS, _STRINGS])
+    @tf.function(input_signature=[_STRINGS, _STRINGS], autograph=False)
     def encode_pair(self, texts, pairs):
         ids, types, _ = self.encode_with_lengths(texts, pairs)
         return ids, types

@@ -59,15 +59,15 @@ class WordPieceAligner(tf.Module):
         # accessor yet; the wiring can add one).
         self._cls_id, self._sep_id = encoder.cls_id, encoder.sep_id
 
-    @tf.function(input_signature=[_WORDS, _TAG_IDS])
+    @tf.function(input_signature=[_WORDS, _TAG_IDS], autograph=False)
     def align(self, words, tag_ids):
         return self._encode(words, tag_ids)
 
-    @tf.function(input_signature=[_WORDS, _TAG_IDS])
+    @tf.function(input_signature=[_WORDS, _TAG_IDS], autograph=False)
     def align_max_context(self, words, tag_ids):
         return self._encode(words, tag_ids, max_context=True)
 
-    @tf.function(input_signature=[_WORDS])
+    @tf.function(input_signature=[_WORDS], autograph=False)
     def encode_words(self, words):
         return self._encode(words, None)
 

@@ -77,7 +77,7 @@ def _normalize(texts: tf.Tensor, lower_case: bool, strip_accents: bool) -> tf.Te
 
 _NORMALIZE = {(case, strip): tf.function(
     lambda texts, case=case, strip=strip: _normalize(texts, case, strip),
-    input_signature=[_TEXTS]) for case in (True, False) for strip in (True, False)}
+    input_signature=[_TEXTS], autograph=False) for case in (True, False) for strip in (True, False)}
 
 
 def _cap_long_words(texts: tf.Tensor) -> tf.Tensor:

@@ -246,15 +246,20 @@ def serving_module(encoder: SegmentEncoder, model, labels: list[str], has_pair: 
                                        window[1])
         return kind.serving_outputs_of(logits, label_names, threshold)
 
+    # autograph=False here and on the tokenizers' functions (tasks/model): their control flow
+    # is Python over layers and options, or explicit tf.while_loop/tf.cond, never a branch on
+    # a tensor; AutoGraph rewrote ~70 functions' sources per export, about a third of a tiny
+    # model's export (cProfile, by hand, no results file).
     if has_pair:
         module.serve = tf.function(
             lambda text, text_pair: predict(text, text_pair),
             input_signature=[tf.TensorSpec([None], tf.string, name="text"),
-                             tf.TensorSpec([None], tf.string, name="text_pair")])
+                             tf.TensorSpec([None], tf.string, name="text_pair")],
+            autograph=False)
     else:
         module.serve = tf.function(
             lambda text: predict(text),
-            input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+            input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     return module
 
 

@@ -52,5 +52,6 @@ def entity_serving_module(aligner: WordPieceAligner, model, labels: list[str]) -
                    for name, values in entities.items()}}
 
     module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None], tf.string,
-                                                                      name="text")])
+                                                                      name="text")],
+                               autograph=False)  # no branch on a tensor (export.py: why)
     return module

@@ -98,6 +98,13 @@ def local_shards(tokenize_manifest: dict, split: str) -> Iterator[list[str]]:
         yield [str(local / uri[len(cache):]) for uri in shards]
 
 
+# tf.data runs AutoGraph on every function it maps: this module's branch on Python values
+# (the label spec, dtypes, static ranks), never on a tensor, so converting their sources was
+# pure cost, ~1 s of CPU in each train and evaluate process (by hand, no results file).
+_plain = tf.autograph.experimental.do_not_convert
+
+
+@_plain
 def parse_example(serialized: tf.Tensor, label_spec: dict | None = None,
                   text_ids: bool = False) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
     """One record -> (features, label): an int32 class index, or float32 labels of
@@ -217,6 +224,7 @@ def _length_grouped(rows: tf.data.Dataset, batch: int, window_batches: int,
                                 padding_values=padding_values(label_spec)).enumerate()
     cut_labels = per_token(label_spec)
 
+    @_plain
     def split(index, window):
         features, labels = window
         lengths = tf.reduce_sum(features["attention_mask"], axis=1)
@@ -233,6 +241,7 @@ def _length_grouped(rows: tf.data.Dataset, batch: int, window_batches: int,
         return tf.data.Dataset.from_tensor_slices(
             (tf.nest.map_structure(cut, features), cut(labels), widths))
 
+    @_plain
     def trim(features, labels, width):
         return ({name: x[:, :width] for name, x in features.items()},
                 labels[:, :width] if cut_labels else labels)
@@ -244,6 +253,7 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
                    label_spec: dict | None = None) -> tf.data.Dataset:
     """Windows of rows sorted by length (longest first), cut into batches each padded to its
     longest row; partial windows and batches are kept."""
+    @_plain
     def split(features, labels):
         lengths = tf.reduce_sum(features["attention_mask"], axis=1)
         order = tf.argsort(lengths, direction="DESCENDING", stable=True)
@@ -253,6 +263,7 @@ def _length_sorted(rows: tf.data.Dataset, batch: int, window_batches: int,
 
     cut_labels = per_token(label_spec)
 
+    @_plain
     def trim(features, labels):
         width = tf.reduce_max(tf.reduce_sum(features["attention_mask"], axis=1))
         return ({name: x if name == "text_id" else x[:, :width]  # text_id: one per row
@@ -331,5 +342,5 @@ def _records(files: list[str], ctx: tf.distribute.InputContext | None,
             deterministic=True)
     if not by_file:
         ds = ds.shard(pipelines, index)
-    return ds.map(lambda record: parse_example(record, label_spec, text_ids),
+    return ds.map(_plain(lambda record: parse_example(record, label_spec, text_ids)),
                   num_parallel_calls=AUTOTUNE, deterministic=True)
