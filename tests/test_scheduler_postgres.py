@@ -133,23 +133,16 @@ def runs(server, run_type: str | None = None) -> list[dict]:
     return [r for r in out if run_type is None or r["run_type"] == run_type]
 
 
-def backfill(server, start: str, end: str, conf: dict, *extra: str,
-             last: bool = False) -> dict:
-    """`airflow backfill create` over [start, end]; waits until Airflow marks the backfill
-    complete (the scheduler checks every 30 s: a DAG takes one backfill at a time) and returns
-    its runs by date. The `last` backfill of the module waits only for its runs to end."""
-    done = server.cli("backfill", "create", "--dag-id", DAG_ID, "--from-date", start,
-                      "--to-date", end, "--dag-run-conf", json.dumps(conf),
-                      "--max-active-runs", "2", *extra)
-    assert done.returncode == 0, done.stdout + done.stderr
-    resp = server.api("GET", "/backfills", params={"dag_id": DAG_ID, "limit": 100})
+def backfill(server, start: str, end: str, conf: dict, reprocess: str = "none") -> dict:
+    """A backfill over [start, end] created by the REST API (the `_create_backfill` of `airflow
+    backfill create`, without an `airflow` CLI process: the CLI's own path is the bad-conf
+    test's); waits for its runs to end, completes it and returns its runs by date."""
+    resp = server.api("POST", "/backfills", json={
+        "dag_id": DAG_ID, "from_date": f"{start}T00:00:00Z", "to_date": f"{end}T00:00:00Z",
+        "dag_run_conf": conf, "reprocess_behavior": reprocess, "max_active_runs": 2})
     assert resp.status_code == 200, resp.text
-    newest = max(resp.json()["backfills"], key=lambda b: b["id"])
+    backfill_id = resp.json()["id"]
     started = time.monotonic()
-
-    def complete():
-        b = server.api("GET", f"/backfills/{newest['id']}").json()
-        return b if b.get("completed_at") else None
 
     def runs_ended():
         # A reprocessed run was set back to queued when the backfill was created.
@@ -157,9 +150,10 @@ def backfill(server, start: str, end: str, conf: dict, *extra: str,
         return ours if ours and all(r["state"] in ("success", "failed") for r in ours) \
             else None
 
-    server.wait_for(f"backfill {newest['id']} to complete", runs_ended if last else complete,
-                    timeout=BACKFILL_TIMEOUT, interval=5)
-    print(f"\nbackfill {newest['id']} {start}..{end} {' '.join(extra)}: complete after "
+    server.wait_for(f"backfill {backfill_id}'s runs to end", runs_ended,
+                    timeout=BACKFILL_TIMEOUT, interval=2)
+    complete(server, backfill_id)
+    print(f"\nbackfill {backfill_id} {start}..{end} reprocess {reprocess}: complete after "
           f"{time.monotonic() - started:.0f}s")
     by_date = {r["logical_date"][:10]: r for r in runs(server)
                if r["run_type"] == "backfill" and start <= r["logical_date"][:10] <= end}
@@ -172,6 +166,16 @@ def backfill(server, start: str, end: str, conf: dict, *extra: str,
     for day, run in failed.items():
         print(failed_task_logs(server, run["dag_run_id"]))
     return by_date
+
+
+def complete(server, backfill_id: int) -> None:
+    """Marks a backfill whose runs have all ended complete, as the scheduler's
+    _mark_backfills_complete does on a hard-coded 30 s timer: a DAG takes one backfill at a
+    time, and the next one would wait for it. Airflow's cancel sets completed_at (and fails
+    queued runs: there are none); 409 if the scheduler was first."""
+    resp = server.api("PUT", f"/backfills/{backfill_id}/cancel")
+    assert resp.status_code in (200, 409), resp.text
+    assert server.api("GET", f"/backfills/{backfill_id}").json()["completed_at"]
 
 
 def dry_run(server, start: str, end: str, conf: dict, reprocess: str = "none") -> list[str]:
@@ -295,8 +299,7 @@ def experiment_b(server, partitions, tiny_model_dir, backfill_a) -> dict:
     assert dry_run(server, DATES[0], DATES[-1], conf_b, "completed") == DATES
     # One date is enough to show that exp-b's run of a date exp-a ran gets its own folder
     # (one DAG run fewer than both dates).
-    by_date = backfill(server, DATES[-1], DATES[-1], conf_b,
-                       "--reprocess-behavior", "completed")
+    by_date = backfill(server, DATES[-1], DATES[-1], conf_b, "completed")
     after = tree_hashes(*folders_a, *versions_a)
     return {"runs": by_date, "before": before, "after": after}
 
@@ -327,7 +330,7 @@ def test_reprocess_completed_rewrites_the_run_and_reuses_the_cache(server, parti
     config_mtime = (folder / "config.json").stat().st_mtime
     folders_before = sorted(p.name for p in folder.parent.iterdir())
     by_date = backfill(server, day, day, conf_for(partitions, tiny_model_dir, EXP_A, 1e-3),
-                       "--reprocess-behavior", "completed", last=True)
+                       "completed")
     assert by_date[day]["state"] == "success"
     assert by_date[day]["dag_run_id"] == previous_run_id  # the same Airflow run, cleared
     assert sorted(p.name for p in folder.parent.iterdir()) == folders_before  # no new folder
