@@ -17,6 +17,7 @@ run replica by replica as local processes with TF_CONFIG exactly as Vertex AI wr
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,29 @@ def run_vertex_pools(cfg, ctx, step: str = "train") -> list[str]:
     return lines
 
 
+def with_local_cluster(local, run):
+    """run() while the local cluster trains `local` (cfg, ctx) in a thread: two independent
+    runs, overlapped rather than one after the other (each process spends most of its time
+    starting up and tracing). run()'s result."""
+    failed: list = []
+
+    def train_locally():
+        try:
+            run_cluster(*local, "train")
+        except AssertionError as err:
+            failed.append(err)
+
+    thread = threading.Thread(target=train_locally)
+    thread.start()
+    try:
+        result = run()
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
+    return result
+
+
 def trained_weights(ctx) -> tuple[dict, dict]:
     manifest = read_manifest(ctx.manifest_uri("train"))
     return manifest, saved_weights(Path(manifest["model_dir"]))
@@ -97,16 +121,19 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def test_mwms_chief_plus_worker_trains_what_two_local_workers_train(tmp_path, tiny_model):
-    shape = dict(strategy="multi_worker_mirrored", num_workers=2, **COMMON, **VERTEX)
+    # 3 epochs, 12 steps: as tests/test_kubernetes_train.py, ample to tell the weights apart
+    # No test evaluation after training: the weights are compared (and the chief's log still
+    # ends with the manifest URI).
+    shape = dict(strategy="multi_worker_mirrored", num_workers=2, evaluate_in_train=False,
+                 **{**COMMON, "epochs": 3}, **VERTEX)
     local = make_run(tmp_path / "local", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED, **shape)
     vertex = make_run(tmp_path / "vertex", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED, **shape)
-    run_cluster(*local, "train")
-    lines = run_vertex_pools(*vertex)
+    lines = with_local_cluster(local, lambda: run_vertex_pools(*vertex))
 
     (a_manifest, a), (b_manifest, b) = trained_weights(local[1]), trained_weights(vertex[1])
     for manifest in (a_manifest, b_manifest):
         assert manifest["strategy"] == "multi_worker_mirrored"
-        assert manifest["num_replicas"] == 2 and manifest["steps"] == 24
+        assert manifest["num_replicas"] == 2 and manifest["steps"] == 12
     assert any(ln.startswith("[chief:0] ") for ln in lines)
     assert any(ln.startswith("[worker:0] ") for ln in lines)
     # Each replica kept its own log in the run folder (the worker-side writer); the chief's
@@ -126,10 +153,16 @@ def test_mwms_chief_plus_worker_trains_what_two_local_workers_train(tmp_path, ti
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_parameter_server_pools_train_like_the_local_cluster(tmp_path, tiny_model, workers):
+    # A checkpoint at step 8 of 16, not every 4: each parameter-server checkpoint (and the fit
+    # call it ends) took ~4.5 s; one mid-run still splits the run into fit calls.
     shape = dict(strategy="parameter_server", num_workers=workers, num_ps=1,
-                 **{**COMMON, "epochs": 2}, **VERTEX)
+                 **{**COMMON, "epochs": 2, "checkpoint_every_steps": 8}, **VERTEX)
     vertex = make_run(tmp_path / "vertex", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED, **shape)
-    lines = run_vertex_pools(*vertex)
+    if workers == 1:  # the reference (below): the local cluster of the same shape, meanwhile
+        local = make_run(tmp_path / "local", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED, **shape)
+        lines = with_local_cluster(local, lambda: run_vertex_pools(*vertex))
+    else:
+        lines = run_vertex_pools(*vertex)
     b_manifest, b = trained_weights(vertex[1])
     # A parameter-server step runs on one worker: one replica in sync (per CPU worker).
     plan = make_plan(vertex[0], NUM_TRAIN, num_replicas=1)
@@ -148,8 +181,6 @@ def test_parameter_server_pools_train_like_the_local_cluster(tmp_path, tiny_mode
         return
     # One worker runs the steps in order: deterministic, so the local cluster of the same
     # shape must train the same weights.
-    local = make_run(tmp_path / "local", tiny_model, NUM_TRAIN, NUM_EVAL, FIXED, **shape)
-    run_cluster(*local, "train")
     a_manifest, a = trained_weights(local[1])
     assert a_manifest["total_steps"] == plan.total_steps and a.keys() == b.keys()
     diff = max(float(np.abs(a[k] - b[k]).max()) for k in a)
