@@ -5,9 +5,9 @@ does with an exported model. The export step checks every version this way
 
 The interpreter reads one JSON line on stdin, `[saved_model_path, {input: [strings]}]`, and
 prints one: every output of the signature, strings decoded and numbers as floats. Where a
-warm-start server runs ($BERTFLOW_WARM_SOCKET), it is forked from that server's clean
+warm-start server runs ($BERTFLOW_WARM_SOCKET), the export forks it from that server's clean
 companion, which imported these two modules and nothing of bertflow
-(tasks/provision/local/warm_start.py); elsewhere it is a new interpreter.
+(tasks/provision/local/warm_start.py, start_fresh_load); elsewhere it is a new interpreter.
 """
 from __future__ import annotations
 
@@ -50,19 +50,17 @@ def parse(stdout: str) -> dict[str, list]:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def start(cwd: str, stdout, stderr):
-    """The interpreter, writing to the open files `stdout` and `stderr`, in `cwd` (a folder
-    outside the checkout); write the request to its `stdin` (text) and close it. A warm
-    start's process or a Popen: both have stdin, poll, wait, kill and returncode."""
-    from tasks.provision.local import warm_start
-
-    return warm_start.spawn_serving(command(), environment(), cwd, stdout, stderr) or \
-        subprocess.Popen(command(), cwd=cwd, env=environment(), stdin=subprocess.PIPE,
-                         stdout=stdout, stderr=stderr, text=True)
+def popen(cwd: str, stdout, stderr) -> subprocess.Popen:
+    """The interpreter as a new process, writing to the open files `stdout` and `stderr`, in
+    `cwd` (a folder outside the checkout); write the request to its `stdin` and close it.
+    tasks/provision/local/warm_start.py's start_fresh_load forks it where a server runs."""
+    return subprocess.Popen(command(), cwd=cwd, env=environment(), stdin=subprocess.PIPE,
+                            stdout=stdout, stderr=stderr, text=True)
 
 
-def predict(saved_model: str, inputs: dict[str, list[str]]) -> dict[str, list]:
-    """Start the interpreter, run the signature once on `inputs`, return its outputs."""
+def predict(saved_model: str, inputs: dict[str, list[str]], start=popen) -> dict[str, list]:
+    """Start the interpreter (`start`: popen, or warm_start.start_fresh_load), run the
+    signature once on `inputs`, return its outputs."""
     with tempfile.TemporaryDirectory(prefix="bertflow-fresh-load-") as cwd:
         out_path, err_path = os.path.join(cwd, "stdout"), os.path.join(cwd, "stderr")
         with open(out_path, "w") as out, open(err_path, "w") as err:

@@ -248,11 +248,12 @@ def test_the_fresh_load_check_forked_answers_as_a_new_interpreter(tokenizing_sav
     _serving_server_pid()
     inputs = {"text_in": ["a b c", "héllo  wörld", ""]}
     with open(os.devnull, "w") as out, open(os.devnull, "w") as err:
-        proc = fresh_load.start(os.getcwd(), out, err)
+        proc = warm_start.start_fresh_load(os.getcwd(), out, err)
         assert isinstance(proc, warm_start.WarmProcess)
         proc.kill()
         assert proc.wait(timeout=60) == -signal.SIGKILL
-    warm_out = fresh_load.predict(tokenizing_saved_model, inputs)
+    warm_out = fresh_load.predict(tokenizing_saved_model, inputs,
+                                  warm_start.start_fresh_load)
     monkeypatch.delenv(warm_start.SOCKET_ENV)
     assert warm_out == fresh_load.predict(tokenizing_saved_model, inputs) == {
         "count": [3.0, 2.0, 0.0], "first": ["a", "héllo", ""]}
@@ -285,7 +286,7 @@ def test_a_graph_needing_bertflows_kernels_fails_the_forked_check_as_a_new_one(
         if not warm:
             monkeypatch.delenv(warm_start.SOCKET_ENV)
         with pytest.raises(RuntimeError, match="BertflowGelu"):
-            fresh_load.predict(path, {"text_in": ["1.5"]})
+            fresh_load.predict(path, {"text_in": ["1.5"]}, warm_start.start_fresh_load)
 
 
 def test_the_serving_server_runs_only_the_fresh_load_script_and_reports_failures(tmp_path):
@@ -299,5 +300,6 @@ def test_the_serving_server_runs_only_the_fresh_load_script_and_reports_failures
         assert warm_start.spawn_serving(other, fresh_load.environment(), tmp_path, out,
                                         err) is None
     with pytest.raises(RuntimeError, match="fresh interpreter failed") as failed:
-        fresh_load.predict(str(tmp_path / "no-such-model"), {"text_in": ["x"]})
+        fresh_load.predict(str(tmp_path / "no-such-model"), {"text_in": ["x"]},
+                           warm_start.start_fresh_load)
     assert "no-such-model" in str(failed.value)

@@ -509,8 +509,10 @@ def served_entities(version: Path, texts: list[str]) -> list[list[dict]]:
     """The exported SavedModel's entities of `texts`, served in a fresh interpreter that
     imports only tensorflow and tensorflow_text (tasks/fresh_load.py)."""
     from tasks import fresh_load
+    from tasks.provision.local import warm_start
 
-    out = fresh_load.predict(str(version / "saved_model"), {"text": texts})
+    out = fresh_load.predict(str(version / "saved_model"), {"text": texts},
+                             warm_start.start_fresh_load)
     return [[{key: out[key][i][j] for key in ("entity_group", "word", "start", "end", "score")}
              for j in range(int(out["num_entities"][i]))] for i in range(len(texts))]
 

@@ -27,6 +27,7 @@ from tasks.config import RunConfig
 from tasks.io.uris import join_uri
 from tasks import fresh_load, thresholds
 from tasks.errors import BertflowError
+from tasks.provision.local import warm_start
 from tasks.runs.runlayout import RunContext
 from tasks.model import windows
 from tasks.model.text_encoder import SegmentEncoder
@@ -284,7 +285,7 @@ class FreshLoadCheck:
         folder = Path(self._dir.name)
         self._out, self._err = folder / "stdout", folder / "stderr"
         with open(self._out, "w") as out, open(self._err, "w") as err:
-            self._proc = fresh_load.start(str(folder), out, err)
+            self._proc = warm_start.start_fresh_load(str(folder), out, err)
         return self
 
     def __exit__(self, *exc) -> None:

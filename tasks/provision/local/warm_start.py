@@ -201,6 +201,15 @@ def spawn_serving(argv: list[str], env: dict[str, str], cwd: str | os.PathLike, 
     return WarmProcess(sock, pid, None, list(argv), buffer, stdin=open(write_end, "w"))
 
 
+def start_fresh_load(cwd: str, stdout, stderr):
+    """tasks/fresh_load.py's interpreter: forked from the serving server where one runs, else
+    a new process (fresh_load.popen). Both have stdin, poll, wait, kill and returncode."""
+    from tasks import fresh_load
+
+    return spawn_serving(fresh_load.command(), fresh_load.environment(), cwd, stdout,
+                         stderr) or fresh_load.popen(cwd, stdout, stderr)
+
+
 def _request(path: str, fds: list[int], argv: list[str], env: dict[str, str],
              cwd: str | os.PathLike, log=None) -> tuple[socket.socket, int, bytes] | None:
     """Ask the server on `path` to fork `argv` with `fds` as its standard streams: (the
