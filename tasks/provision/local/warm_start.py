@@ -380,7 +380,6 @@ def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) ->
     """In the forked process: become what `python -m tasks ARGS` would be, run it, end as it
     would end. Returns the exit code."""
     import runpy
-    import traceback
 
     from tasks import process_end
 
@@ -389,14 +388,8 @@ def _run_child(request: dict, out_fd: int, import_sets: dict[str, str], mask) ->
     os.close(null)
     os.close(out_fd)
     sys.argv = [request["argv"][0], *request["argv"][3:]]
-    code = 0
-    try:
-        runpy.run_module("tasks", run_name="__main__", alter_sys=True)
-    except SystemExit as stop:
-        code = _exit_code(stop.code)
-    except BaseException:  # what the interpreter prints for an uncaught exception
-        traceback.print_exc()
-        code = 1
+    code = _exit_code_of(lambda: runpy.run_module("tasks", run_name="__main__",
+                                                  alter_sys=True))
     process_end.finish()
     return code
 
@@ -406,8 +399,6 @@ def _run_serving_child(request: dict, fds: list[int], import_sets: dict[str, str
     """In a fork of the serving server: run tasks/fresh_load.py's script as `python -c` would,
     with the request's stdin, stdout and stderr, outside the project (its modules dropped,
     the checkout off sys.path, as in an interpreter started in a temporary folder)."""
-    import traceback
-
     from tasks import fresh_load
 
     _become_a_new_process(request, fds, import_sets, mask)
@@ -417,14 +408,8 @@ def _run_serving_child(request: dict, fds: list[int], import_sets: dict[str, str
         del sys.modules[name]
     sys.path[:] = [p for p in sys.path if p not in ("", os.getcwd(), str(_CHECKOUT))]
     sys.argv = ["-c"]
-    code = 0
-    try:
-        exec(compile(fresh_load.SCRIPT, "<string>", "exec"), {"__name__": "__main__"})
-    except SystemExit as stop:
-        code = _exit_code(stop.code)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
+    code = _exit_code_of(lambda: exec(compile(fresh_load.SCRIPT, "<string>", "exec"),
+                                      {"__name__": "__main__"}))
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -458,6 +443,21 @@ def _become_a_new_process(request: dict, std_fds: list[int], import_sets: dict[s
         numpy.random.seed()
     except ImportError:
         pass
+
+
+def _exit_code_of(run) -> int:
+    """Call `run` as the interpreter runs a program: its exit code, a traceback on stderr
+    for an uncaught exception."""
+    try:
+        run()
+    except SystemExit as stop:
+        return _exit_code(stop.code)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        return 1
+    return 0
 
 
 def _exit_code(code) -> int:
@@ -525,13 +525,18 @@ def serving(env: dict[str, str] | None = None, log_path: str | os.PathLike | Non
     try:
         yield path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM a server, SIGKILL it after 30 s, and reap it."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -549,11 +554,7 @@ def main(argv: list[str] | None = None) -> int:
         server.serve()
     finally:
         if serving is not None:
-            serving.terminate()
-            try:
-                serving.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                serving.kill()
+            _stop(serving)
     return 0
 
 
