@@ -235,9 +235,9 @@ def test_the_data_step_reads_the_casing_where_validate_could_not(cased_checkpoin
     """lower_case left empty (validate could not read a remote worker's path): the data
     step's leakage check asks the checkpoint."""
     cfg = RunConfig(base_model=str(cased_checkpoint))
-    assert cfg.lower_case is None and checkpoint.lower_case(cfg) is False
-    assert checkpoint.lower_case(RunConfig(base_model=str(cased_checkpoint),
-                                           lower_case=True, lower_case_override=True))
+    assert cfg.lower_case is None and checkpoint.run_casing(cfg).lower_case is False
+    assert checkpoint.run_casing(RunConfig(base_model=str(cased_checkpoint),
+                                           lower_case=True, lower_case_override=True)).lower_case
 
 
 @pytest.fixture(scope="module")
@@ -251,6 +251,33 @@ def accents_kept_checkpoint(tmp_path_factory, cased_checkpoint) -> Path:
     transformers.BertTokenizer(vocab=str(folder / "vocab.txt"), do_lower_case=True,
                                strip_accents=False).save_pretrained(folder)
     return folder
+
+
+def test_the_leakage_check_keeps_the_accents_a_lower_casing_checkpoint_keeps(
+        tmp_path, accents_kept_checkpoint):
+    """Lower-cased with accents kept, "Café" and "cafe" are different texts to the model: the
+    data step's leakage check tells them apart (validate pins only lower_case), while a
+    checkpoint that strips accents counts the test row as seen in training."""
+    from tasks.io import storage
+    from tasks.runs.runlayout import RunContext
+    from tasks.steps import data
+
+    train, test = tmp_path / "train.tsv", tmp_path / "test.tsv"
+    train.write_text("text\tlabel\nCaf\u00e9 noir\tpos\nbad film\tneg\ngood film\tpos\n"
+                     "awful\tneg\n")
+    test.write_text("text\tlabel\ncafe NOIR\tpos\nfine\tneg\n")
+    stripping = accents_kept_checkpoint.parent / "stripping-leakage"
+    shutil.copytree(accents_kept_checkpoint, stripping)
+    (stripping / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    (stripping / "tokenizer.json").unlink()
+    found = {}
+    for name, model in (("kept", accents_kept_checkpoint), ("stripped", stripping)):
+        # lower_case pinned as validate pins it; the accents come from the checkpoint
+        cfg = RunConfig(base_model=str(model), train_uri=str(train), eval_uri=str(test),
+                        lower_case=True, artifact_root=str(tmp_path / "art"))
+        manifest = storage.read_json(data.run(cfg, RunContext(cfg.artifact_root, "dag", name)))
+        found[name] = manifest["leakage"]["test_rows_in_train"]
+    assert found == {"kept": 0, "stripped": 1}
 
 
 def _stored_ids(manifest: dict) -> set:

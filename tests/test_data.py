@@ -515,5 +515,6 @@ def test_test_rows_found_in_training_are_counted_with_examples(tmp_path, capsys)
 def test_a_cased_run_tells_cased_texts_apart(tmp_path):
     train = _write(tmp_path, "train.tsv", _tsv(GOOD))
     test = _write(tmp_path, "test.tsv", _tsv([("GOOD FILM", "pos"), ("good film", "pos")]))
-    manifest = _run_on(tmp_path, train, test, lower_case=False)
+    manifest = _run_on(tmp_path, train, test, lower_case=False,
+                        lower_case_override=True)  # the default checkpoint lower-cases
     assert manifest["leakage"]["test_rows_in_train"] == 1

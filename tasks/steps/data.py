@@ -195,7 +195,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     counted = labels if task_kind(cfg.task).names_labels else []  # no counts of scores
     writers = {name: SplitWriter(step, name, counted)
                for name in data_roles.split_names(cfg)}
-    check = leakage.LeakageCheck(checkpoint.lower_case(cfg))
+    check = leakage.LeakageCheck(checkpoint.run_casing(cfg))
     _write_rows(cfg, train_scan, index, writers, router, check=check)
     for split, scan in given.items():
         _write_rows(cfg, scan, index, writers, split=split, check=check)

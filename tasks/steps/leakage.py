@@ -5,8 +5,9 @@ normalization), records the count and three examples in its manifest, warns, and
 
 The normalization is BERT's basic tokenization, which decides what the model sees (the
 `tokenizers` library's, as BertTokenizerFast runs it): control characters dropped,
-whitespace collapsed, CJK ideographs and punctuation split off as tokens, and with
-lower_case, lower-cased with accents stripped. Two rows match when their token sequences (and
+whitespace collapsed, CJK ideographs and punctuation split off as tokens, lower-cased and
+accents stripped as the checkpoint's casing says (tasks/model/casing.py: some lower-casing
+checkpoints keep accents; byte-level BPE and SentencePiece keep both). Two rows match when their token sequences (and
 their pairs') are equal. Memory: 8 bytes per training and test row (a keyed
 hash), not the texts.
 """
@@ -21,33 +22,34 @@ from typing import Optional
 import numpy as np
 
 from tasks.errors import DataError
+from tasks.model.casing import Casing
 from tasks.steps import prepared
 
 EXAMPLES = 3
 
 
-def basic_tokens(text: str, lower_case: bool) -> list[str]:
+def basic_tokens(text: str, lower_case: bool, strip_accents: bool) -> list[str]:
     """BERT's basic tokens of `text`: the `tokenizers` library's BertNormalizer and
     BertPreTokenizer, the normalization BertTokenizerFast applies before WordPiece."""
-    normalizer, pre_tokenizer = _bert_normalization(lower_case)
+    normalizer, pre_tokenizer = _bert_normalization(lower_case, strip_accents)
     return [token for token, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))]
 
 
-@functools.lru_cache(maxsize=2)
-def _bert_normalization(lower_case: bool):
+@functools.lru_cache(maxsize=4)
+def _bert_normalization(lower_case: bool, strip_accents: bool):
     from tokenizers.normalizers import BertNormalizer
     from tokenizers.pre_tokenizers import BertPreTokenizer
 
-    # strip_accents None follows lowercase, as BERT's uncased vocabularies expect.
-    return (BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                           lowercase=lower_case), BertPreTokenizer())
+    return (BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                           strip_accents=strip_accents, lowercase=lower_case),
+            BertPreTokenizer())
 
 
-def row_key(text: str, pair: Optional[str], lower_case: bool) -> int:
+def row_key(text: str, pair: Optional[str], lower_case: bool, strip_accents: bool) -> int:
     """The 64-bit key of a row's normalized text (and pair)."""
-    normalized = " ".join(basic_tokens(text, lower_case))
+    normalized = " ".join(basic_tokens(text, lower_case, strip_accents))
     if pair is not None:
-        normalized += "\0" + " ".join(basic_tokens(pair, lower_case))
+        normalized += "\0" + " ".join(basic_tokens(pair, lower_case, strip_accents))
     return int.from_bytes(hashlib.blake2b(normalized.encode(), digest_size=8).digest(),
                           "little")
 
@@ -56,13 +58,13 @@ class LeakageCheck:
     """Feed every written row with `add(split, text, pair)`; `leaked()` then gives the
     indexes, in write order, of the test (eval split) rows whose key a training row has."""
 
-    def __init__(self, lower_case: bool):
-        self.lower_case = lower_case
+    def __init__(self, casing: Casing):
+        self.lower_case, self.strip_accents = casing.lower_case, casing.strips_accents
         self.keys = {"train": array("Q"), "eval": array("Q")}
 
     def add(self, split: str, text: str, pair: Optional[str]) -> None:
         if split in self.keys:
-            self.keys[split].append(row_key(text, pair, self.lower_case))
+            self.keys[split].append(row_key(text, pair, self.lower_case, self.strip_accents))
 
     def leaked(self) -> np.ndarray:
         # Sorted in place (the array's own buffer) and searched: no copy of the train keys.

@@ -120,7 +120,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     index = {tag: i for i, tag in enumerate(labels)}
     writers = {name: SplitWriter(step, name, labels)
                for name in data_roles.split_names(cfg)}
-    check = leakage.LeakageCheck(checkpoint.lower_case(cfg))
+    check = leakage.LeakageCheck(checkpoint.run_casing(cfg))
     _write(cfg, train, index, writers, router, check=check)
     for split, scan in given.items():
         _write(cfg, scan, index, writers, split=split, check=check)

@@ -63,12 +63,20 @@ def casing(model_dir: Path, cfg):
     return casing_lib.decide(cfg.lower_case, cfg.lower_case_override, found)
 
 
-def lower_case(cfg) -> bool:
-    """lower_case as validate pinned it, else the checkpoint's (where validate could not read
-    it: a path in a remote worker's image)."""
+def run_casing(cfg):
+    """The run's casing where the weights are not loaded (the data step's leakage key): the
+    checkpoint's small files read again as validate read them, which gives its accents too
+    (validate pins only lower_case). Where they cannot be read here (a path in a remote
+    worker's image), lower_case as validate pinned it, accents following it."""
+    from tasks.model import casing as casing_lib
+    from tasks.training import checkpoint_sources
+
+    found = checkpoint_sources.casing(cfg)
+    if found is not None:
+        return casing_lib.decide(cfg.lower_case, cfg.lower_case_override, found)
     if cfg.lower_case is not None:
-        return cfg.lower_case
-    return casing(resolve_base_model(cfg), cfg).lower_case
+        return casing_lib.Casing(cfg.lower_case, "lower_case as validate pinned it", False)
+    return casing(resolve_base_model(cfg), cfg)
 
 
 def vocab_path(model_dir: Path) -> Path:
