@@ -52,13 +52,13 @@ CORPUS = [
 UNSEEN = ["Ωμέγα ψ", "🦄🦖", "\u0000nul\u0001ctl", "ẞ ǅ ﬁ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "Ꭰꭰ ⰀⰁ"]
 
 
-def train_byte_bpe(folder) -> tuple:
-    """A tiny byte-level BPE on TRAINING, RoBERTa's specials first: (vocab.json, merges.txt)
-    in `folder`."""
+def train_byte_bpe(folder, extra: tuple[str, ...] = (), vocab_size: int = 600) -> tuple:
+    """A tiny byte-level BPE on TRAINING (and `extra` texts), RoBERTa's specials first:
+    (vocab.json, merges.txt) in `folder`."""
     from tokenizers import ByteLevelBPETokenizer
 
     trainer = ByteLevelBPETokenizer()
-    trainer.train_from_iterator(TRAINING, vocab_size=600, min_frequency=2,
+    trainer.train_from_iterator(TRAINING + list(extra), vocab_size=vocab_size, min_frequency=2,
                                 special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     trainer.save_model(str(folder))
     return folder / "vocab.json", folder / "merges.txt"
