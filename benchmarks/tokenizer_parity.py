@@ -23,6 +23,11 @@ first few shown; then a text of more than 512 pieces, alone and as a pair, must 
 Hugging Face cuts it. Speed: rows/s of each tokenizer alone on the same texts in chunks of the
 tokenize step's 8,192 rows, tokenizers built outside the timing, runs alternating, medians.
 Target: bertflow at least as fast as the fast tokenizer.
+SentencePiece families have a third side, the `sentencepiece` library itself on the same
+model file (its normalizer and segmentation, no Hugging Face word split), laid out with the
+family's ids: where bertflow and transformers differ, it says which of them gives the model's
+own tokenization (`sentencepiece`: mismatches against each side, first few shown, rows/s in
+the same alternation).
 `--smoke`: the tiny vocabularies the tests train, synthetic data, 200 multilingual texts, one
 repeat, results in a temporary folder.
 """
@@ -54,6 +59,8 @@ DATA_FILES = ("sst2/train.tsv", "snips/train.tsv", "banking77/train.tsv",
 MAX_LENGTH = 512
 CHUNK = 8192  # the tokenize step's rows per chunk (tasks/steps/tokenize.py _CHUNK_ROWS)
 SHOWN_MISMATCHES = 10
+# The model file of each SentencePiece family, which the `sentencepiece` side reads.
+SPM_FILES = {"xlm-roberta": "sentencepiece.bpe.model", "deberta-v2": "spm.model"}
 CACHE_ENV = "BERTFLOW_VOCAB_CACHE"
 RATIO_TARGET = 1.0
 
@@ -363,8 +370,28 @@ def hf_ids(tokenizer, texts: list[str], pairs: list[str] | None = None) -> list[
     return out
 
 
-def compare(encoder, tokenizer, texts: list[str], sets: list[str]) -> dict:
-    ours, theirs = bertflow_ids(encoder, texts), hf_ids(tokenizer, texts)
+class SentencePieceSide:
+    """The `sentencepiece` library on a family's model file: its pieces with the family's ids
+    (the encoder's `IdLayout`), `cls pieces sep`, cut to MAX_LENGTH as a single text is."""
+
+    def __init__(self, model_file: Path, encoder):
+        import sentencepiece
+
+        self.processor = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+        self.layout, self.unk = encoder.layout, encoder.model.unk_id
+
+    def ids(self, texts: list[str]) -> list[list[int]]:
+        layout, out = self.layout, []
+        for pieces in self.processor.encode(texts):
+            out.append([layout.cls, *(layout.unk if p == self.unk else p + layout.offset
+                                      for p in pieces[:MAX_LENGTH - 2]), layout.sep])
+        return out
+
+
+def mismatches(ours: list[list[int]], theirs: list[list[int]], texts: list[str],
+               sets: list[str], tokenizer, names: tuple[str, str] = ("bertflow", "hf")) -> dict:
+    """Rows whose ids differ, per set, and the first SHOWN_MISMATCHES around their first
+    difference (pieces named by `tokenizer`)."""
     by_set = dict.fromkeys(dict.fromkeys(sets), 0)
     shown = []
     for i, (a, b) in enumerate(zip(ours, theirs)):
@@ -376,10 +403,25 @@ def compare(encoder, tokenizer, texts: list[str], sets: list[str]) -> dict:
             window = slice(max(0, at - 3), at + 5)
             shown.append({"set": sets[i], "row": i, "text": texts[i][:300],
                           "first_difference": at,
-                          "bertflow": tokenizer.convert_ids_to_tokens(a[window]),
-                          "hf": tokenizer.convert_ids_to_tokens(b[window])})
+                          names[0]: tokenizer.convert_ids_to_tokens(a[window]),
+                          names[1]: tokenizer.convert_ids_to_tokens(b[window])})
     return {"mismatches": sum(by_set.values()), "mismatches_by_set": by_set,
             "first_mismatches": shown}
+
+
+def compare(encoder, tokenizer, texts: list[str], sets: list[str],
+            spm: SentencePieceSide | None = None) -> dict:
+    """bertflow against transformers; with `spm`, the SentencePiece library against each."""
+    ours, theirs = bertflow_ids(encoder, texts), hf_ids(tokenizer, texts)
+    out = mismatches(ours, theirs, texts, sets, tokenizer)
+    if spm is not None:
+        reference = spm.ids(texts)
+        out["sentencepiece"] = {
+            "vs_bertflow": mismatches(ours, reference, texts, sets, tokenizer,
+                                      ("bertflow", "sentencepiece")),
+            "vs_hf": mismatches(theirs, reference, texts, sets, tokenizer,
+                                ("hf", "sentencepiece"))}
+    return out
 
 
 def cut_check(encoder, tokenizer, texts: list[str]) -> dict:
@@ -395,18 +437,30 @@ def cut_check(encoder, tokenizer, texts: list[str]) -> dict:
             "pair_length": len(pair)}
 
 
-def speed(encoder, tokenizer, texts: list[str], repeats: int) -> dict:
+def speed(encoder, tokenizer, texts: list[str], repeats: int,
+          spm: SentencePieceSide | None = None) -> dict:
+    """Rows/s of each side, alternating; the SentencePiece library's (in chunks, as the
+    others) goes under `sentencepiece`."""
     def timed(fn) -> float:
         t0 = time.perf_counter()
         fn(texts)
         return len(texts) / (time.perf_counter() - t0)
 
-    runs = common.alternate({"bertflow": lambda: timed(lambda t: bertflow_ids(encoder, t)),
-                             "hf_fast": lambda: timed(lambda t: hf_ids(tokenizer, t))}, repeats)
+    sides = {"bertflow": lambda: timed(lambda t: bertflow_ids(encoder, t)),
+             "hf_fast": lambda: timed(lambda t: hf_ids(tokenizer, t))}
+    if spm is not None:
+        sides["sentencepiece"] = lambda: timed(
+            lambda t: [spm.ids(t[s:s + CHUNK]) for s in range(0, len(t), CHUNK)])
+    runs = common.alternate(sides, repeats)
     med = {side: common.median(v) for side, v in runs.items()}
     ratio = med["bertflow"] / med["hf_fast"]
-    return {"median_rows_per_s": med, "runs_rows_per_s": runs, "ratio_bertflow_vs_hf": ratio,
-            "target": common.verdict(ratio, RATIO_TARGET, "x")}
+    out = {"median_rows_per_s": {s: med[s] for s in ("bertflow", "hf_fast")},
+           "runs_rows_per_s": {s: runs[s] for s in ("bertflow", "hf_fast")},
+           "ratio_bertflow_vs_hf": ratio, "target": common.verdict(ratio, RATIO_TARGET, "x")}
+    if spm is not None:
+        out["sentencepiece_rows_per_s"] = {"median": med["sentencepiece"],
+                                           "runs": runs["sentencepiece"]}
+    return out
 
 
 def main() -> None:
@@ -456,18 +510,27 @@ def main() -> None:
                 print(f"{family}: no source ({NO_SOURCE[family]})")
                 continue
             encoder, tokenizer = tokenizers_of(family, folder)
+            spm = (SentencePieceSide(folder / SPM_FILES[family], encoder)
+                   if family in SPM_FILES else None)
             print(f"{family}: {encoder.vocab_size:,} ids; parity on {len(texts):,} texts")
-            parity = compare(encoder, tokenizer, texts, sets)
+            parity = compare(encoder, tokenizer, texts, sets, spm)
             cut = cut_check(encoder, tokenizer, texts)
             print(f"  mismatches {parity['mismatches']:,} {parity['mismatches_by_set']}; "
                   f"512 cut: {cut}")
+            if spm is not None:
+                print("  sentencepiece library: " + ", ".join(
+                    f"{k} {v['mismatches']:,}" for k, v in parity["sentencepiece"].items()))
+            timing = speed(encoder, tokenizer, texts, args.repeats, spm)
+            if spm is not None:
+                parity["sentencepiece"]["rows_per_s"] = timing.pop("sentencepiece_rows_per_s")
             results[family] = {"files": origins, "vocab_size": encoder.vocab_size, **parity,
-                               "cut_512": cut, **speed(encoder, tokenizer, texts, args.repeats)}
+                               "cut_512": cut, **timing}
             print(f"  rows/s {results[family]['median_rows_per_s']}: "
                   f"{results[family]['target']}")
     finally:
         if work:
             shutil.rmtree(work, ignore_errors=True)
+    import sentencepiece
     import tokenizers
     import transformers
     common.write_results("tokenizer_parity", {
@@ -475,7 +538,8 @@ def main() -> None:
         "texts_by_set": {s: sets.count(s) for s in dict.fromkeys(sets)},
         "max_length": MAX_LENGTH, "chunk_rows": CHUNK, "repeats": args.repeats,
         "versions": {"transformers": transformers.__version__,
-                     "tokenizers": tokenizers.__version__},
+                     "tokenizers": tokenizers.__version__,
+                     "sentencepiece": sentencepiece.__version__},
         "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM", "unset (default)"),
         "families": results})
 
