@@ -33,18 +33,17 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from tasks.errors import ConfigError
+from tasks.model.families import REFUSED, ROWS
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_JSON = "tokenizer.json"
 FILES = (TOKENIZER_CONFIG, TOKENIZER_JSON)  # optional files fetched with a checkpoint
-# transformers' default do_lower_case for each family's tokenizer (BertTokenizer's).
-FAMILY_LOWER_CASE = {"bert": True, "distilbert": True, "electra": True}
 # Tokenizers that never lower-case, and why (the tokenize manifest's lower_case_rule).
-CASED_ONLY = {"roberta": "byte-level BPE reads text as it is",
-              "xlm-roberta": "its SentencePiece model reads text as it is"}
+CASED_ONLY = {f.name: f.never_lower_cases for f in ROWS
+              if f.never_lower_cases not in (None, REFUSED)}
 # SentencePiece families whose tokenizer may lower-case (DebertaV2Tokenizer's do_lower_case,
 # false unless set): bertflow runs only the cased setting.
-CASED_SENTENCEPIECE = ("deberta-v2",)
+CASED_SENTENCEPIECE = tuple(f.name for f in ROWS if f.never_lower_cases == REFUSED)
 # A vocabulary is cased when at least this share of its pieces has a capital letter
 # (bert-base-cased: ~20%; multilingual cased: ~25%); uncased ones have none.
 CASED_VOCAB_SHARE = 0.01
@@ -103,8 +102,8 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
         if pieces and capitals >= CASED_VOCAB_SHARE * len(pieces):
             return Casing(False, f"vocab.txt: {capitals} of {len(pieces)} pieces have "
                                  "capitals", True)
-    lower = FAMILY_LOWER_CASE.get(family, True)
-    return Casing(lower, f"{family} default (the checkpoint does not say)", False)
+    # The checkpoint does not say: transformers' BertTokenizer lower-cases.
+    return Casing(True, f"{family} default (the checkpoint does not say)", False)
 
 
 def _sentencepiece_casing(config: Optional[dict], family: str, where: str) -> Casing:

@@ -5,7 +5,8 @@ Keys a config.json leaves out take the defaults of transformers' config class fo
 DebertaV2Config), as `from_pretrained` does.
 
 ENCODER_FAMILIES are the families whose encoder bertflow builds; FAMILIES, those a run can
-fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES).
+fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES). Both come from
+tasks/model/families.py, one row per family.
 """
 from __future__ import annotations
 
@@ -15,44 +16,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.errors import ConfigError
-from tasks.model import deberta_config
+from tasks.model import deberta_config, families
 from tasks.model.deberta_config import DebertaOptions
 
-ENCODER_FAMILIES = ("bert", "distilbert", "electra", "roberta", "xlm-roberta",
-                    deberta_config.FAMILY)
+# The family tables (tasks/model/families.py), in the shapes this module's readers take.
+ENCODER_FAMILIES = tuple(families.FAMILIES)
 # Families whose encoder, heads and weight names are another family's: transformers' XLM-R
 # classes are RoBERTa's (the same modules, under the same `roberta.` prefix).
-ENCODER_FAMILY = {"xlm-roberta": "roberta"}
+ENCODER_FAMILY = {f.name: f.encoder_family for f in families.ROWS if f.encoder_family}
 ACTIVATIONS = ("gelu", "gelu_new", "relu")
-ARCHITECTURES = {"bert": "BertForSequenceClassification",
-                 "distilbert": "DistilBertForSequenceClassification",
-                 "electra": "ElectraForSequenceClassification",
-                 "roberta": "RobertaForSequenceClassification",
-                 "xlm-roberta": "XLMRobertaForSequenceClassification",
-                 "deberta-v2": "DebertaV2ForSequenceClassification"}
 # transformers' class of each family by task (the task names of tasks.model.heads).
-TASK_ARCHITECTURES = {"sequence_classification": ARCHITECTURES,
-                      "token_classification": {
-                          "bert": "BertForTokenClassification",
-                          "distilbert": "DistilBertForTokenClassification",
-                          "electra": "ElectraForTokenClassification",
-                          "roberta": "RobertaForTokenClassification",
-                          "xlm-roberta": "XLMRobertaForTokenClassification",
-                          "deberta-v2": "DebertaV2ForTokenClassification"}}
+TASK_ARCHITECTURES = {f"{task}_classification": {
+    f.name: f"{f.architecture}For{kind}Classification" for f in families.ROWS}
+    for task, kind in (("sequence", "Sequence"), ("token", "Token"))}
+ARCHITECTURES = TASK_ARCHITECTURES["sequence_classification"]
 # Each family's tokenizer files, in the order its text encoder reads them.
-WORDPIECE_FILES = ("vocab.txt",)
-TOKENIZER_FILES = {"bert": WORDPIECE_FILES, "distilbert": WORDPIECE_FILES,
-                   "electra": WORDPIECE_FILES, "roberta": ("vocab.json", "merges.txt"),
-                   "xlm-roberta": ("sentencepiece.bpe.model",), "deberta-v2": ("spm.model",)}
+WORDPIECE_FILES = families.WORDPIECE_FILES
+TOKENIZER_FILES = {f.name: f.tokenizer_files for f in families.ROWS}
 FAMILIES = tuple(family for family in ENCODER_FAMILIES if family in TOKENIZER_FILES)
 # A Hub checkpoint of each family, for the messages that refuse another (docs/model.md).
-EXAMPLES = {"bert": "google-bert/bert-base-uncased",
-            "distilbert": "distilbert/distilbert-base-uncased",
-            "electra": "google/electra-base-discriminator", "roberta": "FacebookAI/roberta-base",
-            "xlm-roberta": "FacebookAI/xlm-roberta-base",
-            "deberta-v2": "microsoft/deberta-v3-base"}
+EXAMPLES = {f.name: f.example for f in families.ROWS}
 # The module prefix of each encoder family in transformers' checkpoints (base_model_prefix).
-PREFIXES = {"deberta-v2": "deberta"}
+PREFIXES = {f.name: f.weight_prefix for f in families.ROWS if f.weight_prefix}
 # What a config needs to be read as BERT's when it names no model_type (early checkpoints).
 BERT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import tensorflow as tf
 
+from tasks.model.families import ROWS
 from tasks.model.hf_weights import CONFIG, save_hf_checkpoint
 from tasks.training import checkpoint
 from tasks.runs import goodput, lineage, runlayout
@@ -145,8 +146,7 @@ def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,
 
 
 # transformers' tokenizer and converter of each SentencePiece family.
-SENTENCEPIECE_TOKENIZERS = {"xlm-roberta": ("XLMRobertaTokenizer", "XLMRobertaConverter"),
-                            "deberta-v2": ("DebertaV2Tokenizer", "DebertaV2Converter")}
+SENTENCEPIECE_TOKENIZERS = {f.name: f.hf_sentencepiece for f in ROWS if f.hf_sentencepiece}
 
 
 def sentencepiece_tokenizer(family: str, model_file: Path, max_seq_length: int):

@@ -56,13 +56,11 @@ from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
 from tasks.task_kinds import kind as task_kind
 from tasks.model.config import EncoderConfig
+from tasks.model.families import FAMILIES, WORDPIECE_ENCODER_VERSION
 from tasks.model.text_encoder import SegmentEncoder
 
-# Part of the cache key: bump when the encoder or the record layout changes.
-ENCODER_VERSION = "bertflow-fastbert-2"  # 2: Hugging Face's normalisation (issue 45)
-# The families with another encoder.
-ENCODER_VERSIONS = {"roberta": "bertflow-byte-bpe-1", "xlm-roberta": "bertflow-sentencepiece-1",
-                    "deberta-v2": "bertflow-deberta-spm-1"}
+# Part of the cache key (each family's is in tasks/model/families.py): WordPiece's.
+ENCODER_VERSION = WORDPIECE_ENCODER_VERSION
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"
@@ -76,8 +74,7 @@ def run(cfg: RunConfig, ctx: RunContext) -> str:
     model_dir = checkpoint.resolve_base_model(cfg)
     files = checkpoint.tokenizer_files(model_dir)
     casing = checkpoint.casing(model_dir, cfg)
-    version = ENCODER_VERSIONS.get(EncoderConfig.from_pretrained(model_dir).family,
-                                   ENCODER_VERSION)
+    version = FAMILIES[EncoderConfig.from_pretrained(model_dir).family].encoder_version
     content_hash = _content_hash(data["splits"], _tokenizer_bytes(files), cfg,
                                  task, len(data["labels"]), casing.lower_case, version,
                                  casing.strip_accents)

@@ -101,16 +101,6 @@ def tokenizer_files(model_dir: Path) -> list[Path]:
     return [Path(model_dir) / name for name in names]
 
 
-# The in-graph encoder of each family whose tokenizer is not WordPiece (module, class, what its
-# files are): each reads text as it is.
-_CASED_ENCODERS = {
-    "roberta": ("tasks.model.byte_bpe", "RobertaTextEncoder", "byte-level BPE"),
-    "xlm-roberta": ("tasks.model.sentencepiece_text", "XlmRobertaTextEncoder",
-                    "SentencePiece model"),
-    "deberta-v2": ("tasks.model.sentencepiece_text", "DebertaTextEncoder",
-                   "SentencePiece model")}
-
-
 def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int,
                  strip_accents: bool | None = None):
     """The family's in-graph tokenizer (tasks/model): WordPiece's BertTextEncoder, RoBERTa's
@@ -120,14 +110,16 @@ def text_encoder(model_dir: Path, lower_case: bool, max_seq_length: int,
     import importlib
 
     from tasks.model.config import EncoderConfig
+    from tasks.model.families import FAMILIES
 
     files = tokenizer_files(model_dir)
     family = EncoderConfig.from_pretrained(model_dir).family
-    if family not in _CASED_ENCODERS:
+    if FAMILIES[family].text_encoder is None:
         from tasks.model.text_encoder import BertTextEncoder
 
         return BertTextEncoder(files[0], lower_case, max_seq_length, strip_accents)
-    module, name, tokenizer = _CASED_ENCODERS[family]
+    # Every other family's tokenizer reads text as it is.
+    module, name, tokenizer = FAMILIES[family].text_encoder
     if lower_case or strip_accents:
         raise BertflowError(f"{model_dir}: a {family} checkpoint's {tokenizer} does not "
                             "lower-case or strip accents; leave lower_case empty or false")
