@@ -1,8 +1,10 @@
-"""DistilBERT and ELECTRA checkpoints through the whole DAG (dag.test(), the demo data): every
-task succeeds, and the exported version loads in PyTorch transformers' class of its family
-with the SavedModel's probabilities. The checkpoints are tiny and random (2 layers, hidden 32;
-ELECTRA's embeddings narrower than its hidden size) with the real uncased vocabulary, so the
-demo's texts tokenize as they would for a pretrained checkpoint of either family."""
+"""Every family but BERT (whose run is tests/test_dag_e2e.py) through the whole DAG
+(dag.test(), the demo data): every task succeeds, the train step built the family, and the
+exported version loads in PyTorch transformers' class of its family with the SavedModel's
+probabilities. The checkpoints are tiny and random (2 layers, hidden 32). DistilBERT and
+ELECTRA (its embeddings narrower than its hidden size) have the real uncased vocabulary, so the
+demo's texts tokenize as they would for a pretrained checkpoint; RoBERTa, XLM-R and DeBERTa-v3
+have the vocabularies their steps tests train (tests/family_checkpoints.py)."""
 from __future__ import annotations
 
 import shutil
@@ -14,6 +16,7 @@ from bertflow_airflow.demo import run_dag, run_folder, sample_rows
 from tasks.io import storage
 from tasks.io.uris import join_uri
 from tasks.training.checkpoint_sources import default_base_model_dir
+from family_checkpoints import BUILDERS
 from train_helpers import write_tiny_model
 
 TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 4, "per_replica_batch_size": 8,
@@ -21,14 +24,18 @@ TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 4, "per_replica_batch_si
 SHAPES = {"distilbert": {}, "electra": {"embedding_size": 16}}
 
 
-@pytest.fixture(scope="module", params=sorted(SHAPES))
+@pytest.fixture(scope="module", params=sorted(SHAPES) + sorted(BUILDERS))
 def finished_run(request, airflow_db, tmp_path_factory):
     family = request.param
-    vocab = default_base_model_dir() / "vocab.txt"
     folder = tmp_path_factory.mktemp(family) / "checkpoint"
-    write_tiny_model(folder, family, vocab_size=len(vocab.read_text().splitlines()),
-                     max_position_embeddings=64, **SHAPES[family])
-    shutil.copy(vocab, folder / "vocab.txt")
+    if family in BUILDERS:
+        folder.mkdir()
+        BUILDERS[family](folder)
+    else:
+        vocab = default_base_model_dir() / "vocab.txt"
+        write_tiny_model(folder, family, vocab_size=len(vocab.read_text().splitlines()),
+                         max_position_embeddings=64, **SHAPES[family])
+        shutil.copy(vocab, folder / "vocab.txt")
     root = str(tmp_path_factory.mktemp("artifacts"))
     dag_run = run_dag({**TINY, "artifact_root": root, "base_model": str(folder),
                        "model_name": f"tiny-{family}"})

@@ -49,33 +49,11 @@ def train_deberta_spm(folder: Path) -> Path:
     return folder / MODEL_FILE
 
 
-def _config(vocab_size: int) -> dict:
-    # DeBERTa-v3's shape: relative attention, shared position buckets, no absolute positions
-    # and no token types (microsoft/deberta-v3-base's config, scaled down).
-    return {"model_type": "deberta-v2", "vocab_size": vocab_size, "hidden_size": 32,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-            "max_position_embeddings": 64, "type_vocab_size": 0, "relative_attention": True,
-            "position_buckets": 16, "norm_rel_ebd": "layer_norm", "share_att_key": True,
-            "pos_att_type": ["p2c", "c2p"], "position_biased_input": False,
-            "layer_norm_eps": 1e-7, "max_relative_positions": -1, "pad_token_id": 0}
-
-
 @pytest.fixture(scope="module")
 def deberta_dir(tmp_path_factory) -> Path:
-    import tf_keras
+    from family_checkpoints import tiny_deberta  # it imports train_deberta_spm from here
 
-    from tasks.model.classifier import build_classifier
-    from tasks.model.config import EncoderConfig
-    from tasks.model.hf_weights import save_hf_checkpoint
-
-    folder = tmp_path_factory.mktemp("tiny-deberta")
-    _, model = read_model(train_deberta_spm(folder))
-    tf_keras.utils.set_random_seed(0)
-    # The embedding has more rows than the model has pieces, as v3's 128100 for 128000.
-    classifier = build_classifier(EncoderConfig.from_dict(_config(len(model.pieces) + 100)), 2)
-    save_hf_checkpoint(classifier, ["a", "b"], folder)
-    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
-    return folder
+    return tiny_deberta(tmp_path_factory.mktemp("tiny-deberta"))
 
 
 @pytest.fixture(scope="module")

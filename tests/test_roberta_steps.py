@@ -17,7 +17,8 @@ import pytest
 
 from tasks.errors import BertflowError
 from tasks.training import checkpoint
-from test_byte_bpe import CORPUS, train_byte_bpe
+from family_checkpoints import tiny_roberta
+from test_byte_bpe import CORPUS
 from train_helpers import (FILLER, NAMES, PLACES, aligned_as_transformers,
                            entities_as_the_pipeline, steps_of_a_family, token_steps_of_a_family)
 
@@ -36,25 +37,11 @@ WORDS = NAMES + [w for place in PLACES for w in place] + FILLER
 
 @pytest.fixture(scope="module")
 def roberta_dir(tmp_path_factory) -> Path:
-    import tf_keras
-
-    from tasks.model.byte_bpe import read_vocab
-    from tasks.model.classifier import build_classifier
-    from tasks.model.config import EncoderConfig
-    from tasks.model.hf_weights import save_hf_checkpoint
-
-    folder = tmp_path_factory.mktemp("tiny-roberta")
     # The tagged sentences' words merged with their leading space (see WORDS).
-    vocab, _ = train_byte_bpe(folder, extra=(" " + " ".join(WORDS),) * 4, vocab_size=900)
+    folder = tiny_roberta(tmp_path_factory.mktemp("tiny-roberta"),
+                          extra=(" " + " ".join(WORDS),) * 4, vocab_size=900)
     hf = transformers.RobertaTokenizerFast.from_pretrained(str(folder), add_prefix_space=True)
     assert not [w for w in WORDS if hf.tokenize(w)[0] == "\u0120"]  # no lone "Ġ"
-    raw = {"model_type": "roberta", "vocab_size": len(read_vocab(vocab)),
-           "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-           "intermediate_size": 64, "max_position_embeddings": 66, "type_vocab_size": 1,
-           "layer_norm_eps": 1e-5, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-    tf_keras.utils.set_random_seed(0)
-    model = build_classifier(EncoderConfig.from_dict(raw), 2)
-    save_hf_checkpoint(model, ["a", "b"], folder)
     return folder
 
 

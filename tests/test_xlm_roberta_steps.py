@@ -19,7 +19,8 @@ from tasks.config import RunConfig
 from tasks.errors import BertflowError, ConfigError
 from tasks.training import checkpoint
 from test_byte_bpe import CORPUS
-from test_sentencepiece_text import MULTILINGUAL, train_sentencepiece
+from family_checkpoints import tiny_xlm_roberta
+from test_sentencepiece_text import MULTILINGUAL
 from train_helpers import (aligned_as_transformers, entities_as_the_pipeline,
                            refusals_of_a_family, steps_of_a_family, token_steps_of_a_family)
 
@@ -30,29 +31,9 @@ TEXTS = [t for t in CORPUS + MULTILINGUAL if t.strip()] * 3
 MODEL_FILE = "sentencepiece.bpe.model"
 
 
-def _config(vocab_size: int) -> dict:
-    return {"model_type": "xlm-roberta", "vocab_size": vocab_size, "hidden_size": 32,
-            "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-            "max_position_embeddings": 66, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
-            "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-
-
 @pytest.fixture(scope="module")
 def xlmr_dir(tmp_path_factory) -> Path:
-    import tf_keras
-
-    from tasks.model.classifier import build_classifier
-    from tasks.model.config import EncoderConfig
-    from tasks.model.hf_weights import save_hf_checkpoint
-    from tasks.model.sentencepiece_model import FAIRSEQ, read_model
-
-    folder = tmp_path_factory.mktemp("tiny-xlmr")
-    _, model = read_model(train_sentencepiece(folder))
-    tf_keras.utils.set_random_seed(0)
-    classifier = build_classifier(EncoderConfig.from_dict(
-        _config(FAIRSEQ.vocab_size(model))), 2)
-    save_hf_checkpoint(classifier, ["a", "b"], folder)
-    return folder
+    return tiny_xlm_roberta(tmp_path_factory.mktemp("tiny-xlmr"))
 
 
 def test_validate_names_the_model_file_the_casing_and_the_vocabulary(xlmr_dir, tmp_path):

@@ -1,0 +1,72 @@
+"""Tiny random checkpoints (2 layers, hidden 32) of the families whose tokenizer is not
+WordPiece, each beside a vocabulary trained here and written by bertflow's own save
+(tasks/model/hf_weights.py, whose keys tests/test_model_parity.py checks against PyTorch's):
+what the steps tests (test_roberta_steps.py, test_xlm_roberta_steps.py,
+test_deberta_steps.py) and the whole-DAG test (test_dag_families.py) fine-tune."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+_TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 64}
+
+
+def _save(folder: Path, raw: dict) -> Path:
+    import tf_keras
+
+    from tasks.model.classifier import build_classifier
+    from tasks.model.config import EncoderConfig
+    from tasks.model.hf_weights import save_hf_checkpoint
+
+    tf_keras.utils.set_random_seed(0)
+    save_hf_checkpoint(build_classifier(EncoderConfig.from_dict(raw), 2), ["a", "b"], folder)
+    return folder
+
+
+def tiny_roberta(folder: Path, extra: tuple[str, ...] = (), vocab_size: int = 600) -> Path:
+    """A RoBERTa on a byte-level BPE trained on test_byte_bpe's texts and `extra`."""
+    from tasks.model.byte_bpe import read_vocab
+    from test_byte_bpe import train_byte_bpe
+
+    vocab, _ = train_byte_bpe(folder, extra=extra, vocab_size=vocab_size)
+    return _save(folder, {
+        "model_type": "roberta", "vocab_size": len(read_vocab(vocab)), **_TINY,
+        "max_position_embeddings": 66, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2})
+
+
+def tiny_xlm_roberta(folder: Path) -> Path:
+    """An XLM-R on a unigram SentencePiece model with XLM-R's normalizer
+    (test_sentencepiece_text.py), fairseq's ids."""
+    from tasks.model.sentencepiece_model import FAIRSEQ, read_model
+    from test_sentencepiece_text import train_sentencepiece
+
+    _, model = read_model(train_sentencepiece(folder))
+    return _save(folder, {
+        "model_type": "xlm-roberta", "vocab_size": FAIRSEQ.vocab_size(model), **_TINY,
+        "max_position_embeddings": 66, "type_vocab_size": 1, "layer_norm_eps": 1e-5,
+        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2})
+
+
+def tiny_deberta(folder: Path) -> Path:
+    """A DeBERTa-v3: relative attention, shared position buckets, no absolute positions and
+    no token types (microsoft/deberta-v3-base's config, scaled down), on a unigram model with
+    v3's first pieces (test_deberta_steps.train_deberta_spm); its embedding has more rows than
+    the model has pieces, as v3's 128100 for 128000."""
+    from tasks.model.sentencepiece_model import read_model
+    from test_deberta_steps import train_deberta_spm
+
+    _, model = read_model(train_deberta_spm(folder))
+    _save(folder, {
+        "model_type": "deberta-v2", "vocab_size": len(model.pieces) + 100, **_TINY,
+        "max_position_embeddings": 64, "type_vocab_size": 0, "relative_attention": True,
+        "position_buckets": 16, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+        "pos_att_type": ["p2c", "c2p"], "position_biased_input": False,
+        "layer_norm_eps": 1e-7, "max_relative_positions": -1, "pad_token_id": 0})
+    (folder / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    return folder
+
+
+BUILDERS = {"roberta": tiny_roberta, "xlm-roberta": tiny_xlm_roberta,
+            "deberta-v2": tiny_deberta}
