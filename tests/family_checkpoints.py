@@ -1,8 +1,10 @@
 """Tiny random checkpoints (2 layers, hidden 32) of the families whose tokenizer is not
-WordPiece, each beside a vocabulary trained here and written by bertflow's own save
+WordPiece, and of a cased BERT, each beside a vocabulary trained here and written by
+bertflow's own save
 (tasks/model/hf_weights.py, whose keys tests/test_model_parity.py checks against PyTorch's):
 what the steps tests (test_roberta_steps.py, test_xlm_roberta_steps.py,
-test_deberta_steps.py) and the whole-DAG test (test_dag_families.py) fine-tune."""
+test_deberta_steps.py, test_casing.py) and the whole-DAG test (test_dag_families.py)
+fine-tune."""
 from __future__ import annotations
 
 import json
@@ -68,5 +70,41 @@ def tiny_deberta(folder: Path) -> Path:
     return folder
 
 
-BUILDERS = {"roberta": tiny_roberta, "xlm-roberta": tiny_xlm_roberta,
+def cased_vocab(out: Path) -> Path:
+    """A cased WordPiece vocabulary (vocab.txt in `out`) on test_casing's texts and the
+    token-classification sentences' words (train_helpers.tagged_sentences)."""
+    from tokenizers import BertWordPieceTokenizer
+
+    from test_casing import CORPUS
+    from train_helpers import FILLER, NAMES, PLACES, SERVED
+
+    trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False, clean_text=True,
+                                     handle_chinese_chars=True)
+    words = [" ".join(NAMES), " ".join(w for place in PLACES for w in place), " ".join(FILLER)]
+    trainer.train_from_iterator((CORPUS + words + SERVED) * 20, vocab_size=700, min_frequency=1,
+                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    trainer.save_model(str(out))
+    return out / "vocab.txt"
+
+
+def tiny_cased_bert(folder: Path, vocab: Path | None = None) -> Path:
+    """A BERT with a cased vocabulary (`vocab`, else `cased_vocab`'s) and transformers'
+    tokenizer files saying do_lower_case false, as bert-base-cased has them."""
+    import shutil
+
+    import transformers
+
+    from train_helpers import write_tiny_model
+
+    if vocab is None:  # beside the folder: write_tiny_model writes its own vocab.txt there
+        (apart := folder.parent / f"{folder.name}-vocab").mkdir(parents=True)
+        vocab = cased_vocab(apart)
+    write_tiny_model(folder, vocab_size=len(vocab.read_text().splitlines()))
+    shutil.copy(vocab, folder / "vocab.txt")
+    transformers.BertTokenizer(vocab=str(folder / "vocab.txt"),
+                               do_lower_case=False).save_pretrained(folder)
+    return folder
+
+
+BUILDERS = {"bert-cased": tiny_cased_bert, "roberta": tiny_roberta, "xlm-roberta": tiny_xlm_roberta,
             "deberta-v2": tiny_deberta}

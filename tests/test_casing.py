@@ -16,8 +16,7 @@ from tasks.config import RunConfig
 from tasks.errors import ConfigError
 from tasks.model import casing
 from tasks.training import checkpoint
-from train_helpers import (FILLER, NAMES, PLACES, SERVED, entities_as_the_pipeline,
-                           token_steps_of_a_family, write_tiny_model)
+from train_helpers import SERVED, entities_as_the_pipeline, token_steps_of_a_family
 
 CORPUS = [
     "The Quick Brown Fox jumps over Zoë's café in São Paulo.",
@@ -40,17 +39,9 @@ UNSEEN = [
 
 @pytest.fixture(scope="module")
 def cased_vocab(tmp_path_factory) -> Path:
-    from tokenizers import BertWordPieceTokenizer
+    from family_checkpoints import cased_vocab
 
-    out = tmp_path_factory.mktemp("cased")
-    trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False, clean_text=True,
-                                     handle_chinese_chars=True)
-    # The token-classification sentences' words too (train_helpers.tagged_sentences).
-    words = [" ".join(NAMES), " ".join(w for place in PLACES for w in place), " ".join(FILLER)]
-    trainer.train_from_iterator((CORPUS + words + SERVED) * 20, vocab_size=700, min_frequency=1,
-                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
-    trainer.save_model(str(out))
-    return out / "vocab.txt"
+    return cased_vocab(tmp_path_factory.mktemp("cased"))
 
 
 def test_the_in_graph_tokenizer_matches_transformers_on_a_cased_vocabulary(cased_vocab):
@@ -154,15 +145,9 @@ def test_lower_case_against_the_checkpoint():
 @pytest.fixture(scope="module")
 def cased_checkpoint(tmp_path_factory, cased_vocab) -> Path:
     """The tiny random BERT with the cased vocabulary and transformers' tokenizer files."""
-    import transformers
+    from family_checkpoints import tiny_cased_bert
 
-    vocab = cased_vocab.read_text().splitlines()
-    folder = write_tiny_model(tmp_path_factory.mktemp("cased-ckpt") / "model",
-                              vocab_size=len(vocab))
-    shutil.copy(cased_vocab, folder / "vocab.txt")
-    transformers.BertTokenizer(vocab=str(cased_vocab), do_lower_case=False).save_pretrained(
-        folder)
-    return folder
+    return tiny_cased_bert(tmp_path_factory.mktemp("cased-ckpt") / "model", cased_vocab)
 
 
 def _train_file(tmp_path: Path) -> str:

@@ -81,7 +81,8 @@ except ImportError:
 def predict(folder, texts):
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    batch = tokenizer(texts, padding=True, return_tensors="pt")
+    # Cut at the export's model_max_length, as the SavedModel cuts at max_seq_length.
+    batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     with torch.no_grad():
         logits = model(**batch).logits
     # The task's output, by config.json's problem_type as transformers reads it: softmax for
