@@ -1,8 +1,9 @@
 """bert_finetune with its data and model on the storage emulators; credentials for worker
 processes; the asset-triggered retraining DAG.
 
-The DAG runs through dag.test() in a child process whose output is the Airflow task logs
-(dag.test writes no log files), so the logs can be scanned for secrets. Connections are
+Both scenarios' DAG runs go through dag.test() in one child process (tests/dag_child.py) whose
+output is the Airflow task logs (dag.test writes no log files), so the logs can be scanned for
+secrets. Connections are
 AIRFLOW_CONN_* variables: S3 (moto) with a key pair, GCS (emulator) with an endpoint extra.
 The tiny random model (tests/train_helpers.py): storage is under test here, not the checkpoint
 (tests/test_dag_e2e.py runs the whole DAG on the real one).
@@ -14,6 +15,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +26,7 @@ from tasks.io import storage
 from tasks.config import DEMO_DIR, PROJECT_ROOT, parse_config
 from tasks.io.uris import join_uri
 from bertflow_airflow.demo import DAG_ID, predict_in_fresh_process, run_folder, sample_rows
+from dag_child import TASKS, TINY, finished_run, run_dags
 from tasks.errors import ConfigError
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 
@@ -33,27 +36,12 @@ GCS_CONN_ID = "bertflow_gcs"
 GCS_TOKEN = "bertflow-gcs-token-4be81f0a9c"
 SECRETS = (S3_SECRET, GCS_TOKEN)
 
-TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 3, "per_replica_batch_size": 8,
-        "num_shards": 1, "num_workers": 1, "eval_batch_size": 64}
-# and approval, skipped: require_approval is off
-TASKS = ("validate", "prepare_data", "tokenize", "provision", "train", "evaluate", "release",
-         "export", "gate_eval", "gate", "log_to_mlflow", "promote")
-
 # Each scenario: where the data is and how train_uri names it, where the model is exported,
 # where the run folders live.
 SCENARIOS = {
     "s3-data-prefix_gcs-model_local-runs": ("s3", "train/", "gs", None),
     "gcs-data-glob_s3-model_gcs-runs": ("gs", "train/part-*.tsv", "s3", "gs"),
 }
-
-RUN_DAG = """
-import json, sys
-from bertflow_airflow.demo import run_dag
-dag_run = run_dag(json.loads(sys.argv[1]))
-print("BERTFLOW_RUN " + json.dumps({"run_id": dag_run.run_id,
-                                    "run_type": getattr(dag_run.run_type, "value", "")}))
-"""
-
 
 @pytest.fixture(scope="module")
 def gcs_connection(gcs_emulator):  # noqa: F811
@@ -75,31 +63,42 @@ def _upload_demo_data(base: str) -> None:
     storage.write_text(f"{base}/eval.tsv", (DEMO_DIR / "eval.tsv").read_text())
 
 
-@pytest.fixture(scope="module", params=list(SCENARIOS))
-def cloud_run(request, airflow_db, s3_server, gcs_connection,  # noqa: F811
-              tiny_model_dir, tmp_path_factory):  # noqa: F811
-    data_scheme, train_name, export_scheme, root_scheme = SCENARIOS[request.param]
-    prefix = uuid.uuid4().hex[:12]
-    storage.configure(storage.Connections(GCS_CONN_ID, S3_CONN_ID))
+def _scenario_conf(name: str, prefix: str, tmp: Path, model_dir: Path) -> dict:
+    """The scenario's data uploaded under its own bucket prefix, and its run's conf."""
+    data_scheme, train_name, export_scheme, root_scheme = SCENARIOS[name]
     data = f"{data_scheme}://{BUCKET}/{prefix}/data"
     _upload_demo_data(data)
-    tmp = tmp_path_factory.mktemp("cloud-run")
     root = f"{root_scheme}://{BUCKET}/{prefix}/artifacts" if root_scheme else str(tmp / "art")
-    conf = {**TINY, "train_uri": f"{data}/{train_name}", "eval_uri": f"{data}/eval.tsv",
+    return {**TINY, "train_uri": f"{data}/{train_name}", "eval_uri": f"{data}/eval.tsv",
             "export_uri": f"{export_scheme}://{BUCKET}/{prefix}/models",
             "artifact_root": root, "gcp_conn_id": GCS_CONN_ID, "aws_conn_id": S3_CONN_ID,
-            "base_model": str(tiny_model_dir)}
-    log = tmp / "dag-test.log"
-    with open(log, "w") as out:
-        subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,
-                       stdout=out, stderr=subprocess.STDOUT, timeout=1800)
-    output = log.read_text(errors="replace")
-    marker = [ln for ln in output.splitlines() if ln.startswith("BERTFLOW_RUN ")]
-    assert marker, f"dag.test did not finish:\n{output[-5000:]}"
-    dag_run = SimpleNamespace(**json.loads(marker[-1].split(" ", 1)[1]))
-    yield SimpleNamespace(dag_run=dag_run, run_uri=run_folder(dag_run, root), conf=conf,
-                          cfg=parse_config(conf), prefix=prefix, log=output)
+            "base_model": str(model_dir)}
+
+
+@pytest.fixture(scope="module")
+def cloud_runs(airflow_db, s3_server, gcs_connection,  # noqa: F811
+               tiny_model_dir, tmp_path_factory):  # noqa: F811
+    """Every scenario's DAG run, by scenario, all in one child process (one Airflow import
+    and DAG parse, not one per scenario), each with its own bucket prefix and the part of the
+    child's output its run printed."""
+    storage.configure(storage.Connections(GCS_CONN_ID, S3_CONN_ID))
+    prefixes = {name: uuid.uuid4().hex[:12] for name in SCENARIOS}
+    confs = {name: _scenario_conf(name, prefixes[name], tmp_path_factory.mktemp("cloud-run"),
+                                  tiny_model_dir) for name in SCENARIOS}
+    output, parts = run_dags(confs)
+    runs = {}
+    for name, conf in confs.items():
+        dag_run = finished_run(name, parts[name], output)
+        runs[name] = SimpleNamespace(
+            dag_run=dag_run, run_uri=run_folder(dag_run, conf["artifact_root"]), conf=conf,
+            cfg=parse_config(conf), prefix=prefixes[name], log=parts[name], output=output)
+    yield runs
     storage.configure(storage.Connections())
+
+
+@pytest.fixture(scope="module", params=list(SCENARIOS))
+def cloud_run(request, cloud_runs):
+    return cloud_runs[request.param]
 
 
 def test_every_task_succeeds(cloud_run):
@@ -112,7 +111,8 @@ def test_every_task_succeeds(cloud_run):
                       .filter_by(dag_id=DAG_ID, run_id=run_id))
         run_state = session.query(DagRun.state).filter_by(dag_id=DAG_ID,
                                                           run_id=run_id).scalar()
-    assert states == {**dict.fromkeys(TASKS, "success"), "approval": "skipped"}, cloud_run.log[-5000:]
+    assert states == {**dict.fromkeys(TASKS, "success"), "approval": "skipped"}, \
+        cloud_run.log[-5000:]
     assert run_state == "success"
 
 
@@ -140,9 +140,10 @@ def test_published_model_in_the_bucket_predicts_and_is_champion(cloud_run):
 
 
 def test_no_secret_in_run_folder_bucket_objects_or_task_logs(cloud_run, airflow_db):
-    assert "[worker:0]" in cloud_run.log  # the captured output holds the task logs
+    assert "[worker:0]" in cloud_run.log  # the scenario's part holds its task logs
     logs = {str(p): p.read_bytes() for p in (airflow_db / "logs").rglob("*") if p.is_file()}
-    logs["dag.test output"] = cloud_run.log.encode()
+    # The child's whole output: both runs' task logs, and what it printed before either
+    logs["dag.test output"] = cloud_run.output.encode()
     uris = {*storage.list_uris(cloud_run.run_uri), *(
         uri for scheme in ("gs", "s3")
         for uri in storage.list_uris(f"{scheme}://{BUCKET}/{cloud_run.prefix}"))}

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import uuid
 from types import SimpleNamespace
 
@@ -24,11 +23,11 @@ import pytest
 from fake_kubernetes import FakeKube, ProcessKubelet
 from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
-from tasks.config import DEMO_DIR, PROJECT_ROOT
+from tasks.config import DEMO_DIR
 from tasks.io.uris import join_uri, sha256_file
 from tasks.training import checkpoint, checkpoint_sources
 from bertflow_airflow.demo import DAG_ID, run_folder
-from test_dag_cloud import RUN_DAG, TASKS, TINY
+from dag_child import TASKS, TINY, finished_run, run_dags
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 
 GCS_CONN_ID = "bertflow_gcs_k8s"
@@ -57,13 +56,8 @@ def k8s_run(airflow_db, gcs_emulator, tiny_model_dir, tmp_path_factory):  # noqa
                              own_cache=True)
     with FakeKube(kubelet) as kube:
         env = {**os.environ, "KUBECONFIG": str(kube.write_kubeconfig(tmp / "kubeconfig"))}
-        done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)],
-                              cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
-                              timeout=1800)
-        output = done.stdout + done.stderr
-        marker = [ln for ln in output.splitlines() if ln.startswith("BERTFLOW_RUN ")]
-        assert marker, f"dag.test did not finish:\n{output[-5000:]}"
-        dag_run = SimpleNamespace(**json.loads(marker[-1].split(" ", 1)[1]))
+        output, parts = run_dags({"kubernetes": conf}, env=env)
+        dag_run = finished_run("kubernetes", parts["kubernetes"], output)
         yield SimpleNamespace(kube=kube, log=output, conf=conf, dag_run=dag_run,
                               run_uri=run_folder(dag_run, conf["artifact_root"]),
                               kubelet=kubelet, tiny=tiny_model_dir)

@@ -4,11 +4,8 @@ tasks/training/checkpoint_sources.py (every bad value is covered there, through 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tasks.config import PROJECT_ROOT
-from test_dag_cloud import RUN_DAG, TINY
+from dag_child import TINY, run_dags
 from train_helpers import write_tiny_model
 
 
@@ -17,9 +14,7 @@ def test_validate_fails_on_another_architecture_and_makes_no_run_folder(airflow_
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps({**config, "model_type": "t5"}))
     conf = {**TINY, "artifact_root": str(tmp_path / "artifacts"), "base_model": str(model)}
-    done = subprocess.run([sys.executable, "-c", RUN_DAG, json.dumps(conf)], cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=900)
-    log = done.stdout + done.stderr
+    log, _ = run_dags({"t5": conf}, timeout=900)
     assert "config field 'base_model'" in log and "model_type 't5'" in log, log[-4000:]
     assert "supported: bert, distilbert, electra, roberta" in log
     assert not (tmp_path / "artifacts" / "runs").exists()  # refused before init_run
