@@ -25,7 +25,7 @@ from storage_servers import BUCKET, gcs_emulator  # noqa: F401
 from tasks.io import storage
 from tasks.config import DEMO_DIR
 from tasks.io.uris import join_uri, sha256_file
-from tasks.training import checkpoint, checkpoint_sources
+from tasks.training import checkpoint_sources
 from bertflow_airflow.demo import DAG_ID, run_folder
 from dag_child import TASKS, TINY, finished_run, run_dags
 from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
