@@ -334,21 +334,27 @@ def smoke_files(family: str, folder: Path) -> tuple[Path, dict]:
                     for p in sorted(folder.iterdir())}
 
 
-def tokenizers_of(family: str, folder: Path):
-    """(bertflow's encoder, transformers' fast tokenizer) of the same files."""
+def hf_tokenizer(family: str, folder: Path):
+    """transformers' fast tokenizer of the family's files in `folder` (no TensorFlow)."""
     import transformers
 
+    return {"roberta": transformers.RobertaTokenizerFast,
+            "xlm-roberta": transformers.XLMRobertaTokenizer,
+            "deberta-v2": transformers.DebertaV2Tokenizer}[family].from_pretrained(str(folder))
+
+
+def tokenizers_of(family: str, folder: Path):
+    """(bertflow's encoder, transformers' fast tokenizer) of the same files."""
     from tasks.model import byte_bpe, sentencepiece_text
     if family == "roberta":
-        return (byte_bpe.RobertaTextEncoder(folder / "vocab.json", folder / "merges.txt",
-                                            MAX_LENGTH),
-                transformers.RobertaTokenizerFast.from_pretrained(str(folder)))
-    if family == "xlm-roberta":
-        return (sentencepiece_text.XlmRobertaTextEncoder(folder / "sentencepiece.bpe.model",
-                                                         MAX_LENGTH),
-                transformers.XLMRobertaTokenizer.from_pretrained(str(folder)))
-    return (sentencepiece_text.DebertaTextEncoder(folder / "spm.model", MAX_LENGTH),
-            transformers.DebertaV2Tokenizer.from_pretrained(str(folder)))
+        encoder = byte_bpe.RobertaTextEncoder(folder / "vocab.json", folder / "merges.txt",
+                                              MAX_LENGTH)
+    elif family == "xlm-roberta":
+        encoder = sentencepiece_text.XlmRobertaTextEncoder(folder / "sentencepiece.bpe.model",
+                                                           MAX_LENGTH)
+    else:
+        encoder = sentencepiece_text.DebertaTextEncoder(folder / "spm.model", MAX_LENGTH)
+    return encoder, hf_tokenizer(family, folder)
 
 
 def bertflow_ids(encoder, texts: list[str], pairs: list[str] | None = None) -> list[list[int]]:

@@ -129,7 +129,10 @@ NO_PEER = (f"{PEER_PY} is absent: the peer side needs its own venv with torch (p
            f".venv-peer && .venv-peer/bin/pip install -r benchmarks/requirements.txt)")
 # script -> (arguments of a bertflow-only smoke run, of a peer-only one or None)
 SMOKE = {
-    "train_throughput": (["--configs", "bertflow"], ["--configs", "peer"]),
+    # the peer's run on a tiny XLM-R (issue 45's families: bertflow's random checkpoint, the
+    # family's tokenizer, pad id 1), in the same one peer run
+    "train_throughput": (["--configs", "bertflow"],
+                         ["--configs", "peer", "--model", "xlm-roberta-base"]),
     "mfu": (["--config", "bertflow"], ["--config", "peer"]),
     "model_sizes": (["--sides", "bertflow"], ["--sides", "peer"]),
     "quality": (["--sides", "bertflow"], ["--sides", "peer"]),
@@ -205,6 +208,10 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert side["median_startup_s"] > 0 and side["recipe"]["untimed_warmup_steps"] == 3
         (run,) = data["runs"]["bertflow"]
         assert run["warmup_steps"] == run["steps"] == 3 and len(run["step_seconds"]) == 3
+        # the shape the side saved, counted from its file: the tiny BERT's 2 x 32
+        model = side["model"]
+        assert (model["family"], model["layers"], model["hidden"]) == ("bert", 2, 32)
+        assert model["parameters"] > 30522 * 32 and model["weights"].startswith("RANDOM")
     if script == "mfu":
         assert data["recipe"]["timed_steps"] == 3 and 0 < data["mfu"]
     if script == "quality":
@@ -297,6 +304,14 @@ def test_smoke_peer_side_matches_its_schema(script, tmp_path):
         assert run["fused_adamw"] is True and run["bf16"] is native_bf16
         assert run["warmup_steps"] == run["steps"] and run["recipe"]["max_grad_norm"] == 1.0
         assert run["recipe"]["weight_decay"] == 0.0 and data["summary"]["peer"]["median_startup_s"]
+        # the family's class loaded bertflow's random checkpoint, tokens below its vocabulary
+        model = data["summary"]["peer"]["model"]
+        assert (model["family"], model["class"]) == ("xlm-roberta",
+                                                     "XLMRobertaForSequenceClassification")
+        assert (model["layers"], model["hidden"]) == (2, 32) and model["parameters"] > 0
+        assert model["pad_token_id"] == 1  # rows padded with XLM-R's <pad>, not <s> (0)
+        assert model["name"] == "xlm-roberta-base" and model["weights"].startswith("RANDOM")
+        assert data["model"].startswith("xlm-roberta-base's tiny")
     if script == "model_sizes":
         side = data["points"][0]["sides"]["peer"]
         assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20

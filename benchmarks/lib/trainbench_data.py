@@ -34,15 +34,19 @@ def length_grouped_batches(lengths: list[int], batch_size: int, seed: int,
     return [b for b in batches if len(b) == batch_size]  # drop a ragged tail
 
 
-def build(sst2_path: Path, vocab_path: Path, num_examples: int, batch_size: int, seed: int,
-          max_len: int, grouped: bool, out: Path) -> dict:
-    from transformers import BertTokenizer
+def build(sst2_path: Path, vocab_path: Path | None, num_examples: int, batch_size: int,
+          seed: int, max_len: int, grouped: bool, out: Path, tokenizer=None) -> dict:
+    """`tokenizer`: a transformers tokenizer (another family's); default the uncased
+    WordPiece of `vocab_path`."""
     texts, labels = read_sst2(sst2_path)
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
     order = order[:num_examples]
-    tok = BertTokenizer(vocab=str(vocab_path), do_lower_case=True)
-    enc = tok([texts[i] for i in order], truncation=True, max_length=max_len)["input_ids"]
+    if tokenizer is None:
+        from transformers import BertTokenizer
+        tokenizer = BertTokenizer(vocab=str(vocab_path), do_lower_case=True)
+    enc = tokenizer([texts[i] for i in order], truncation=True,
+                    max_length=max_len)["input_ids"]
     ys = [labels[i] for i in order]
     lengths = [len(e) for e in enc]
     if grouped:

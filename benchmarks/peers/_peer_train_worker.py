@@ -5,11 +5,15 @@ weight decay 0.0, gradient clipping at norm 1.0 (`max_grad_norm`), a linear sche
 warm-up (`warmup_ratio` 0.0) over every step this run takes, optional bf16 autocast (the
 Trainer's `bf16=True`). Dynamic padding, length-grouped batches (given by the driver). Runs in
 .venv-peer (no TensorFlow). `--plain-adamw` is the older peer (plain `torch.optim.AdamW`).
+The model is the folder's family (AutoModelForSequenceClassification: BERT, RoBERTa, XLM-R,
+DeBERTa-v3); rows are padded with its config's pad_token_id (RoBERTa's and XLM-R's is 1, as
+the Trainer's data collator pads with the tokenizer's) and masked by their lengths.
 
 Warm-up: by default one untimed pass over the driver's batches, then one timed pass over the
 same batches (as the bertflow worker does), so both sides time the same shapes after the same
 warm-up. Prints one line `RESULT {json}`, with `first_step_end_unix` (wall clock at the end of
-the first step, so the driver can report start-up: process start to first step) and `recipe`.
+the first step, so the driver can report start-up: process start to first step) and `recipe`,
+after a line `MODEL {json}`: the family and shape it loaded and its parameter count.
 """
 import argparse
 import json
@@ -17,7 +21,7 @@ import sys
 import time
 
 import torch
-from transformers import BertForSequenceClassification
+from transformers import AutoModelForSequenceClassification
 
 p = argparse.ArgumentParser()
 p.add_argument("--batches", required=True)
@@ -43,8 +47,9 @@ if a.warmup is None:
     a.warmup = len(batches)
 warmup_batches = [batches[i % len(batches)] for i in range(a.warmup)]
 total_steps = a.warmup + len(batches)
-model = BertForSequenceClassification.from_pretrained(a.model_dir, num_labels=2)
+model = AutoModelForSequenceClassification.from_pretrained(a.model_dir, num_labels=2)
 model.train()
+pad_id = model.config.pad_token_id or 0
 # The Trainer's parameter groups: no decay on biases and LayerNorm weights (moot at 0.0).
 decay = [p_ for n, p_ in model.named_parameters() if not ("bias" in n or "LayerNorm" in n)]
 no_decay = [p_ for n, p_ in model.named_parameters() if "bias" in n or "LayerNorm" in n]
@@ -59,10 +64,11 @@ sched = torch.optim.lr_scheduler.LambdaLR(
 
 def step(b):
     n = max(len(x) for x in b["input_ids"])
-    ids = torch.zeros((len(b["input_ids"]), n), dtype=torch.long)
+    ids = torch.full((len(b["input_ids"]), n), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
     for i, x in enumerate(b["input_ids"]):
         ids[i, :len(x)] = torch.tensor(x)
-    mask = (ids != 0).long()
+        mask[i, :len(x)] = 1
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
         loss = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids),
                      labels=torch.tensor(b["labels"])).loss
@@ -88,6 +94,12 @@ for b in batches:
     first_step_end = first_step_end or time.time()
 dt = time.perf_counter() - t0
 n = sum(len(b["labels"]) for b in batches)
+c = model.config
+print("MODEL " + json.dumps({
+    "family": c.model_type, "class": type(model).__name__, "layers": c.num_hidden_layers,
+    "hidden": c.hidden_size, "heads": c.num_attention_heads,
+    "intermediate": getattr(c, "intermediate_size", None), "vocab_size": c.vocab_size,
+    "pad_token_id": pad_id, "parameters": sum(p_.numel() for p_ in model.parameters())}))
 recipe = {"optimizer": "adamw_torch_fused" if fused else "torch.optim.AdamW",
           "learning_rate": a.learning_rate, "weight_decay": a.weight_decay,
           "max_grad_norm": a.max_grad_norm, "lr_schedule": "linear",

@@ -12,9 +12,12 @@ worker also warms up on one pass of its batches by default).
 Prints one line `RESULT {json}`, with `first_step_end_unix` (wall clock at the end of the
 first training step: the driver reports start-up, process start to first step, from it; the
 untimed data and tokenize steps fall inside it, `setup_s`) and `recipe` (this side's optimizer,
-schedule, clipping, weight decay, precision)."""
+schedule, clipping, weight decay, precision), after a line `MODEL {json}`: the family and shape
+of the model the train step saved, and its parameter count (read from its safetensors
+header)."""
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -113,6 +116,18 @@ flops = train_flops(tokens, sum(b for b, _ in shapes),
                     ffn=model_config["intermediate_size"])
 # Each timed step's own time (from the previous step's end), for medians.
 step_seconds = [t1 - t0 for (s0, t0), (s1, t1) in zip(ends, ends[1:]) if s0 >= a.warmup]
+saved = Path(manifest["model_dir"])
+from tasks.model.config import EncoderConfig  # noqa: E402
+
+built = EncoderConfig.from_pretrained(saved)
+with open(saved / "model.safetensors", "rb") as f:
+    header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+print("MODEL " + json.dumps({
+    "family": built.family, "class": "tasks.model.classifier.Classifier",
+    "layers": built.num_layers, "hidden": built.hidden_size, "heads": built.num_heads,
+    "intermediate": built.intermediate_size, "vocab_size": built.vocab_size,
+    "pad_token_id": built.pad_token_id,
+    "parameters": sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")}))
 recipe = {"optimizer": "tasks.training.model.AdamW (fused; bertflow's CPU kernel where built)",
           "learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay,
           "max_grad_norm": manifest.get("max_grad_norm"), "lr_schedule": "linear",
