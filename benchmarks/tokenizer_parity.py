@@ -306,7 +306,7 @@ SMOKE_TRAINERS = {"roberta": (["test_byte_bpe"], "train_byte_bpe"),
                   "xlm-roberta": (["test_byte_bpe", "test_sentencepiece_text"],
                                   "train_sentencepiece"),
                   "deberta-v2": (["test_byte_bpe", "test_sentencepiece_text", "train_helpers",
-                                  "test_deberta_steps"], "train_deberta_spm")}
+                                  "family_checkpoints"], "train_deberta_spm")}
 
 
 def _test_module(name: str):
@@ -324,7 +324,7 @@ def _test_module(name: str):
 
 def smoke_files(family: str, folder: Path) -> tuple[Path, dict]:
     """The tiny vocabulary the family's tests train (tests/test_byte_bpe.py,
-    test_sentencepiece_text.py, test_deberta_steps.py)."""
+    test_sentencepiece_text.py, family_checkpoints.py)."""
     modules, function = SMOKE_TRAINERS[family]
     train = getattr([_test_module(m) for m in modules][-1], function)
     folder.mkdir(parents=True)

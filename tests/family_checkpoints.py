@@ -7,6 +7,7 @@ test_deberta_steps.py, test_casing.py) and the whole-DAG test (test_dag_families
 fine-tune."""
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -51,13 +52,35 @@ def tiny_xlm_roberta(folder: Path) -> Path:
         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2})
 
 
+DEBERTA_SPM = "spm.model"
+
+
+def train_deberta_spm(folder: Path) -> Path:
+    """A tiny unigram model (`folder`/spm.model) with DeBERTa-v3's first pieces, [PAD] [CLS]
+    [SEP] [UNK] at 0-3, as microsoft/deberta-v3-base's spm.model has them ([MASK] is not a
+    piece there: transformers adds it after the last piece)."""
+    import pytest
+
+    from test_byte_bpe import TRAINING
+    from test_sentencepiece_text import MULTILINGUAL
+
+    spm = pytest.importorskip("sentencepiece")  # skips only the tests that build one
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TRAINING + MULTILINGUAL * 20), model_writer=model,
+        model_type="unigram", vocab_size=500, hard_vocab_limit=False, character_coverage=1.0,
+        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
+        eos_piece="[SEP]", unk_piece="[UNK]", num_threads=1, minloglevel=2)
+    (folder / DEBERTA_SPM).write_bytes(model.getvalue())
+    return folder / DEBERTA_SPM
+
+
 def tiny_deberta(folder: Path) -> Path:
     """A DeBERTa-v3: relative attention, shared position buckets, no absolute positions and
     no token types (microsoft/deberta-v3-base's config, scaled down), on a unigram model with
-    v3's first pieces (test_deberta_steps.train_deberta_spm); its embedding has more rows than
-    the model has pieces, as v3's 128100 for 128000."""
+    v3's first pieces (train_deberta_spm); its embedding has more rows than the model has
+    pieces, as v3's 128100 for 128000."""
     from tasks.model.sentencepiece_model import read_model
-    from test_deberta_steps import train_deberta_spm
 
     _, model = read_model(train_deberta_spm(folder))
     _save(folder, {
@@ -70,19 +93,29 @@ def tiny_deberta(folder: Path) -> Path:
     return folder
 
 
+CASED_CORPUS = [
+    "The Quick Brown Fox jumps over Zoë's café in São Paulo.",
+    "Müller sagte: die Straße ist NASS!",
+    "東京は日本の首都です。北京也是首都。",
+    "I love it 😀🎉 so MUCH, said Ana.",
+    "NASA and the E.U. agreed; a naïve résumé from Émile.",
+    "ÉCOLE École école, Ωmega and ωmega",
+    "New York's MoMA opened at 9am; Dr. Smith-Jones arrived late.",
+]
+
+
 def cased_vocab(out: Path) -> Path:
-    """A cased WordPiece vocabulary (vocab.txt in `out`) on test_casing's texts and the
+    """A cased WordPiece vocabulary (vocab.txt in `out`) on CASED_CORPUS and the
     token-classification sentences' words (train_helpers.tagged_sentences)."""
     from tokenizers import BertWordPieceTokenizer
 
-    from test_casing import CORPUS
     from train_helpers import FILLER, NAMES, PLACES, SERVED
 
     trainer = BertWordPieceTokenizer(lowercase=False, strip_accents=False, clean_text=True,
                                      handle_chinese_chars=True)
     words = [" ".join(NAMES), " ".join(w for place in PLACES for w in place), " ".join(FILLER)]
-    trainer.train_from_iterator((CORPUS + words + SERVED) * 20, vocab_size=700, min_frequency=1,
-                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    trainer.train_from_iterator((CASED_CORPUS + words + SERVED) * 20, vocab_size=700,
+                                min_frequency=1, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     trainer.save_model(str(out))
     return out / "vocab.txt"
 

@@ -16,17 +16,9 @@ from tasks.config import RunConfig
 from tasks.errors import ConfigError
 from tasks.model import casing
 from tasks.training import checkpoint
+from family_checkpoints import CASED_CORPUS
 from train_helpers import SERVED, entities_as_the_pipeline, token_steps_of_a_family
 
-CORPUS = [
-    "The Quick Brown Fox jumps over Zoë's café in São Paulo.",
-    "Müller sagte: die Straße ist NASS!",
-    "東京は日本の首都です。北京也是首都。",
-    "I love it 😀🎉 so MUCH, said Ana.",
-    "NASA and the E.U. agreed; a naïve résumé from Émile.",
-    "ÉCOLE École école, Ωmega and ωmega",
-    "New York's MoMA opened at 9am; Dr. Smith-Jones arrived late.",
-]
 UNSEEN = [
     "Zoe met ZOË at the CAFÉ near Sao Paulo",
     "Straße vs STRASSE vs strasse",
@@ -52,7 +44,7 @@ def test_the_in_graph_tokenizer_matches_transformers_on_a_cased_vocabulary(cased
 
     reference = transformers.BertTokenizer(vocab=str(cased_vocab), do_lower_case=False)
     encoder = BertTextEncoder(cased_vocab, lower_case=False, max_seq_length=64)
-    texts = CORPUS + UNSEEN
+    texts = CASED_CORPUS + UNSEEN
     ids, _ = encoder.encode(texts)
     for text, got in zip(texts, ids.to_list()):
         assert got == reference(text)["input_ids"], text
@@ -153,7 +145,7 @@ def cased_checkpoint(tmp_path_factory, cased_vocab) -> Path:
 def _train_file(tmp_path: Path) -> str:
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\n" + "".join(f"{t}\t{'ab'[i % 2]}\n"
-                                               for i, t in enumerate(CORPUS * 6)))
+                                               for i, t in enumerate(CASED_CORPUS * 6)))
     return str(path)
 
 
@@ -201,7 +193,7 @@ def test_a_cased_run_tokenizes_cased_and_its_export_records_it(tmp_path, cased_c
     records = [tf.train.Example.FromString(r.numpy()) for r in tf.data.TFRecordDataset(
         manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"])]
     stored = {tuple(r.features.feature["input_ids"].int64_list.value) for r in records}
-    assert stored == {tuple(reference(t, truncation=True)["input_ids"]) for t in CORPUS}
+    assert stored == {tuple(reference(t, truncation=True)["input_ids"]) for t in CASED_CORPUS}
 
     from tasks.steps import export
 
@@ -295,7 +287,7 @@ def test_accents_kept_by_a_lower_casing_checkpoint_through_tokenize_serving_and_
     manifest = json.loads(Path(tokenize.run(cfg, ctx)).read_text())
     assert (manifest["lower_case"], manifest["strip_accents"]) == (True, False)
     assert _stored_ids(manifest) == {tuple(reference(t, truncation=True)["input_ids"])
-                                     for t in CORPUS}
+                                     for t in CASED_CORPUS}
     # The same vocab.txt whose tokenizer strips accents: another cache entry, other ids.
     plain = accents_kept_checkpoint.parent / "stripping"
     shutil.copytree(accents_kept_checkpoint, plain)
@@ -308,14 +300,14 @@ def test_accents_kept_by_a_lower_casing_checkpoint_through_tokenize_serving_and_
     assert other["content_hash"] != manifest["content_hash"] and not other["reused"]
     assert other["strip_accents"] is None
     assert _stored_ids(other) == {tuple(stripping(t, truncation=True)["input_ids"])
-                                  for t in CORPUS} != _stored_ids(manifest)
+                                  for t in CASED_CORPUS} != _stored_ids(manifest)
 
     # Serving: the SavedModel holds the encoder as the tokenize step built it.
     encoder = checkpoint.text_encoder(accents_kept_checkpoint, True, 48,
                                       manifest["strip_accents"])
     tf.saved_model.save(encoder, str(tmp_path / "encoder"))
     loaded = tf.saved_model.load(str(tmp_path / "encoder"))
-    texts = CORPUS + UNSEEN
+    texts = CASED_CORPUS + UNSEEN
     want = reference(texts, truncation=True)["input_ids"]
     assert loaded.encode(tf.constant(texts))[0].to_list() == want
     assert want != stripping(texts, truncation=True)["input_ids"]

@@ -2,15 +2,12 @@
 DebertaTextEncoder) against transformers' DebertaV2Tokenizer (the fast one), validate's checks,
 then data, tokenize, train, evaluate and export (tests/train_helpers.py steps_of_a_family).
 
-A tiny unigram model is trained here with the sentencepiece package (a test dependency) with
-DeBERTa-v3's first pieces, [PAD] [CLS] [SEP] [UNK] at 0-3, as microsoft/deberta-v3-base's
-spm.model has them ([MASK] is not a piece there: transformers adds it after the last piece).
-The checkpoint is tiny and random, written by bertflow's own save (tasks/model/hf_weights.py,
+A tiny unigram model with DeBERTa-v3's first pieces is trained with the sentencepiece package
+(a test dependency; tests/family_checkpoints.py train_deberta_spm). The checkpoint is tiny and random, written by bertflow's own save (tasks/model/hf_weights.py,
 whose DeBERTa keys tests/test_model_parity.py checks against PyTorch's).
 """
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
@@ -23,36 +20,21 @@ from tasks.errors import BertflowError, ConfigError
 from tasks.model.sentencepiece_model import read_model
 from tasks.model.sentencepiece_text import RUST_WHITESPACE, DebertaTextEncoder
 from tasks.training import checkpoint
-from test_byte_bpe import CORPUS, TRAINING
+from family_checkpoints import DEBERTA_SPM, tiny_deberta
+from test_byte_bpe import CORPUS
 from test_sentencepiece_text import MULTILINGUAL, UNSEEN
 from train_helpers import (aligned_as_transformers, copy_checkpoint, entities_as_the_pipeline,
                            refusals_of_a_family, steps_of_a_family, token_steps_of_a_family)
 
 transformers = pytest.importorskip("transformers")
 
-MODEL_FILE = "spm.model"
 SPACES = ["  two  spaces\tand\ttabs  ", "end\u3000ideographic\u00a0nbsp", "a\u0085b\u2028c",
           "multiple     spaces    inside", "   leading", "trailing   "]
 TEXTS = CORPUS + MULTILINGUAL + UNSEEN + SPACES
 
 
-def train_deberta_spm(folder: Path) -> Path:
-    # Skips only the tests that use it (test_checkpoint_sources.py imports this module).
-    spm = pytest.importorskip("sentencepiece")
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(TRAINING + MULTILINGUAL * 20), model_writer=model,
-        model_type="unigram", vocab_size=500, hard_vocab_limit=False, character_coverage=1.0,
-        pad_id=0, bos_id=1, eos_id=2, unk_id=3, pad_piece="[PAD]", bos_piece="[CLS]",
-        eos_piece="[SEP]", unk_piece="[UNK]", num_threads=1, minloglevel=2)
-    (folder / MODEL_FILE).write_bytes(model.getvalue())
-    return folder / MODEL_FILE
-
-
 @pytest.fixture(scope="module")
 def deberta_dir(tmp_path_factory) -> Path:
-    from family_checkpoints import tiny_deberta  # it imports train_deberta_spm from here
-
     return tiny_deberta(tmp_path_factory.mktemp("tiny-deberta"))
 
 
@@ -65,11 +47,11 @@ def hf(deberta_dir):
 
 @pytest.fixture(scope="module")
 def encoder(deberta_dir):
-    return DebertaTextEncoder(deberta_dir / MODEL_FILE, max_seq_length=512)
+    return DebertaTextEncoder(deberta_dir / DEBERTA_SPM, max_seq_length=512)
 
 
 def test_special_ids_are_read_from_the_model(encoder, hf, deberta_dir):
-    _, model = read_model(deberta_dir / MODEL_FILE)
+    _, model = read_model(deberta_dir / DEBERTA_SPM)
     assert sum(len(p) > 1 for p in model.pieces) > 60  # real pieces, not single characters
     assert (encoder.pad_id, encoder.cls_id, encoder.sep_id, encoder.unk_id) == (0, 1, 2, 3)
     assert hf.convert_tokens_to_ids(["[PAD]", "[CLS]", "[SEP]", "[UNK]"]) == [0, 1, 2, 3]
@@ -98,7 +80,7 @@ def test_pairs_and_truncation_equal_the_fast_tokenizer(encoder, hf, deberta_dir)
     assert types.to_list() == want["token_type_ids"]  # 0 then 1
     assert np.any(types.flat_values.numpy())
     for max_len in (6, 17):
-        short = DebertaTextEncoder(deberta_dir / MODEL_FILE, max_seq_length=max_len)
+        short = DebertaTextEncoder(deberta_dir / DEBERTA_SPM, max_seq_length=max_len)
         assert (short.encode_with_lengths(tf.constant(TEXTS))[0].to_list()
                 == hf(TEXTS, truncation=True, max_length=max_len)["input_ids"])
         pair_ids, _, _ = short.encode_with_lengths(tf.constant(firsts), tf.constant(seconds))
@@ -112,8 +94,8 @@ def test_token_pieces_and_labels_equal_is_split_into_words(deberta_dir, hf):
 
 
 def test_validate_names_the_model_file_the_casing_and_the_vocabulary(deberta_dir, tmp_path):
-    pieces = len(read_model(deberta_dir / MODEL_FILE)[1].pieces)
-    refusals_of_a_family(deberta_dir, tmp_path, MODEL_FILE, "deberta-v2", pieces)
+    pieces = len(read_model(deberta_dir / DEBERTA_SPM)[1].pieces)
+    refusals_of_a_family(deberta_dir, tmp_path, DEBERTA_SPM, "deberta-v2", pieces)
     with pytest.raises(ConfigError, match="tokenizer_config.json do_lower_case: cased"):
         checkpoint.casing(deberta_dir, RunConfig(base_model=str(deberta_dir), lower_case=True))
     lowered = copy_checkpoint(deberta_dir, tmp_path / "lowered", files={
@@ -130,7 +112,7 @@ def test_tokenize_train_evaluate_export(deberta_dir, hf, tmp_path):
     manifest, folder, prepared = steps_of_a_family(deberta_dir, tmp_path, texts, hf)
     assert manifest["lower_case"] is False
     assert manifest["lower_case_rule"] == "tokenizer_config.json do_lower_case"
-    assert (folder / MODEL_FILE).read_bytes() == (deberta_dir / MODEL_FILE).read_bytes()
+    assert (folder / DEBERTA_SPM).read_bytes() == (deberta_dir / DEBERTA_SPM).read_bytes()
     assert (folder / "tokenizer.json").is_file()  # written without the sentencepiece package
     exported = transformers.AutoTokenizer.from_pretrained(str(folder))
     assert type(exported).__name__ == "DebertaV2Tokenizer"
