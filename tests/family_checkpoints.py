@@ -16,15 +16,9 @@ _TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
 
 
 def _save(folder: Path, raw: dict) -> Path:
-    import tf_keras
+    from tasks.model.random_checkpoint import save_random_classifier
 
-    from tasks.model.classifier import build_classifier
-    from tasks.model.config import EncoderConfig
-    from tasks.model.hf_weights import save_hf_checkpoint
-
-    tf_keras.utils.set_random_seed(0)
-    save_hf_checkpoint(build_classifier(EncoderConfig.from_dict(raw), 2), ["a", "b"], folder)
-    return folder
+    return save_random_classifier(raw, 0, ["a", "b"], folder)
 
 
 def tiny_roberta(folder: Path, extra: tuple[str, ...] = (), vocab_size: int = 600) -> Path:

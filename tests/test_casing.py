@@ -84,6 +84,33 @@ def test_each_rule_in_order():
     assert found.rule == "distilbert default (the checkpoint does not say)"
 
 
+def test_the_families_that_fix_the_case():
+    """families.py's casing rules: NO_OPTION ignores the files, CASED_ONLY reads them but
+    refuses lower-casing, and each names its row's reason where the files say nothing."""
+    from tasks.model.families import CASED_ONLY, FAMILIES, FROM_CHECKPOINT, NO_OPTION, Family
+
+    lower = {"tokenizer_config.json": json.dumps({"do_lower_case": True}).encode()}
+    assert FAMILIES["roberta"].casing == NO_OPTION
+    assert casing.from_files(lower.get, "roberta", "ckpt") == casing.Casing(
+        False, "roberta: byte-level BPE reads text as it is", True)
+    assert FAMILIES["deberta-v2"].casing == CASED_ONLY
+    assert casing.from_files({}.get, "deberta-v2", "ckpt") == casing.Casing(
+        False, "deberta-v2: its SentencePiece model reads text as it is "
+               "(DebertaV2Tokenizer's default)", True)
+    cased = {"tokenizer_config.json": json.dumps({"do_lower_case": False}).encode()}
+    assert casing.from_files(cased.get, "deberta-v2", "ckpt").rule == (
+        "tokenizer_config.json do_lower_case")
+    with pytest.raises(ConfigError, match="ckpt/tokenizer_config.json: do_lower_case true"):
+        casing.from_files(lower.get, "deberta-v2", "ckpt")
+    assert FAMILIES["bert"].casing == FROM_CHECKPOINT
+    assert casing.from_files(lower.get, "bert", "ckpt").lower_case
+    # A rule that fixes the case says why; one that reads the checkpoint has nothing to say.
+    for rule, reason in ((NO_OPTION, None), (CASED_ONLY, None), (FROM_CHECKPOINT, "why"),
+                         ("upper", "why")):
+        with pytest.raises(ValueError, match="casing"):
+            Family("x", "x/x", "X", casing=rule, casing_reason=reason)
+
+
 def test_accents_are_read_apart_from_the_casing():
     """strip_accents from the file that gave the casing; None where it follows lower_case."""
     def found(name: str, content: dict) -> casing.Casing:

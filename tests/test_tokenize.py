@@ -154,7 +154,7 @@ def test_encoder_falls_back_to_the_public_api_when_the_private_builders_move(
 def _reference_examples(ids, types, labels):
     """What the previous implementation wrote (nested tf.io.encode_proto, field order
     input_ids, token_type_ids, label): the vectorized writer must stay byte-identical, so
-    ENCODER_VERSION (a cache key part) did not change."""
+    the encoder version (a cache key part, tasks/model/families.py) did not change."""
     def encode(batch, message, field, values):
         return tf.io.encode_proto(tf.fill([batch, 1], tf.shape(values)[1]), [values], [field],
                                   message)

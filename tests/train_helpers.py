@@ -42,11 +42,7 @@ def write_tiny_model(model_dir: Path, model_type: str = "bert", seed: int = 0,
     vocab.txt). The head's labels are unnamed unless `id2label` is given. The weights are
     drawn from `seed`: tests that assert what training reaches must not depend on the draw
     (an unseeded draw made them fail about one run in twenty)."""
-    import tf_keras
-
-    from tasks.model.classifier import build_classifier
-    from tasks.model.config import EncoderConfig
-    from tasks.model.hf_weights import save_hf_checkpoint
+    from tasks.model.random_checkpoint import save_random_classifier
 
     id2label = config.pop("id2label", None) or {0: "LABEL_0", 1: "LABEL_1"}
     if model_type == "distilbert":
@@ -56,9 +52,7 @@ def write_tiny_model(model_dir: Path, model_type: str = "bert", seed: int = 0,
                      intermediate_size=64)
     raw = {"model_type": model_type, "vocab_size": len(VOCAB), "max_position_embeddings": 64,
            **shape, **config}
-    tf_keras.utils.set_random_seed(seed)
-    model = build_classifier(EncoderConfig.from_dict(raw), len(id2label))
-    save_hf_checkpoint(model, [id2label[i] for i in range(len(id2label))], model_dir)
+    save_random_classifier(raw, seed, [id2label[i] for i in range(len(id2label))], model_dir)
     (model_dir / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
     return model_dir
 

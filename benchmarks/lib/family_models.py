@@ -55,18 +55,12 @@ def config(name: str, tiny_vocab: int | None = None) -> dict:
 
 def write_checkpoint(raw: dict, tokenizer_dir: Path, out: Path, seed: int = 0) -> Path:
     """`out`: bertflow's freshly initialised (RANDOM, `seed`) 2-label classifier of config
-    `raw`, saved by tasks.model.hf_weights.save_hf_checkpoint (config.json and
-    model.safetensors under transformers' names), and the tokenizer files of
-    `tokenizer_dir`. Imports TensorFlow: run it in a process of its own."""
-    import tf_keras
+    `raw`, saved by tasks.model.random_checkpoint (config.json and model.safetensors under
+    transformers' names), and the tokenizer files of `tokenizer_dir`. Imports TensorFlow:
+    run it in a process of its own."""
+    from tasks.model.random_checkpoint import save_random_classifier
 
-    from tasks.model.classifier import build_classifier
-    from tasks.model.config import EncoderConfig
-    from tasks.model.hf_weights import save_hf_checkpoint
-
-    tf_keras.utils.set_random_seed(seed)
-    model = build_classifier(EncoderConfig.from_dict(raw), 2)
-    save_hf_checkpoint(model, ["0", "1"], out)
+    save_random_classifier(raw, seed, ["0", "1"], out)
     for path in Path(tokenizer_dir).iterdir():
         shutil.copy(path, out / path.name)
     family_config = TOKENIZER_CONFIGS.get(raw["model_type"])

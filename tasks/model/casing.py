@@ -33,17 +33,16 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from tasks.errors import ConfigError
-from tasks.model.families import REFUSED, ROWS
+from tasks.model.families import CASED_ONLY, NO_OPTION, ROWS
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_JSON = "tokenizer.json"
 FILES = (TOKENIZER_CONFIG, TOKENIZER_JSON)  # optional files fetched with a checkpoint
 # Tokenizers that never lower-case, and why (the tokenize manifest's lower_case_rule).
-CASED_ONLY = {f.name: f.never_lower_cases for f in ROWS
-              if f.never_lower_cases not in (None, REFUSED)}
-# SentencePiece families whose tokenizer may lower-case (DebertaV2Tokenizer's do_lower_case,
-# false unless set): bertflow runs only the cased setting.
-CASED_SENTENCEPIECE = tuple(f.name for f in ROWS if f.never_lower_cases == REFUSED)
+NEVER_LOWER_CASES = {f.name: f.casing_reason for f in ROWS if f.casing == NO_OPTION}
+# Tokenizers that may lower-case (DebertaV2Tokenizer's do_lower_case, false unless set):
+# bertflow runs only the cased setting; why the text keeps its case when the files say nothing.
+CASED_SETTING = {f.name: f.casing_reason for f in ROWS if f.casing == CASED_ONLY}
 # A vocabulary is cased when at least this share of its pieces has a capital letter
 # (bert-base-cased: ~20%; multilingual cased: ~25%); uncased ones have none.
 CASED_VOCAB_SHARE = 0.01
@@ -77,11 +76,11 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
                where: str) -> Casing:
     """The casing from a checkpoint's files; `read_file(name)` gives a file's bytes or None
     when the checkpoint has no such file. `where` names the checkpoint in errors."""
-    if family in CASED_ONLY:
-        return Casing(False, f"{family}: {CASED_ONLY[family]}", True)
+    if family in NEVER_LOWER_CASES:
+        return Casing(False, f"{family}: {NEVER_LOWER_CASES[family]}", True)
     config = _json(read_file, TOKENIZER_CONFIG, where)
-    if family in CASED_SENTENCEPIECE:
-        return _sentencepiece_casing(config, family, where)
+    if family in CASED_SETTING:
+        return _cased_setting(config, family, where)
     if config is not None and config.get("do_lower_case") is not None:
         lower = bool(config["do_lower_case"])
         return Casing(lower, f"{TOKENIZER_CONFIG} do_lower_case", True,
@@ -106,7 +105,7 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
     return Casing(True, f"{family} default (the checkpoint does not say)", False)
 
 
-def _sentencepiece_casing(config: Optional[dict], family: str, where: str) -> Casing:
+def _cased_setting(config: Optional[dict], family: str, where: str) -> Casing:
     if config is not None and config.get("do_lower_case"):
         raise ConfigError("base_model", (
             f"{where}/{TOKENIZER_CONFIG}: do_lower_case true; bertflow's in-graph "
@@ -114,8 +113,7 @@ def _sentencepiece_casing(config: Optional[dict], family: str, where: str) -> Ca
             f"tokenization cannot be reproduced; use a cased checkpoint (DeBERTa-v3's are)"))
     if config is not None and config.get("do_lower_case") is not None:
         return Casing(False, f"{TOKENIZER_CONFIG} do_lower_case", True)
-    return Casing(False, f"{family}: its SentencePiece model reads text as it is "
-                         "(DebertaV2Tokenizer's default)", True)
+    return Casing(False, f"{family}: {CASED_SETTING[family]}", True)
 
 
 def decide(explicit: Optional[bool], override: bool, found: Casing) -> Casing:

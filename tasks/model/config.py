@@ -4,9 +4,8 @@ Keys a config.json leaves out take the defaults of transformers' config class fo
 (BertConfig, DistilBertConfig, ElectraConfig, RobertaConfig, XLMRobertaConfig,
 DebertaV2Config), as `from_pretrained` does.
 
-ENCODER_FAMILIES are the families whose encoder bertflow builds; FAMILIES, those a run can
-fine-tune: the encoder families with an in-graph tokenizer (TOKENIZER_FILES). Both come from
-tasks/model/families.py, one row per family.
+FAMILIES are the families a run can fine-tune: one row each in tasks/model/families.py, each
+with its encoder and its in-graph tokenizer (TOKENIZER_FILES).
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from tasks.model import deberta_config, families
 from tasks.model.deberta_config import DebertaOptions
 
 # The family tables (tasks/model/families.py), in the shapes this module's readers take.
-ENCODER_FAMILIES = tuple(families.FAMILIES)
+FAMILIES = tuple(families.FAMILIES)
 # Families whose encoder, heads and weight names are another family's: transformers' XLM-R
 # classes are RoBERTa's (the same modules, under the same `roberta.` prefix).
 ENCODER_FAMILY = {f.name: f.encoder_family for f in families.ROWS if f.encoder_family}
@@ -33,7 +32,6 @@ ARCHITECTURES = TASK_ARCHITECTURES["sequence_classification"]
 # Each family's tokenizer files, in the order its text encoder reads them.
 WORDPIECE_FILES = families.WORDPIECE_FILES
 TOKENIZER_FILES = {f.name: f.tokenizer_files for f in families.ROWS}
-FAMILIES = tuple(family for family in ENCODER_FAMILIES if family in TOKENIZER_FILES)
 # A Hub checkpoint of each family, for the messages that refuse another (docs/model.md).
 EXAMPLES = {f.name: f.example for f in families.ROWS}
 # The module prefix of each encoder family in transformers' checkpoints (base_model_prefix).

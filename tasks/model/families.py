@@ -14,6 +14,11 @@ WORDPIECE_FILES = ("vocab.txt",)
 # The tokenize cache key's part for WordPiece (BertTextEncoder); 2: Hugging Face's
 # normalisation (issue 45).
 WORDPIECE_ENCODER_VERSION = "bertflow-fastbert-2"
+# How a family's tokenizer cases text (Family.casing; tasks/model/casing.py applies it):
+# FROM_CHECKPOINT, as the checkpoint's files say (transformers' BertTokenizer lower-cases
+# unless they say otherwise); NO_OPTION, it reads text as it is whatever they say; CASED_ONLY,
+# it has an option (do_lower_case) and bertflow runs only the cased setting, refusing the other.
+CASINGS = FROM_CHECKPOINT, NO_OPTION, CASED_ONLY = ("from checkpoint", "no option", "cased only")
 
 
 @dataclass(frozen=True)
@@ -27,18 +32,24 @@ class Family:
     text_encoder: Optional[tuple[str, str, str]] = None
     # Part of the tokenize cache key: bump when the family's tokenizer or records change.
     encoder_version: str = WORDPIECE_ENCODER_VERSION
-    # Case: None, read from the checkpoint (transformers' BertTokenizer lower-cases unless it
-    # says otherwise); a reason, the tokenizer reads text as it is and has no option; "refused"
-    # (REFUSED), it has an option (do_lower_case) and bertflow runs only the cased setting.
-    never_lower_cases: Optional[str] = None
+    casing: str = FROM_CHECKPOINT  # one of CASINGS
+    # Why the text keeps its case, for NO_OPTION and CASED_ONLY (whose checkpoint does not
+    # set the option): the tokenize manifest's lower_case_rule.
+    casing_reason: Optional[str] = None
     # Whose encoder, heads and weight names it has (transformers' XLM-R classes are RoBERTa's).
     encoder_family: Optional[str] = None
     weight_prefix: Optional[str] = None  # the encoder's module prefix, where not `name`
     # transformers' (tokenizer, converter) classes for its SentencePiece model file (the export).
     hf_sentencepiece: Optional[tuple[str, str]] = None
 
+    def __post_init__(self):
+        if self.casing not in CASINGS:
+            raise ValueError(f"{self.name}: casing {self.casing!r} is none of {CASINGS}")
+        if (self.casing_reason is None) != (self.casing == FROM_CHECKPOINT):
+            raise ValueError(f"{self.name}: casing {self.casing!r} takes a casing_reason "
+                             f"unless it is {FROM_CHECKPOINT!r}, and then none")
 
-REFUSED = "refused"
+
 _SPM_TEXT = "tasks.model.sentencepiece_text"
 ROWS = (
     Family("bert", "google-bert/bert-base-uncased", "Bert"),
@@ -46,17 +57,21 @@ ROWS = (
     Family("electra", "google/electra-base-discriminator", "Electra"),
     Family("roberta", "FacebookAI/roberta-base", "Roberta", ("vocab.json", "merges.txt"),
            ("tasks.model.byte_bpe", "RobertaTextEncoder", "byte-level BPE"),
-           "bertflow-byte-bpe-1", never_lower_cases="byte-level BPE reads text as it is"),
+           "bertflow-byte-bpe-1", casing=NO_OPTION,
+           casing_reason="byte-level BPE reads text as it is"),
     Family("xlm-roberta", "FacebookAI/xlm-roberta-base", "XLMRoberta",
            ("sentencepiece.bpe.model",),
            (_SPM_TEXT, "XlmRobertaTextEncoder", "SentencePiece model"),
            "bertflow-sentencepiece-1",
-           never_lower_cases="its SentencePiece model reads text as it is",
+           casing=NO_OPTION, casing_reason="its SentencePiece model reads text as it is",
            encoder_family="roberta",
            hf_sentencepiece=("XLMRobertaTokenizer", "XLMRobertaConverter")),
     Family("deberta-v2", "microsoft/deberta-v3-base", "DebertaV2", ("spm.model",),
            (_SPM_TEXT, "DebertaTextEncoder", "SentencePiece model"),
-           "bertflow-deberta-spm-1", never_lower_cases=REFUSED, weight_prefix="deberta",
+           "bertflow-deberta-spm-1", casing=CASED_ONLY,
+           casing_reason=("its SentencePiece model reads text as it is "
+                          "(DebertaV2Tokenizer's default)"),
+           weight_prefix="deberta",
            hf_sentencepiece=("DebertaV2Tokenizer", "DebertaV2Converter")),
 )
 FAMILIES = {family.name: family for family in ROWS}

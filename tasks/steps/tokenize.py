@@ -9,7 +9,7 @@ training. (The step takes the encoder's wordpieces and truncation rule as they a
 adds [CLS]/[SEP] in numpy, `SegmentEncoder.encode_numpy`; tests check it equals the
 TensorFlow path.) No Python runs per row, and the output is byte-identical for identical
 input -- also to tf.io.encode_proto + tf.io.TFRecordWriter (`tasks/io/tfrecord_io.py`), so
-ENCODER_VERSION and existing caches still hold.
+the families' encoder versions (tasks/model/families.py) and existing caches still hold.
 
 Bounded memory: the prepared shards are hashed block by block for the cache key (the same
 value as hashing each split's bytes whole), then read in _READ_BLOCK blocks and cut into
@@ -56,11 +56,9 @@ from tasks.io.uris import join_uri
 from tasks.runs.runlayout import RunContext
 from tasks.task_kinds import kind as task_kind
 from tasks.model.config import EncoderConfig
-from tasks.model.families import FAMILIES, WORDPIECE_ENCODER_VERSION
+from tasks.model.families import FAMILIES
 from tasks.model.text_encoder import SegmentEncoder
 
-# Part of the cache key (each family's is in tasks/model/families.py): WordPiece's.
-ENCODER_VERSION = WORDPIECE_ENCODER_VERSION
 SPLITS = ("train", "eval")  # every run's; "validation" follows them when the run has it
 OPTIONAL_SPLITS = ("validation",)
 CACHE_MANIFEST = "manifest.json"
@@ -132,9 +130,8 @@ def _tokenizer_bytes(files: list[Path]) -> bytes:
     return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
 
-def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str = "classification",
-                  num_labels: int = 0, lower_case: bool = True,
-                  encoder_version: str = ENCODER_VERSION,
+def _content_hash(splits: dict, vocab: bytes, cfg: RunConfig, task: str, num_labels: int,
+                  lower_case: bool, encoder_version: str,
                   strip_accents: bool | None = None) -> str:
     """sha256 over the settings, the vocab and each split's prepared bytes (its shards in
     order), streamed block by block; the same value as hashing each split's bytes whole.
@@ -189,8 +186,7 @@ def _complete_cache_manifest(cache: str) -> dict | None:
 
 
 def _build_cache(cache: str, content_hash: str, encoder: SegmentEncoder, data: dict,
-                 num_shards: int, task: str = "classification",
-                 encoder_version: str = ENCODER_VERSION,
+                 num_shards: int, task: str, encoder_version: str,
                  window_stride: int | None = None) -> dict:
     kind, num_labels = task_kind(task), len(data["labels"])
     if kind.per_token:
