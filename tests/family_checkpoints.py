@@ -1,10 +1,9 @@
 """Tiny random checkpoints (2 layers, hidden 32) of the families whose tokenizer is not
-WordPiece, and of a cased BERT, each beside a vocabulary trained here and written by
-bertflow's own save
-(tasks/model/hf_weights.py, whose keys tests/test_model_parity.py checks against PyTorch's):
-what the steps tests (test_roberta_steps.py, test_xlm_roberta_steps.py,
-test_deberta_steps.py, test_casing.py) and the whole-DAG test (test_dag_families.py)
-fine-tune."""
+WordPiece, and of a cased BERT, each beside a vocabulary trained here, written by bertflow's
+own save (tasks/model/hf_weights.py, whose keys tests/test_model_parity.py checks against
+PyTorch's): what the steps tests (test_roberta_steps.py, test_xlm_roberta_steps.py,
+test_deberta_steps.py, test_casing.py) and the whole-DAG tests (test_dag_families.py,
+test_dag_tokens.py) fine-tune."""
 from __future__ import annotations
 
 import io
