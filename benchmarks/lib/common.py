@@ -373,3 +373,20 @@ def warm_server(wanted: bool, log_path: Path):
     started = time.perf_counter()
     with warm_start.serving(log_path=log_path) as socket:
         yield socket, time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def smoke_warm_server(log_path: Path):
+    """The socket of a warm-start server for a --smoke run's steps: the one that
+    $BERTFLOW_WARM_SOCKET names when it serves (the test session's: tests/conftest.py), else
+    one started for the block. A smoke's figures mean nothing, and its steps' cold starts
+    (TensorFlow's import in each) were most of its time; a forked step runs the same code
+    (tasks/provision/local/warm_start.py). run_step fails if a step still starts cold."""
+    from tasks.provision.local import warm_start
+
+    serving = os.environ.get(warm_start.SOCKET_ENV)
+    if serving and Path(serving).is_socket():
+        yield Path(serving)
+        return
+    with warm_server(True, log_path) as (socket, _):
+        yield socket
