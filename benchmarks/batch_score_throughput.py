@@ -30,7 +30,6 @@ its figures mean nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import math
@@ -156,8 +155,7 @@ def main() -> None:
         results: dict[str, dict] = {}
         for name in names:
             source = common.DATA_ROOT / DATASETS[name]
-            with (common.smoke_warm_server(work / "warm_start.log") if args.smoke
-                  else contextlib.nullcontext()) as socket:
+            with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
                 version = make_version(work, name, source, model_dir, args.smoke, socket)
             tsv, lines = score_texts(work, name, source, args.rows)
             entry: dict = {"rows": args.rows}

@@ -29,7 +29,6 @@ smoke_warm_server: their cold starts were most of its time, and its figures mean
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import random
@@ -123,8 +122,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="long-texts-") as tmp, \
-            (common.smoke_warm_server(Path(tmp) / "warm_start.log") if args.smoke
-             else contextlib.nullcontext()) as socket:
+            common.smoke_warm_server(args.smoke, Path(tmp) / "warm_start.log") as socket:
         work = Path(tmp)
         model_dir = ""  # the offline MiniLM checkpoint
         if args.smoke:

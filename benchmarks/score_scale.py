@@ -194,8 +194,7 @@ def main() -> int:
         train = work / "train.tsv"
         generate(train, args.train_rows, base)
         t0 = time.perf_counter()
-        with (common.smoke_warm_server(work / "warm_start.log") if args.smoke
-              else contextlib.nullcontext()) as socket:
+        with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
             version = make_version(work, "scale", train, model_dir, args.smoke, socket)
         print(f"model version made in {time.perf_counter() - t0:.0f} s (untimed)", flush=True)
         runs = []

@@ -376,14 +376,18 @@ def warm_server(wanted: bool, log_path: Path):
 
 
 @contextlib.contextmanager
-def smoke_warm_server(log_path: Path):
-    """The socket of a warm-start server for a --smoke run's steps: the one that
-    $BERTFLOW_WARM_SOCKET names when it serves (the test session's: tests/conftest.py), else
-    one started for the block. A smoke's figures mean nothing, and its steps' cold starts
-    (TensorFlow's import in each) were most of its time; a forked step runs the same code
-    (tasks/provision/local/warm_start.py). run_step fails if a step still starts cold."""
+def smoke_warm_server(smoke: bool, log_path: Path):
+    """For a --smoke run (`smoke`), the socket of a warm-start server for its steps: the one
+    that $BERTFLOW_WARM_SOCKET names when it serves (the test session's: tests/conftest.py),
+    else one started for the block; None for a full run. A smoke's figures mean nothing, and
+    its steps' cold starts (TensorFlow's import in each) were most of its time; a forked step
+    runs the same code (tasks/provision/local/warm_start.py). run_step fails if a step still
+    starts cold."""
     from tasks.provision.local import warm_start
 
+    if not smoke:
+        yield None
+        return
     serving = os.environ.get(warm_start.SOCKET_ENV)
     if serving and Path(serving).is_socket():
         yield Path(serving)
