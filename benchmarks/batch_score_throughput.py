@@ -23,7 +23,9 @@ scores with and a Hugging Face checkpoint, which the peer's pipeline loads. The 
 `computed_speedup` = bertflow's rows_per_s at each worker count / the peer's.
 
 `--smoke`: a tiny random BERT on synthetic rows, one data set, 1 worker, results in a
-temporary folder. Only the harness is checked by it; its figures mean nothing.
+temporary folder; the model version's steps fork from a warm-start server (common.
+smoke_warm_server), the scoring worker still starts cold. Only the harness is checked by it;
+its figures mean nothing.
 """
 from __future__ import annotations
 
@@ -47,21 +49,24 @@ RECIPE = {"max_seq_length": 128, "max_steps": 2, "per_replica_batch_size": 16,
           "num_shards": 1, "checkpoint_every_steps": 100_000}
 
 
-def make_version(work: Path, name: str, train: Path, model_dir: str, smoke: bool) -> str:
-    """A published version trained a few steps on `train`; its URI."""
+def make_version(work: Path, name: str, train: Path, model_dir: str, smoke: bool,
+                 warm_socket: Path | None = None) -> str:
+    """A published version trained a few steps on `train`; its URI. With `warm_socket` (a
+    smoke's) the steps after init-run fork from that warm-start server, else each is a fresh
+    interpreter."""
     run_dir = work / "artifacts" / "runs" / "manual" / f"train-{name}"
     config = {**RECIPE, "train_uri": str(train), "artifact_root": str(work / "artifacts"),
               "model_name": f"bench-{name}", "base_model": model_dir}
     if smoke:
         config.update(max_seq_length=16, max_steps=1)
-    cfg_file = work / f"train-{name}.json"
-    cfg_file.write_text(json.dumps(config))
-    common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
-    for step in ("data", "tokenize"):
-        common.tasks_cli(step, "--run-dir", str(run_dir))
+    common.prepared_run(run_dir, config, work / f"train-{name}.json", warm_socket)
     for step in ("train", "evaluate"):
-        common.run_step(step, run_dir)
-    manifest = common.tasks_cli("export", "--run-dir", str(run_dir))
+        common.run_step(step, run_dir, warm_socket)
+    if warm_socket:
+        common.run_step("export", run_dir, warm_socket)
+        manifest = str(run_dir / "export" / "manifest.json")
+    else:
+        manifest = common.tasks_cli("export", "--run-dir", str(run_dir))
     return json.loads(Path(manifest).read_text())["version_uri"]
 
 
@@ -150,7 +155,8 @@ def main() -> None:
         results: dict[str, dict] = {}
         for name in names:
             source = common.DATA_ROOT / DATASETS[name]
-            version = make_version(work, name, source, model_dir, args.smoke)
+            with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
+                version = make_version(work, name, source, model_dir, args.smoke, socket)
             tsv, lines = score_texts(work, name, source, args.rows)
             entry: dict = {"rows": args.rows}
             if "bertflow" in sides:

@@ -39,7 +39,9 @@ wall_seconds is every step of the side, as quality.py counts it. `mean` per arm 
 seeds that ran; `computed_deltas`: balanced - none per side, and bertflow - peer per setting.
 
 `--smoke`: a tiny random BERT on synthetic BANKING77-shaped rows (4 classes), seed 0, 2 steps,
-results in a temporary folder (the figures mean nothing there).
+results in a temporary folder (the figures mean nothing there); bertflow's steps fork from the
+server $BERTFLOW_WARM_SOCKET names when one serves (the test session's; warm_server_ready_s
+is then null: this run started none).
 """
 from __future__ import annotations
 
@@ -299,7 +301,8 @@ def main() -> None:
         data["weights_file"].write_text(json.dumps(data["weights"]))
         runs: dict = {arm: {} for arm in arms}
         wanted = any(arm.startswith("bertflow") for arm in arms)
-        with common.warm_server(wanted, work / "warm_start.log") as (socket, ready_s):
+        with common.warm_server(wanted, work / "warm_start.log",
+                                reuse=args.smoke) as (socket, ready_s):
             args.warm_socket, args.warm_server_ready_s = socket, ready_s
             for n, seed in enumerate(seeds):
                 for arm in (arms if n % 2 == 0 else arms[::-1]):

@@ -136,7 +136,7 @@ def main() -> None:
           f"{base_cfg['per_replica_batch_size']}, seed {args.seed}", flush=True)
 
     try:
-        with common.warm_server(args.smoke, work / "warm_start.log") as (socket, _):
+        with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
             runs = {name: run_one(name, det, base_cfg, work, socket) for name, det in RUNS}
         w = {name: weights(Path(r["run_dir"])) for name, r in runs.items()}
     finally:  # four run folders of checkpoints (about 1 GB with MiniLM)

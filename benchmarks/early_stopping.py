@@ -164,8 +164,8 @@ def main() -> None:
         for name in names:
             common.require_data(*DATASETS[name][:2])
         results: dict[str, dict] = {}
-        socket, _ = stack.enter_context(common.warm_server(args.smoke,
-                                                           work / "warm_start.log"))
+        socket = stack.enter_context(common.smoke_warm_server(args.smoke,
+                                                              work / "warm_start.log"))
         for name in names:
             metric = DATASETS[name][3]
             runs: dict[str, list[dict]] = {arm: [] for arm in ARMS}

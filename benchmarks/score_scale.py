@@ -31,8 +31,9 @@ MiniLM: what grows with the rows (reading, planning, writing, publishing) is the
 (computed from results/batch_score_throughput.json); its rows per second mean little.
 
 `--smoke`: a tiny random BERT, 120 and 240 synthetic rows, Parquet only, 1 worker, work
-files and results in temporary folders (only the harness is checked; its figures mean
-nothing).
+files and results in temporary folders; the model version's steps fork from a warm-start
+server (common.smoke_warm_server), the tasks and scoring workers still start cold (only the
+harness is checked; its figures mean nothing).
 """
 from __future__ import annotations
 
@@ -193,7 +194,8 @@ def main() -> int:
         train = work / "train.tsv"
         generate(train, args.train_rows, base)
         t0 = time.perf_counter()
-        version = make_version(work, "scale", train, model_dir, args.smoke)
+        with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
+            version = make_version(work, "scale", train, model_dir, args.smoke, socket)
         print(f"model version made in {time.perf_counter() - t0:.0f} s (untimed)", flush=True)
         runs = []
         for n in sizes:

@@ -97,7 +97,7 @@ def main() -> None:
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     with tempfile.TemporaryDirectory(prefix="tuned-thresholds-") as tmp, \
-            common.warm_server(args.smoke, Path(tmp) / "warm_start.log") as (socket, _):
+            common.smoke_warm_server(args.smoke, Path(tmp) / "warm_start.log") as socket:
         work = Path(tmp)
         model_dir = ""  # the offline MiniLM checkpoint
         if args.smoke:

@@ -151,12 +151,14 @@ SMOKE = {
     "early_stopping": ([], None),  # bertflow's two arms, no peer
     "evaluation_cost": ([], None),  # bertflow's train step only
     # one bertflow run per seed, three thresholds; its smoke forks its steps from a warm-start
-    # server (the cold steps: evaluation_cost's and long_texts' smokes)
+    # server (the cold steps: evaluation_cost's smoke)
     "tuned_thresholds": ([], None),
+    # the model version's steps fork from a warm-start server (common.smoke_warm_server: this
+    # session's), the scoring workers start cold
     "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
     # 120 and 240 rows through validate, score and publish processes, Parquet, one worker
     "score_scale": ([], None),
-    "long_texts": ([], None),  # bertflow's two arms, no peer
+    "long_texts": ([], None),  # bertflow's two arms, no peer; steps forked, as above
     "class_weights": (["--arms", "bertflow_none,bertflow_balanced"],
                       ["--arms", "peer_balanced,peer_none"]),
     # the tests' tiny vocabularies of the three families; its peer is transformers, here

@@ -361,15 +361,32 @@ def run_step(step: str, run_dir: Path, warm_socket: Path | None = None) -> None:
 
 
 @contextlib.contextmanager
-def warm_server(wanted: bool, log_path: Path):
+def warm_server(wanted: bool, log_path: Path, reuse: bool = False):
     """(socket, seconds it took to serve) of a warm-start server for the block, or
     (None, None) when not `wanted`. Started once, before the runs, as `make airflow` starts
-    one for the scheduler's lifetime: its start is recorded apart, in no run's wall time."""
+    one for the scheduler's lifetime: its start is recorded apart, in no run's wall time.
+    With `reuse` (a smoke's), the server that $BERTFLOW_WARM_SOCKET names when it serves
+    (the test session's: tests/conftest.py), and None seconds: no second server imports
+    TensorFlow. run_step fails if a step still starts cold beside it."""
     if not wanted:
         yield None, None
         return
     from tasks.provision.local import warm_start
 
+    serving = os.environ.get(warm_start.SOCKET_ENV)
+    if reuse and serving and Path(serving).is_socket():
+        yield Path(serving), None
+        return
     started = time.perf_counter()
     with warm_start.serving(log_path=log_path) as socket:
         yield socket, time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def smoke_warm_server(smoke: bool, log_path: Path):
+    """For a --smoke run (`smoke`), the socket of a warm-start server for its steps (warm_server
+    reused), else None. A smoke's figures mean nothing, and its steps' cold starts
+    (TensorFlow's import in each) were most of its time; a forked step runs the same code
+    (tasks/provision/local/warm_start.py)."""
+    with warm_server(smoke, log_path, reuse=True) as (socket, _):
+        yield socket
