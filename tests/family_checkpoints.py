@@ -108,7 +108,8 @@ def cased_vocab(out: Path) -> Path:
                                      handle_chinese_chars=True)
     words = [" ".join(NAMES), " ".join(w for place in PLACES for w in place), " ".join(FILLER)]
     trainer.train_from_iterator((CASED_CORPUS + words + SERVED) * 20, vocab_size=700,
-                                min_frequency=1, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+                                min_frequency=1,
+                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     trainer.save_model(str(out))
     return out / "vocab.txt"
 

@@ -3,8 +3,9 @@ DebertaTextEncoder) against transformers' DebertaV2Tokenizer (the fast one), val
 then data, tokenize, train, evaluate and export (tests/train_helpers.py steps_of_a_family).
 
 A tiny unigram model with DeBERTa-v3's first pieces is trained with the sentencepiece package
-(a test dependency; tests/family_checkpoints.py train_deberta_spm). The checkpoint is tiny and random, written by bertflow's own save (tasks/model/hf_weights.py,
-whose DeBERTa keys tests/test_model_parity.py checks against PyTorch's).
+(a test dependency; tests/family_checkpoints.py train_deberta_spm). The checkpoint is tiny and
+random, written by bertflow's own save (tasks/model/hf_weights.py, whose DeBERTa keys
+tests/test_model_parity.py checks against PyTorch's).
 """
 from __future__ import annotations
 
