@@ -27,7 +27,7 @@ from airflow.sdk import Param, dag, task, task_group
 
 from bertflow_airflow import run_tasks
 from bertflow_airflow.worker_operator import LABEL_TEMPLATE, WorkerStepOperator
-from tasks.params_form import param_schemas  # pydantic only; no TensorFlow
+from tasks.params_form import DRAFT, param_schemas  # pydantic only; no TensorFlow
 from tasks.runs.pruning import RULES as PRUNING_RULES
 from tasks.runs.sweep_space import MAX_TRIALS
 
@@ -38,7 +38,7 @@ FINISHED = ["success", "failed", "skipped", "upstream_failed", "removed"]
 
 SWEEP_PARAMS = {
     "search_space": Param(
-        {"grid": {"learning_rate": [3e-5, 5e-5]}}, type="object",
+        {"grid": {"learning_rate": [3e-5, 5e-5]}}, type="object", **DRAFT,
         title="Search space",
         description='A grid, every combination: {"grid": {"learning_rate": [3e-5, 5e-5], '
                     '"seed": [0, 1]}}; or seeded random trials: {"random": {"learning_rate": '
@@ -46,10 +46,10 @@ SWEEP_PARAMS = {
                     f'[16, 32]}}, "trials": 8, "seed": 0}}. Training fields only; at most '
                     f"{MAX_TRIALS} trials. See docs/experiments.md."),
     "max_parallel_trials": Param(
-        2, type="integer", minimum=1, maximum=MAX_TRIALS, title="Trials at once",
+        2, type="integer", **DRAFT, minimum=1, maximum=MAX_TRIALS, title="Trials at once",
         description="How many trials hold workers at the same time; the others wait."),
     "sweep_pruning": Param(
-        "none", enum=list(PRUNING_RULES), title="Pruning",
+        "none", enum=list(PRUNING_RULES), **DRAFT, title="Pruning",
         description="Stop a trial early when it validates worse than the others at an "
                     "evaluation during training: median (below the median of the trials at "
                     "that step) or asha (not in the top third at a rung). Needs "

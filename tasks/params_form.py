@@ -56,6 +56,15 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 
 
 
+# Each Param's schema names its draft. Airflow validates a Param's value with
+# jsonschema.validate, which first checks the schema against its draft's meta-schema, and does
+# so for every field each time it serializes a DAG (the DAG processor, on every parse) and for
+# every task: with no "$schema", the newest draft (2020-12, seven vocabularies) costs ~8x a
+# flat draft 7 (benchmarks/results/dag_parse.json). The keywords used here mean the same in
+# both (tests/test_config.py checks the form's schemas against both).
+DRAFT = {"$schema": "http://json-schema.org/draft-07/schema#"}
+
+
 # bert_batch_score's form (tasks/score_config.py), laid out the same way.
 SCORE_SECTIONS: dict[str, tuple[str, ...]] = {
     FIRST_SECTION: ("input_uri", "model", "output_uri", "num_workers", "provisioner",
@@ -120,5 +129,5 @@ def param_schemas(model=RunConfig, sections: dict[str, tuple[str, ...]] = SECTIO
             kwargs["enum"] = [kwargs.pop("const")]
         if section != FIRST_SECTION:
             kwargs["section"] = section
-        out[name] = kwargs
+        out[name] = {**DRAFT, **kwargs}
     return out
