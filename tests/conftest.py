@@ -6,6 +6,7 @@ at collection time, before any test module imports Airflow: the suite never touc
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -109,3 +110,6 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{seconds:8.1f}  {path}")
     total = sum(_FILE_SECONDS.values())
     terminalreporter.write_line(f"{total:8.1f}  all files, summed over workers")
+    if os.environ.get("BERTFLOW_FILE_SECONDS"):  # every file, for docs/development.md's table
+        Path(os.environ["BERTFLOW_FILE_SECONDS"]).write_text(json.dumps(
+            dict(sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])), indent=1))
