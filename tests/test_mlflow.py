@@ -20,6 +20,7 @@ import pytest
 import mlflow_server
 from plugin_helpers import api_server, logged_in  # noqa: F401  (fixtures)
 from storage_servers import free_port
+from train_helpers import tiny_model_dir  # noqa: F401  (fixture)
 from bertflow_airflow.demo import run_dag, run_folder
 from tasks.config import parse_config
 from tasks.errors import ConfigError
@@ -45,14 +46,15 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def logged(server, airflow_db, tmp_path_factory):
+def logged(server, airflow_db, tmp_path_factory, tiny_model_dir):  # noqa: F811
     """One bert_finetune run through dag.test() logging to the server with the connection's
-    credentials (the admin's, as an Airflow connection in the environment)."""
+    credentials (the admin's, as an Airflow connection in the environment). The tiny random
+    model: the logging is under test here, not the checkpoint."""
     root = str(tmp_path_factory.mktemp("artifacts"))
     os.environ.update(CONN_ENV)
     try:
-        dag_run = run_dag({**TINY, "artifact_root": root, "mlflow_tracking_uri": server.url,
-                           "mlflow_conn_id": CONN_ID})
+        dag_run = run_dag({**TINY, "artifact_root": root, "base_model": str(tiny_model_dir),
+                           "mlflow_tracking_uri": server.url, "mlflow_conn_id": CONN_ID})
     finally:
         for key in CONN_ENV:
             os.environ.pop(key, None)
