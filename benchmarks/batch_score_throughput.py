@@ -60,14 +60,9 @@ def make_version(work: Path, name: str, train: Path, model_dir: str, smoke: bool
     if smoke:
         config.update(max_seq_length=16, max_steps=1)
     common.prepared_run(run_dir, config, work / f"train-{name}.json", warm_socket)
-    for step in ("train", "evaluate"):
+    for step in ("train", "evaluate", "export"):
         common.run_step(step, run_dir, warm_socket)
-    if warm_socket:
-        common.run_step("export", run_dir, warm_socket)
-        manifest = str(run_dir / "export" / "manifest.json")
-    else:
-        manifest = common.tasks_cli("export", "--run-dir", str(run_dir))
-    return json.loads(Path(manifest).read_text())["version_uri"]
+    return json.loads((run_dir / "export" / "manifest.json").read_text())["version_uri"]
 
 
 def score_texts(work: Path, name: str, source: Path, rows: int) -> tuple[Path, Path]:

@@ -316,15 +316,12 @@ def prepared_run(run_dir: Path, cfg: dict, cfg_file: Path,
                  warm_socket: Path | None = None) -> Path:
     """A run folder from `cfg` (written to `cfg_file`) with its data and tokenize steps done,
     untimed: the start of every benchmark run that times the steps after them. With
-    `warm_socket` the two steps fork from that warm-start server (run_step), else each is
-    a fresh interpreter."""
+    `warm_socket` the two steps fork from that warm-start server, else each is a fresh
+    interpreter (run_step either way)."""
     cfg_file.write_text(json.dumps(cfg))
     tasks_cli("init-run", "--run-dir", str(run_dir), "--config", str(cfg_file))
     for step in ("data", "tokenize"):
-        if warm_socket:
-            run_step(step, run_dir, warm_socket)
-        else:
-            tasks_cli(step, "--run-dir", str(run_dir))
+        run_step(step, run_dir, warm_socket)
     return run_dir
 
 

@@ -33,16 +33,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from tasks.errors import ConfigError
-from tasks.model.families import CASED_ONLY, NO_OPTION, ROWS
+from tasks.model.families import CASED_ONLY, FAMILIES, NO_OPTION, Family
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 TOKENIZER_JSON = "tokenizer.json"
 FILES = (TOKENIZER_CONFIG, TOKENIZER_JSON)  # optional files fetched with a checkpoint
-# Tokenizers that never lower-case, and why (the tokenize manifest's lower_case_rule).
-NEVER_LOWER_CASES = {f.name: f.casing_reason for f in ROWS if f.casing == NO_OPTION}
-# Tokenizers that may lower-case (DebertaV2Tokenizer's do_lower_case, false unless set):
-# bertflow runs only the cased setting; why the text keeps its case when the files say nothing.
-CASED_SETTING = {f.name: f.casing_reason for f in ROWS if f.casing == CASED_ONLY}
 # A vocabulary is cased when at least this share of its pieces has a capital letter
 # (bert-base-cased: ~20%; multilingual cased: ~25%); uncased ones have none.
 CASED_VOCAB_SHARE = 0.01
@@ -75,12 +70,16 @@ def read(folder: Path | str, family: str) -> Casing:
 def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
                where: str) -> Casing:
     """The casing from a checkpoint's files; `read_file(name)` gives a file's bytes or None
-    when the checkpoint has no such file. `where` names the checkpoint in errors."""
-    if family in NEVER_LOWER_CASES:
-        return Casing(False, f"{family}: {NEVER_LOWER_CASES[family]}", True)
+    when the checkpoint has no such file. `where` names the checkpoint in errors. The
+    family's row (families.Family.casing) says whether the files are read: a tokenizer
+    without the option never lower-cases (casing_reason says why, the tokenize manifest's
+    lower_case_rule); a cased-only one is read for the option only."""
+    row = FAMILIES[family]
+    if row.casing == NO_OPTION:
+        return Casing(False, f"{family}: {row.casing_reason}", True)
     config = _json(read_file, TOKENIZER_CONFIG, where)
-    if family in CASED_SETTING:
-        return _cased_setting(config, family, where)
+    if row.casing == CASED_ONLY:
+        return _cased_setting(config, row, where)
     if config is not None and config.get("do_lower_case") is not None:
         lower = bool(config["do_lower_case"])
         return Casing(lower, f"{TOKENIZER_CONFIG} do_lower_case", True,
@@ -105,15 +104,18 @@ def from_files(read_file: Callable[[str], Optional[bytes]], family: str,
     return Casing(True, f"{family} default (the checkpoint does not say)", False)
 
 
-def _cased_setting(config: Optional[dict], family: str, where: str) -> Casing:
+def _cased_setting(config: Optional[dict], row: Family, where: str) -> Casing:
+    """A tokenizer that may lower-case (DebertaV2Tokenizer's do_lower_case, false unless
+    set): bertflow runs only the cased setting; the row's casing_reason says why the text
+    keeps its case when the files say nothing."""
     if config is not None and config.get("do_lower_case"):
         raise ConfigError("base_model", (
             f"{where}/{TOKENIZER_CONFIG}: do_lower_case true; bertflow's in-graph "
-            f"SentencePiece tokenizer does not lower-case, so this {family} checkpoint's "
+            f"SentencePiece tokenizer does not lower-case, so this {row.name} checkpoint's "
             f"tokenization cannot be reproduced; use a cased checkpoint (DeBERTa-v3's are)"))
     if config is not None and config.get("do_lower_case") is not None:
         return Casing(False, f"{TOKENIZER_CONFIG} do_lower_case", True)
-    return Casing(False, f"{family}: {CASED_SETTING[family]}", True)
+    return Casing(False, f"{row.name}: {row.casing_reason}", True)
 
 
 def decide(explicit: Optional[bool], override: bool, found: Casing) -> Casing:
