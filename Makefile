@@ -77,7 +77,7 @@ test: install test-deps
 BENCHMARKS := tokenize_throughput train_throughput mfu train_step_ablation e2e_demo scale quality model_sizes \
               import_time step_start determinism preemption_save train_fixed_cost matmul_ceiling \
               evaluation_floor early_stopping evaluation_cost sweep_pruning tuned_thresholds \
-              batch_score_throughput long_texts class_weights tokenizer_parity
+              batch_score_throughput long_texts class_weights tokenizer_parity dag_parse
 bench: install
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; \
 	  $(BIN)/python benchmarks/$$b.py || exit 1; done

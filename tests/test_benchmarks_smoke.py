@@ -163,6 +163,9 @@ SMOKE = {
                       ["--arms", "peer_balanced,peer_none"]),
     # the tests' tiny vocabularies of the three families; its peer is transformers, here
     "tokenizer_parity": ([], None),
+    # a two-Param DAG of its own, parsed and serialized with and without "$schema" (its cost
+    # is Airflow's import, once: tests/test_config.py checks the real forms' draft)
+    "dag_parse": ([], None),
 }
 
 
@@ -293,6 +296,14 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert [data["runs"][r]["manifest_deterministic"] for r in data["order"]] == [
             True, False, True, False]
         assert all(run["steps"] == 6 for run in data["runs"].values())
+    if script == "dag_parse":
+        (row,) = data["files"].values()
+        # one Param names draft 7, one none; to_dict resolves every Param twice per task
+        # (Airflow 3.3 compares each task's ParamsDict with a default, then casts it to str)
+        assert row["dags"] == {"dag_parse_smoke": {"params": 2, "tasks": 2, "resolves": 8,
+                                                   "params_with_schema_key": 1}}
+        assert all(len(row["runs"][side]) == 1 for side in ("as_shipped", "no_draft"))
+        assert row["computed"]["cpu_ms_per_resolve_no_draft"] > 0
 
 
 @pytest.mark.parametrize("script", [s for s in SMOKE if SMOKE[s][1] is not None])

@@ -206,3 +206,85 @@ def test_airflow_masks_no_param_but_the_known_ones():
     names = set(RunConfig.model_fields) | set(ScoreConfig.model_fields)
     assert {n for n in names if should_hide_value_for_key(n)} == MASKED_BY_AIRFLOW
     assert should_hide_value_for_key("token_loss_normalizer")  # the check can fail
+
+
+# --- each form schema names JSON Schema draft 7 and means the same under 2020-12 -------------
+# Airflow validates a Param with jsonschema.validate, which picks the validator by the schema's
+# "$schema" (tasks/params_form.py, DRAFT): draft 7 as shipped, 2020-12 (the default) without.
+DRAFT_07 = "http://json-schema.org/draft-07/schema#"
+# Values of every JSON type, for every field: the form takes any JSON, whatever the field.
+SPREAD = [None, "", "x", "none", "auto", "embeddings+2", "../escape", "2x2", "a" * 65,
+          "a" * 2049, "1e-5", 0, 1, -1, 2, 7, 513, 10**6, 0.0, 0.5, 1.0, 2.0, -0.5, 1e-5, 1.5,
+          True, False, [], ["a"], [1], ["a", 2], {}, {"k": "v"}, {"k": 1},
+          {"grid": {"learning_rate": [3e-5]}}, {"random": {"seed": [0]}, "trials": 2}]
+
+
+def _values(schema: dict) -> list:
+    """SPREAD, the schema's default and enum, and each bound's value, either side of it."""
+    values = [*SPREAD, schema["default"], *schema.get("enum", ())]
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        if key in schema:
+            values += [schema[key] + d for d in (-1, -0.5, -1e-9, 0, 1e-9, 0.5, 1)]
+    return values
+
+
+def _disagreements(schema: dict) -> list:
+    """The values that the shipped schema (draft 7) and the same schema without "$schema"
+    (2020-12, as before it named its draft) do not both accept or both refuse."""
+    import jsonschema
+    from jsonschema import Draft7Validator, Draft202012Validator, FormatChecker
+
+    body = {k: v for k, v in schema.items() if k not in ("default", "description")}  # Param's
+    bare = {k: v for k, v in body.items() if k != "$schema"}
+    assert jsonschema.validators.validator_for(body) is Draft7Validator
+    assert jsonschema.validators.validator_for(bare) is Draft202012Validator
+    Draft7Validator.check_schema(body)
+    Draft202012Validator.check_schema(bare)
+    seven = Draft7Validator(body, format_checker=FormatChecker())
+    newest = Draft202012Validator(bare, format_checker=FormatChecker())
+    assert seven.is_valid(schema["default"]) and newest.is_valid(schema["default"])
+    return [v for v in _values(schema) if seven.is_valid(v) != newest.is_valid(v)]
+
+
+def _form_schemas() -> dict[str, dict]:
+    """Every trigger form's Param schemas: bert_finetune's (and bert_sweep's and the
+    janitor's), bert_batch_score's, and the sweep's own three from dags/bert_sweep.py."""
+    import importlib.util
+
+    from tasks.params_form import score_param_schemas
+
+    spec = importlib.util.spec_from_file_location("_bert_sweep_dag",
+                                                  PROJECT_ROOT / "dags" / "bert_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    return {**{f"run {n}": s for n, s in param_schemas().items()},
+            **{f"score {n}": s for n, s in score_param_schemas().items()},
+            **{f"sweep {n}": {**p.schema, "default": p.value, "description": p.description}
+               for n, p in sweep.SWEEP_PARAMS.items()}}
+
+
+def test_every_form_schema_names_draft_7_and_means_the_same_under_2020_12():
+    schemas = _form_schemas()
+    assert len([n for n in schemas if n.startswith("sweep ")]) == 3
+    assert {n for n, s in schemas.items() if s.get("$schema") != DRAFT_07} == set()
+    different = {n: d for n, s in schemas.items() if (d := _disagreements(s))}
+    assert different == {}
+    # the values reach both answers in every kind of field (not all refused, not all taken)
+    import jsonschema
+
+    for name, schema in schemas.items():
+        body = {k: v for k, v in schema.items() if k not in ("default", "description")}
+        answers = {jsonschema.Draft7Validator(body).is_valid(v) for v in _values(schema)}
+        assert answers == {True, False}, name
+
+
+@pytest.mark.parametrize("field, keyword", [
+    ("labels", {"prefixItems": [{"type": "integer"}]}),  # 2020-12's; draft 7 ignores it
+    ("node_selector", {"dependencies": {"k": ["grid"]}}),  # draft 7's; 2020-12 ignores it
+    # draft 7 ignores a $ref's siblings (here the field's type and bounds), 2020-12 applies them
+    ("epochs", {"$ref": "#/definitions/n", "definitions": {"n": {}}}),
+])
+def test_the_draft_check_finds_a_keyword_the_drafts_read_apart(field, keyword):
+    schema = param_schemas()[field]
+    assert not _disagreements(schema)
+    assert _disagreements({**schema, **keyword})
