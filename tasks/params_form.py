@@ -59,9 +59,10 @@ SECTIONS: dict[str, tuple[str, ...]] = {
 # Each Param's schema names its draft. Airflow validates a Param's value with
 # jsonschema.validate, which first checks the schema against its draft's meta-schema, and does
 # so for every field each time it serializes a DAG (the DAG processor, on every parse) and for
-# every task: with no "$schema", the newest draft (2020-12, seven vocabularies) costs ~8x a
-# flat draft 7 (benchmarks/results/dag_parse.json). The keywords used here mean the same in
-# both (tests/test_config.py checks the form's schemas against both).
+# every task: with no "$schema", jsonschema takes the newest draft (2020-12, seven vocabularies),
+# and serializing bert_finetune cost 2.9x the CPU it does under draft 7's flat meta-schema
+# (benchmarks/results/dag_parse.json). The keywords used here mean the same in both
+# (tests/test_config.py checks the form's schemas against both).
 DRAFT = {"$schema": "http://json-schema.org/draft-07/schema#"}
 
 
