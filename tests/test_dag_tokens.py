@@ -10,7 +10,6 @@ model card tables each type."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,8 @@ import pytest
 from bertflow_airflow.demo import run_dag, run_folder
 from tasks.io import storage
 from tasks.io.uris import join_uri
-from tasks.training.checkpoint_sources import default_base_model_dir
-from family_checkpoints import BUILDERS, tiny_roberta
-from train_helpers import SERVED, entities_as_the_pipeline, tagged_sentences, write_tiny_model
+from family_checkpoints import BUILDERS, tiny_default_vocab, tiny_roberta
+from train_helpers import SERVED, entities_as_the_pipeline, tagged_sentences
 
 PEOPLE = ["alice", "bob", "carol", "dave", "erin"]
 PLACES = [["paris"], ["london"], ["new", "york"], ["san", "francisco"]]
@@ -77,10 +75,7 @@ def finished_run(request, airflow_db, tmp_path_factory):
         folder.mkdir()
         tiny_roberta(folder, extra=(" " + " ".join(WORDS),) * 4, vocab_size=700)
     else:
-        vocab = default_base_model_dir() / "vocab.txt"
-        write_tiny_model(folder, vocab_size=len(vocab.read_text().splitlines()),
-                         max_position_embeddings=64)
-        shutil.copy(vocab, folder / "vocab.txt")
+        tiny_default_vocab(folder)
     data = folder.parent
     with open(data / "train.conll", "w") as f:
         f.write("-DOCSTART- O\n\n")
