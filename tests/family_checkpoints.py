@@ -3,7 +3,8 @@ WordPiece, and of a cased BERT, each beside a vocabulary trained here, written b
 own save (tasks/model/hf_weights.py, whose keys tests/test_model_parity.py checks against
 PyTorch's): what the steps tests (test_roberta_steps.py, test_xlm_roberta_steps.py,
 test_deberta_steps.py, test_casing.py) and the whole-DAG tests (test_dag_families.py,
-test_dag_tokens.py) fine-tune."""
+test_dag_tokens.py) fine-tune; and (tiny_default_vocab) of any family over the default
+checkpoint's vocabulary."""
 from __future__ import annotations
 
 import io
@@ -130,6 +131,21 @@ def tiny_cased_bert(folder: Path, vocab: Path | None = None) -> Path:
     shutil.copy(vocab, folder / "vocab.txt")
     transformers.BertTokenizer(vocab=str(folder / "vocab.txt"),
                                do_lower_case=False).save_pretrained(folder)
+    return folder
+
+
+def tiny_default_vocab(folder: Path, family: str = "bert", **config) -> Path:
+    """A tiny `family` (train_helpers.write_tiny_model, `config` its config.json's) over the
+    default checkpoint's uncased vocabulary: real words tokenize as for a pretrained one."""
+    import shutil
+
+    from tasks.training.checkpoint_sources import default_base_model_dir
+    from train_helpers import write_tiny_model
+
+    vocab = default_base_model_dir() / "vocab.txt"
+    write_tiny_model(folder, family, vocab_size=len(vocab.read_text().splitlines()),
+                     max_position_embeddings=64, **config)
+    shutil.copy(vocab, folder / "vocab.txt")  # over write_tiny_model's own
     return folder
 
 

@@ -8,17 +8,13 @@ demo's texts tokenize as they would for a pretrained checkpoint; the cased BERT,
 and DeBERTa-v3 have the vocabularies their steps tests train (tests/family_checkpoints.py)."""
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 
 from bertflow_airflow.demo import run_dag, run_folder, sample_rows
 from tasks.io import storage
 from tasks.io.uris import join_uri
-from tasks.training.checkpoint_sources import default_base_model_dir
-from family_checkpoints import BUILDERS
-from train_helpers import write_tiny_model
+from family_checkpoints import BUILDERS, tiny_default_vocab
 
 TINY = {"max_seq_length": 32, "epochs": 1, "max_steps": 4, "per_replica_batch_size": 8,
         "num_shards": 1, "num_workers": 1, "eval_batch_size": 64}
@@ -34,10 +30,7 @@ def finished_run(request, airflow_db, tmp_path_factory):
         BUILDERS[family](folder)
         family = family.removesuffix("-cased")
     else:
-        vocab = default_base_model_dir() / "vocab.txt"
-        write_tiny_model(folder, family, vocab_size=len(vocab.read_text().splitlines()),
-                         max_position_embeddings=64, **SHAPES[family])
-        shutil.copy(vocab, folder / "vocab.txt")
+        tiny_default_vocab(folder, family, **SHAPES[family])
     root = str(tmp_path_factory.mktemp("artifacts"))
     dag_run = run_dag({**TINY, "artifact_root": root, "base_model": str(folder),
                        "model_name": f"tiny-{family}"})

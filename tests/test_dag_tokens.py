@@ -10,17 +10,16 @@ model card tables each type."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import pytest
 
 from bertflow_airflow.demo import run_dag, run_folder
 from tasks.io import storage
 from tasks.io.uris import join_uri
-from tasks.training.checkpoint_sources import default_base_model_dir
-from family_checkpoints import BUILDERS, tiny_roberta
-from train_helpers import SERVED, entities_as_the_pipeline, tagged_sentences, write_tiny_model
+from family_checkpoints import BUILDERS, tiny_default_vocab, tiny_roberta
+from train_helpers import SERVED, entities_as_the_pipeline, tagged_sentences
 
 PEOPLE = ["alice", "bob", "carol", "dave", "erin"]
 PLACES = [["paris"], ["london"], ["new", "york"], ["san", "francisco"]]
@@ -29,58 +28,58 @@ FILLER = ["today", "we", "met", "went", "to", "and", "the", "in", "saw", "from"]
 # (tasks/training/entity_decoding.py says why the words differ there).
 TEXTS = ["alice went to new york today", "we saw bob and carol in paris",
          "the weather was fine"]
-
-
 WORDS = PEOPLE + [w for place in PLACES for w in place] + FILLER
-ARCHITECTURES = {"bert": "BertForTokenClassification", "bert-cased": "BertForTokenClassification",
-                 "roberta": "RobertaForTokenClassification",
-                 "xlm-roberta": "XLMRobertaForTokenClassification",
-                 "deberta-v2": "DebertaV2ForTokenClassification"}
+
+
+def words_roberta(folder: Path) -> Path:
+    """Its BPE learns the words with their space: no first piece is a lone "Ġ", which the
+    pipeline would take for a word (docs/model.md)."""
+    return tiny_roberta(folder, extra=(" " + " ".join(WORDS),) * 4, vocab_size=700)
+
+
+class Family(NamedTuple):
+    architecture: str
+    build: Callable[[Path], object]  # writes the tiny checkpoint into an empty folder
+    words: dict  # tagged_sentences' names, places and filler ({}: train_helpers')
+    texts: list[str]  # served to the SavedModel and the pipeline
+    shape: dict  # the run's max_seq_length, epochs and learning_rate
+    least_f1: float  # evaluate's f1 must be above it
+
+
+# The uncased BERT and the RoBERTa take the lower-case words above. Names and places are easy
+# to tell from filler: 3 epochs reach f1 0.5.
+OWN_WORDS = {"names": PEOPLE, "places": PLACES, "filler": FILLER}
+SHORT = {"max_seq_length": 32, "epochs": 3, "learning_rate": 3e-3}
 # The cased BERT, XLM-R and DeBERTa-v3 take train_helpers' words (capitals, accents, CJK,
-# punctuation), which their tiny vocabularies learn, and its SERVED texts, whose words start
-# with neither a lone "▁" nor an unknown piece (the pipeline would split them otherwise).
+# punctuation), which their tiny vocabularies learn, and its SERVED texts, whose words are
+# the pipeline's too (train_helpers says why).
 # Their pieces are more and smaller: no sentence is cut at 64 pieces, and they need more
-# steps to learn the words.
-MIXED = {"bert-cased", "xlm-roberta", "deberta-v2"}
-SHAPE = {False: {"max_seq_length": 32, "epochs": 3, "learning_rate": 3e-3},
-         True: {"max_seq_length": 64, "epochs": 10, "learning_rate": 1e-2}}
-# Names and places are easy to tell from filler; the mixed words' tiny vocabularies learn
-# slower, so for them the bar is the steps tests' (an untrained model scores 0).
-LEAST_F1 = {False: 0.5, True: 0.25}
-# A cased BERT's pre-tokenizer splits punctuation off a word (SERVED's "fox's" is three words
-# to the pipeline, one to bertflow): its texts have none.
-CASED_TEXTS = SERVED[:2] + ["Pablo saw the café"]
+# steps to learn the words; the bar is the steps tests' (an untrained model scores 0).
+MIXED = {"max_seq_length": 64, "epochs": 10, "learning_rate": 1e-2}
+FAMILIES = {
+    "bert": Family("BertForTokenClassification", tiny_default_vocab, OWN_WORDS, TEXTS, SHORT,
+                   0.5),
+    "roberta": Family("RobertaForTokenClassification", words_roberta, OWN_WORDS, TEXTS, SHORT,
+                      0.5),
+    "bert-cased": Family("BertForTokenClassification", BUILDERS["bert-cased"], {}, SERVED, MIXED,
+                         0.25),
+    "xlm-roberta": Family("XLMRobertaForTokenClassification", BUILDERS["xlm-roberta"], {},
+                          SERVED, MIXED, 0.25),
+    "deberta-v2": Family("DebertaV2ForTokenClassification", BUILDERS["deberta-v2"], {},
+                         SERVED, MIXED, 0.25),
+}
 
 
 def sentences(family: str, n: int, seed: int) -> list[tuple[list[str], list[str]]]:
-    if family in MIXED:
-        return tagged_sentences(n, seed, most=8)
-    return tagged_sentences(n, seed, PEOPLE, PLACES, FILLER, most=8)
+    return tagged_sentences(n, seed, **FAMILIES[family].words, most=8)
 
 
-def texts(family: str) -> list[str]:
-    if family == "bert-cased":
-        return CASED_TEXTS
-    return SERVED if family in MIXED else TEXTS
-
-
-@pytest.fixture(scope="module", params=sorted(ARCHITECTURES))
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
 def finished_run(request, airflow_db, tmp_path_factory):
     family = request.param
     folder = tmp_path_factory.mktemp("ner") / "checkpoint"
-    if family in MIXED:
-        folder.mkdir()
-        BUILDERS[family](folder)
-    elif family == "roberta":
-        # Its BPE learns the words with their space: no first piece is a lone "Ġ", which
-        # the pipeline would take for a word (docs/model.md).
-        folder.mkdir()
-        tiny_roberta(folder, extra=(" " + " ".join(WORDS),) * 4, vocab_size=700)
-    else:
-        vocab = default_base_model_dir() / "vocab.txt"
-        write_tiny_model(folder, vocab_size=len(vocab.read_text().splitlines()),
-                         max_position_embeddings=64)
-        shutil.copy(vocab, folder / "vocab.txt")
+    folder.mkdir()
+    FAMILIES[family].build(folder)
     data = folder.parent
     with open(data / "train.conll", "w") as f:
         f.write("-DOCSTART- O\n\n")
@@ -91,7 +90,7 @@ def finished_run(request, airflow_db, tmp_path_factory):
             f.write(json.dumps({"tokens": words, "tags": tags}) + "\n")
     root = str(tmp_path_factory.mktemp("artifacts"))
     dag_run = run_dag({"task": "token_classification", "train_uri": str(data / "train.conll"),
-                       "eval_uri": str(data / "dev.jsonl"), **SHAPE[family in MIXED],
+                       "eval_uri": str(data / "dev.jsonl"), **FAMILIES[family].shape,
                        "per_replica_batch_size": 16,
                        "num_shards": 1, "num_workers": 1, "eval_batch_size": 64,
                        "artifact_root": root, "base_model": str(folder),
@@ -117,7 +116,7 @@ def test_every_task_succeeds_and_entities_are_scored_per_type(finished_run):
     expected = sum(tag.startswith("B-") for _, tags in sentences(family, 40, seed=2)
                    for tag in tags)
     assert sum(m["support"] for m in metrics["per_type"].values()) == expected
-    assert metrics["f1"] > LEAST_F1[family in MIXED], metrics
+    assert metrics["f1"] > FAMILIES[family].least_f1, metrics
     gate = storage.read_json(join_uri(run_uri, "gate", "manifest.json"))
     assert (gate["metric"], gate["value"]) == ("f1", metrics["f1"])
 
@@ -125,7 +124,8 @@ def test_every_task_succeeds_and_entities_are_scored_per_type(finished_run):
 def test_saved_model_returns_entities_as_the_pipeline_does(finished_run):
     _, run_uri, family = finished_run
     version = storage.read_json(join_uri(run_uri, "export", "manifest.json"))["version_uri"]
-    entities_as_the_pipeline(Path(version), ARCHITECTURES[family], texts(family))
+    entities_as_the_pipeline(Path(version), FAMILIES[family].architecture,
+                             FAMILIES[family].texts)
 
 
 def test_model_card_tables_each_entity_type(finished_run):
