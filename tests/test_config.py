@@ -228,13 +228,19 @@ def _values(schema: dict) -> list:
     return values
 
 
+def _body(schema: dict) -> dict:
+    """The schema as Param keeps it: param_schemas()' keyword arguments less its default and
+    description."""
+    return {k: v for k, v in schema.items() if k not in ("default", "description")}
+
+
 def _disagreements(schema: dict) -> list:
     """The values that the shipped schema (draft 7) and the same schema without "$schema"
     (2020-12, as before it named its draft) do not both accept or both refuse."""
     import jsonschema
     from jsonschema import Draft7Validator, Draft202012Validator, FormatChecker
 
-    body = {k: v for k, v in schema.items() if k not in ("default", "description")}  # Param's
+    body = _body(schema)
     bare = {k: v for k, v in body.items() if k != "$schema"}
     assert jsonschema.validators.validator_for(body) is Draft7Validator
     assert jsonschema.validators.validator_for(bare) is Draft202012Validator
@@ -273,8 +279,8 @@ def test_every_form_schema_names_draft_7_and_means_the_same_under_2020_12():
     import jsonschema
 
     for name, schema in schemas.items():
-        body = {k: v for k, v in schema.items() if k not in ("default", "description")}
-        answers = {jsonschema.Draft7Validator(body).is_valid(v) for v in _values(schema)}
+        answers = {jsonschema.Draft7Validator(_body(schema)).is_valid(v)
+                   for v in _values(schema)}
         assert answers == {True, False}, name
 
 
