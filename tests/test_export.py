@@ -297,11 +297,36 @@ def test_the_fresh_load_check_starts_early_and_compares_predictions(tmp_path):
     with export.FreshLoadCheck() as fresh:
         assert fresh._proc.poll() is None  # started, waiting for the path
         tf.saved_model.save(module, str(saved), signatures={"serving_default": module.serve})
-        fresh.check(saved, module, has_pair=False)
+        fresh.check(saved, module.serve, has_pair=False)
     with export.FreshLoadCheck() as fresh, pytest.raises(BertflowError, match="predicts"):
-        fresh.check(saved, _scoring_module(2.0), has_pair=False)
+        fresh.check(saved, _scoring_module(2.0).serve, has_pair=False)
     with export.FreshLoadCheck() as fresh, pytest.raises(BertflowError, match="does not load"):
-        fresh.check(tmp_path / "missing", module, has_pair=False)
+        fresh.check(tmp_path / "missing", module.serve, has_pair=False)
+
+
+def test_the_serving_graph_is_traced_once_for_the_save_and_the_check(tmp_path):
+    """traced_as_saved's trace is the one tf.saved_model.save uses, for the signature and
+    the module's function alike, and the one the check runs: tracing the serving graph is
+    most of an export's Python time. A TensorFlow whose save keys its traces otherwise fails
+    here, not silently slower."""
+    import tensorflow as tf
+
+    traces = []
+    module = tf.Module()
+    module.scale = tf.Variable(2.0)
+
+    def serve(text):
+        traces.append(1)
+        return {"score": tf.cast(tf.strings.length(text), tf.float32) * module.scale}
+
+    module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None], tf.string)])
+    traced = export.traced_as_saved(module.serve, export.SAVE_OPTIONS)
+    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": traced},
+                        options=export.SAVE_OPTIONS)
+    assert traced(text=tf.constant(["abc"]))["score"].numpy().tolist() == [6.0]
+    assert len(traces) == 1
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    assert loaded.signatures["serving_default"](text=tf.constant(["ab"]))["score"] == 4.0
 
 
 def test_the_fresh_load_check_stops_its_interpreter_when_the_export_fails():
