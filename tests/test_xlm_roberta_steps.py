@@ -21,8 +21,8 @@ from tasks.training import checkpoint
 from test_byte_bpe import CORPUS
 from family_checkpoints import tiny_xlm_roberta
 from test_sentencepiece_text import MULTILINGUAL
-from train_helpers import (aligned_as_transformers, entities_as_the_pipeline,
-                           refusals_of_a_family, steps_of_a_family, token_steps_of_a_family)
+from train_helpers import (aligned_as_transformers, refusals_of_a_family, steps_of_a_family,
+                           token_records_of_a_family)
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
@@ -69,8 +69,9 @@ def test_token_pieces_and_labels_equal_is_split_into_words(xlmr_dir):
         str(xlmr_dir)))
 
 
-def test_token_classification_tokenize_train_evaluate_export(xlmr_dir, tmp_path):
+def test_token_classification_records_are_transformers(xlmr_dir, tmp_path):
+    """The TFRecords hold transformers' is_split_into_words ids and first-piece labels, cut
+    where it cuts them. Training, evaluation, the export and the pipeline's entities for this
+    family: tests/test_dag_tokens.py[xlm-roberta], through the whole DAG."""
     reference = transformers.XLMRobertaTokenizer.from_pretrained(str(xlmr_dir))
-    version, metrics = token_steps_of_a_family(xlmr_dir, tmp_path, reference)
-    assert metrics["f1"] > 0.25, metrics  # an untrained model scores 0
-    entities_as_the_pipeline(version, "XLMRobertaForTokenClassification")
+    token_records_of_a_family(xlmr_dir, tmp_path, reference)

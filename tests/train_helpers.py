@@ -454,17 +454,15 @@ def aligned_as_transformers(model_dir: Path, reference) -> None:
     assert truncated > 0  # the 12-piece run cut sentences, some words lost their labels
 
 
-def token_steps_of_a_family(model_dir: Path, tmp_path: Path, reference,
-                            max_len: int = 24) -> tuple[Path, dict]:
-    """A tiny checkpoint through data, tokenize, train and evaluate (a subprocess, as the CLI
-    runs them) and export (which checks the SavedModel in a fresh interpreter) for
-    token_classification on a CoNLL train file and a JSON Lines eval file of
-    tagged_sentences. Checks that the TFRecords hold `reference`'s is_split_into_words ids
-    and first-piece labels (first_piece_labels). Returns (version folder, evaluate's
-    metrics)."""
+def token_records_of_a_family(model_dir: Path, tmp_path: Path, reference,
+                              max_len: int = 24) -> tuple[RunConfig, RunContext]:
+    """A tiny checkpoint through data and tokenize for token_classification on a CoNLL train
+    file and a JSON Lines eval file of tagged_sentences, some cut at `max_len`. Checks that
+    the TFRecords hold `reference`'s is_split_into_words ids and first-piece labels
+    (first_piece_labels). Returns the run's (config, context), ready for train."""
     import tensorflow as tf
 
-    from tasks.steps import data, export, tokenize
+    from tasks.steps import data, tokenize
 
     train, dev = tagged_sentences(160, seed=1), tagged_sentences(24, seed=2)
     (tmp_path / "train.conll").write_text("".join(
@@ -493,6 +491,17 @@ def token_steps_of_a_family(model_dir: Path, tmp_path: Path, reference,
         max_len)
     assert stored == set(zip(map(tuple, ids), map(tuple, piece_labels)))
     assert manifest["splits"]["train"]["num_truncated"] > 0  # truncation is exercised
+    return cfg, ctx
+
+
+def token_steps_of_a_family(model_dir: Path, tmp_path: Path, reference,
+                            max_len: int = 24) -> tuple[Path, dict]:
+    """token_records_of_a_family, then train and evaluate (a subprocess, as the CLI runs
+    them) and export (which checks the SavedModel in a fresh interpreter). Returns (version
+    folder, evaluate's metrics)."""
+    from tasks.steps import export
+
+    cfg, ctx = token_records_of_a_family(model_dir, tmp_path, reference, max_len)
     done = run_steps_in_subprocess(ctx.run_uri, "train", "evaluate", timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_manifest(ctx.manifest_uri("evaluate"))["metrics"]
