@@ -56,8 +56,14 @@ def reference(encoder, model, text):
 def test_saved_signature_gives_the_reference_entities(tmp_path):
     encoder = BertTextEncoder(default_base_model_dir() / "vocab.txt", True, MAX_SEQ_LENGTH)
     model = tiny_token_model()
-    module = entity_serving_module(WordPieceAligner(encoder), model, LABELS)
+    aligner = WordPieceAligner(encoder)
+    module = entity_serving_module(aligner, model, LABELS)
     tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    # The save traced none of the tokenizer's functions that serving does not call
+    # (tasks/model/saved_resources.py): their traces were most of a token export's save.
+    assert [f.experimental_get_tracing_count() for f in (
+        aligner.align, aligner.align_max_context, encoder.encode, encoder.encode_pair)] == [
+            0, 0, 0, 0]
     serve = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
     out = {k: v.numpy() for k, v in serve(text=tf.constant(TEXTS)).items()}
     total = 0

@@ -6,6 +6,7 @@ import hashlib
 import json
 import subprocess
 
+import numpy as np
 import pytest
 
 import tasks
@@ -327,6 +328,32 @@ def test_the_serving_graph_is_traced_once_for_the_save_and_the_check(tmp_path):
     assert len(traces) == 1
     loaded = tf.saved_model.load(str(tmp_path / "m"))
     assert loaded.signatures["serving_default"](text=tf.constant(["ab"]))["score"] == 4.0
+
+
+def test_the_saved_model_keeps_the_tokenizer_table_and_none_of_its_unused_functions(tmp_path):
+    """A RoBERTa's serving module tracks its byte-level BPE's lookup table, not the encoder:
+    the save traces no tokenizer function that serving does not call (encode_pair, for a
+    task of one text; tasks/model/saved_resources.py), and the loaded signature, which reads
+    the table, serves."""
+    import tensorflow as tf
+
+    from family_checkpoints import tiny_roberta
+    from tasks.task_kinds import kind
+    from tasks.training import checkpoint
+
+    folder = tiny_roberta(tmp_path)
+    encoder = checkpoint.text_encoder(folder, False, 16)
+    model = checkpoint.load_classifier(folder, ["a", "b"], head=kind("classification").head)
+    module = export.serving_module(encoder, model, ["a", "b"], False)
+    assert any(isinstance(t, tf.lookup.StaticHashTable) for t in module.tokenizer)
+    serve = export.traced_as_saved(module.serve, export.SAVE_OPTIONS)
+    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": serve},
+                        options=export.SAVE_OPTIONS)
+    assert encoder.encode_pair.experimental_get_tracing_count() == 0
+    loaded = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
+    texts = tf.constant(["a short text", "and a second one"])
+    np.testing.assert_allclose(loaded(text=texts)["probabilities"].numpy(),
+                               serve(text=texts)["probabilities"].numpy(), atol=1e-6)
 
 
 def test_the_fresh_load_check_stops_its_interpreter_when_the_export_fails():

@@ -30,7 +30,7 @@ from tasks import fresh_load, thresholds
 from tasks.errors import BertflowError
 from tasks.provision.local import warm_start
 from tasks.runs.runlayout import RunContext
-from tasks.model import windows
+from tasks.model import saved_resources, windows
 from tasks.model.text_encoder import SegmentEncoder
 from tasks.model.token_encoding import WordPieceAligner
 from tasks.task_kinds import TaskKind, kind as task_kind
@@ -247,7 +247,8 @@ def serving_module(encoder: SegmentEncoder, model, labels: list[str], has_pair: 
         return entity_serving_module(
             WordPieceAligner(encoder, window[0] if window else None), model, labels)
     module = tf.Module()
-    module.encoder = encoder
+    # The tokenizer's tables, not its functions (tasks/model/saved_resources.py says why).
+    module.tokenizer = saved_resources.resources(encoder)
     # Track the weights, not the Keras model: saving the model object would also trace and
     # store Keras' own call functions, which the export does not need.
     module.weights = list(model.variables)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import tensorflow as tf
 
+from tasks.model import saved_resources
 from tasks.training.entity_decoding import decode_entities, whitespace_words, word_predictions
 
 if TYPE_CHECKING:  # annotations only: the export step passes one in
@@ -32,13 +33,14 @@ def entity_serving_module(aligner: WordPieceAligner, model, labels: list[str]) -
     the BertTextEncoder that wrote the training data; `model`: a token classification
     tasks.model Classifier whose outputs are `labels`."""
     module = tf.Module()
-    module.aligner = aligner
+    # The tokenizer's tables, not its functions (tasks/model/saved_resources.py says why).
+    module.tokenizer = saved_resources.resources(aligner)
     # The weights, not the Keras model, as the export step tracks them (tasks/steps/export.py).
     module.weights = list(model.variables)
 
     def serve(text):
         words, starts, ends = whitespace_words(text)
-        pieces = module.aligner.encode_words(words)
+        pieces = aligner.encode_words(words)
         ids = pieces["input_ids"]
         logits = model({"input_ids": ids.to_tensor(),
                         "token_type_ids": pieces["token_type_ids"].to_tensor(),
