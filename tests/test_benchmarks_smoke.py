@@ -157,7 +157,7 @@ SMOKE = {
     # session's), the scoring workers start cold
     "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
     # 120 and 240 rows through validate, score and publish processes, Parquet, one worker
-    "score_scale": ([], None),
+    "score_scale": ([], None),  # both scorers score smoke_version's version
     "long_texts": ([], None),  # bertflow's two arms, no peer; steps forked, as above
     "class_weights": (["--arms", "bertflow_none,bertflow_balanced"],
                       ["--arms", "peer_balanced,peer_none"]),
@@ -205,9 +205,44 @@ def smoke(script: str, tmp_path: Path, *args: str) -> dict:
     return data
 
 
+# Scripts that score a model version: their smokes take smoke_version's (--version).
+SCORERS = {"batch_score_throughput", "score_scale"}
+
+
+@pytest.fixture(scope="module")
+def smoke_version(tmp_path_factory) -> str:
+    """The scorers' smoke version, made once for their three runs as each run made its own:
+    batch_score_throughput.make_version on 48 synthetic rows from the tiny random BERT, one
+    step, the steps forked from a warm-start server (~40 s of each run, most of it export)."""
+    import os
+
+    from batch_score_throughput import make_version
+    from tasks.provision.local import warm_start
+
+    work = tmp_path_factory.mktemp("smoke-version")
+    train = common.smoke_data_root(work / "data", rows=48) / "sst2" / "train.tsv"
+    model_dir = common.smoke_model_dir(work / "tiny-random-bert")
+    serving = os.environ.get(warm_start.SOCKET_ENV)  # run_step sets it to the server's
+    try:
+        with common.smoke_warm_server(True, work / "warm_start.log") as socket:
+            return make_version(work, "smoke", train, str(model_dir), True, socket)
+    finally:
+        os.environ.pop(warm_start.SOCKET_ENV, None)
+        if serving:
+            os.environ[warm_start.SOCKET_ENV] = serving
+
+
+def smoke_args(script: str, side: int, request) -> list[str]:
+    """SMOKE's arguments of the side (0 bertflow, 1 peer), a scorer's with smoke_version."""
+    args = list(SMOKE[script][side])
+    if script in SCORERS:
+        args += ["--version", request.getfixturevalue("smoke_version")]
+    return args
+
+
 @pytest.mark.parametrize("script", [s for s in SMOKE if s != "model_sizes"])
-def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
-    data = smoke(script, tmp_path, *SMOKE[script][0])
+def test_smoke_bertflow_side_matches_its_schema(script, tmp_path, request):
+    data = smoke(script, tmp_path, *smoke_args(script, 0, request))
     if script == "train_throughput":
         side = data["summary"]["bertflow"]
         assert side["median_startup_s"] > 0 and side["recipe"]["untimed_warmup_steps"] == 3
@@ -307,10 +342,10 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
 
 
 @pytest.mark.parametrize("script", [s for s in SMOKE if SMOKE[s][1] is not None])
-def test_smoke_peer_side_matches_its_schema(script, tmp_path):
+def test_smoke_peer_side_matches_its_schema(script, tmp_path, request):
     if not PEER_PY.exists():
         pytest.skip(NO_PEER)
-    data = smoke(script, tmp_path, *SMOKE[script][1])
+    data = smoke(script, tmp_path, *smoke_args(script, 1, request))
     native_bf16 = not set(common.cpu_flags()).isdisjoint({"avx512_bf16", "amx_bf16"})
     if script == "train_throughput":
         (run,) = data["runs"]["peer"]
