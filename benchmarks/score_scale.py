@@ -30,10 +30,13 @@ MiniLM: what grows with the rows (reading, planning, writing, publishing) is the
 1M rows take minutes instead of about 2 hours per format at MiniLM's ~150 rows/s on 2 cores
 (computed from results/batch_score_throughput.json); its rows per second mean little.
 
+`--version URI` scores with a model version published elsewhere (no training run here).
+
 `--smoke`: a tiny random BERT, 120 and 240 synthetic rows, Parquet only, 1 worker, work
 files and results in temporary folders; the model version's steps fork from a warm-start
 server (common.smoke_warm_server), the tasks and scoring workers still start cold (only the
-harness is checked; its figures mean nothing).
+harness is checked; its figures mean nothing). The tests pass `--version` (one tiny version
+made once for the scoring smokes: making one was ~40 s of each smoke).
 """
 from __future__ import annotations
 
@@ -157,6 +160,17 @@ def verdict(runs: list[dict]) -> dict:
             "max_worker_rss_bytes": max(r["score"]["worker_rss_bytes"] for r in runs)}
 
 
+def made_version(work: Path, args, base: list, model_dir: str) -> str:
+    """A version trained a few steps on `--train-rows` generated rows (untimed); its URI."""
+    train = work / "train.tsv"
+    generate(train, args.train_rows, base)
+    t0 = time.perf_counter()
+    with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
+        version = make_version(work, "scale", train, model_dir, args.smoke, socket)
+    print(f"model version made in {time.perf_counter() - t0:.0f} s (untimed)", flush=True)
+    return version
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="100000,1000000")
@@ -169,6 +183,8 @@ def main() -> int:
     ap.add_argument("--model", choices=("minilm", "tiny"), default="minilm",
                     help="tiny: a 2-layer random BERT; memory, not speed, is measured")
     ap.add_argument("--work", default="/tmp/bertflow-score-scale")
+    ap.add_argument("--version", default="",
+                    help="a published model version's URI to score with (none is made)")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args()
     model_dir = ""  # the offline MiniLM checkpoint
@@ -183,7 +199,7 @@ def main() -> int:
         raise SystemExit("--work must be outside the repository")
     base = base_rows()  # before any work: a missing data set fails first
     work.mkdir(parents=True, exist_ok=True)
-    if args.smoke or args.model == "tiny":
+    if (args.smoke or args.model == "tiny") and not args.version:
         model_dir = str(common.smoke_model_dir(work / "tiny-random-bert"))
     sizes = [int(s) for s in args.sizes.split(",") if s]
     formats = args.formats.split(",")
@@ -191,12 +207,7 @@ def main() -> int:
     env = {k: v for k, v in os.environ.items() if k != "BERTFLOW_WARM_SOCKET"}
     env.update(TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2")
     try:
-        train = work / "train.tsv"
-        generate(train, args.train_rows, base)
-        t0 = time.perf_counter()
-        with common.smoke_warm_server(args.smoke, work / "warm_start.log") as socket:
-            version = make_version(work, "scale", train, model_dir, args.smoke, socket)
-        print(f"model version made in {time.perf_counter() - t0:.0f} s (untimed)", flush=True)
+        version = args.version or made_version(work, args, base, model_dir)
         runs = []
         for n in sizes:
             path = work / f"score-{n}.tsv"
@@ -214,8 +225,9 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     common.write_results("score_scale", {
         "smoke": args.smoke, "load_average": list(os.getloadavg()), "targets": TARGETS,
-        "model": ("tiny random BERT (2 layers, hidden 32)" if model_dir
-                  else "MiniLM-L6 (offline checkpoint)") + ", a few training steps",
+        "model": ("the version given by --version" if args.version
+                  else ("tiny random BERT (2 layers, hidden 32)" if model_dir
+                        else "MiniLM-L6 (offline checkpoint)") + ", a few training steps"),
         "workers": args.workers, "batch_size": args.batch_size,
         "shard_rows": args.shard_rows, "formats": formats, "runs": runs, "verdict": result})
     return 0

@@ -29,7 +29,8 @@ family's ids: where bertflow and transformers differ, it says which of them give
 own tokenization (`sentencepiece`: mismatches against each side, first few shown, rows/s in
 the same alternation).
 `--smoke`: the tiny vocabularies the tests train, synthetic data, 200 multilingual texts, one
-repeat, results in a temporary folder.
+repeat, a cut check's long texts of 8,000 and 4,000 characters (SMOKE_LONG_CHARS), results in
+a temporary folder.
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ SHOWN_MISMATCHES = 10
 SPM_FILES = {"xlm-roberta": "sentencepiece.bpe.model", "deberta-v2": "spm.model"}
 CACHE_ENV = "BERTFLOW_VOCAB_CACHE"
 RATIO_TARGET = 1.0
+# Characters of the cut check's long text and of its pair's second text: with a real vocabulary
+# many times 512 pieces. A smoke's tiny vocabularies make ~5 characters a piece, so its 8,000
+# and 4,000 are still ~3x and ~1.5x 512 (its 40,000 were ~8,000 pieces, seconds in transformers).
+LONG_CHARS, SMOKE_LONG_CHARS = (40_000, 20_000), (8_000, 4_000)
 
 
 @dataclass(frozen=True)
@@ -430,10 +435,10 @@ def compare(encoder, tokenizer, texts: list[str], sets: list[str],
     return out
 
 
-def cut_check(encoder, tokenizer, texts: list[str]) -> dict:
+def cut_check(encoder, tokenizer, texts: list[str], chars: tuple[int, int] = LONG_CHARS) -> dict:
     """A text of more than 512 pieces alone and as a pair: cut where Hugging Face cuts it."""
-    long_a = " ".join(texts[: len(texts) // 2])[:40_000]
-    long_b = " ".join(texts[len(texts) // 2:])[:20_000]
+    long_a = " ".join(texts[: len(texts) // 2])[:chars[0]]
+    long_b = " ".join(texts[len(texts) // 2:])[:chars[1]]
     pieces = len(tokenizer(long_a, add_special_tokens=False)["input_ids"])
     (single,), (single_hf,) = bertflow_ids(encoder, [long_a]), hf_ids(tokenizer, [long_a])
     (pair,), (pair_hf,) = (bertflow_ids(encoder, [long_a], [long_b]),
@@ -520,7 +525,8 @@ def main() -> None:
                    if family in SPM_FILES else None)
             print(f"{family}: {encoder.vocab_size:,} ids; parity on {len(texts):,} texts")
             parity = compare(encoder, tokenizer, texts, sets, spm)
-            cut = cut_check(encoder, tokenizer, texts)
+            cut = cut_check(encoder, tokenizer, texts,
+                            SMOKE_LONG_CHARS if args.smoke else LONG_CHARS)
             print(f"  mismatches {parity['mismatches']:,} {parity['mismatches_by_set']}; "
                   f"512 cut: {cut}")
             if spm is not None:

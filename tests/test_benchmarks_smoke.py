@@ -157,7 +157,7 @@ SMOKE = {
     # session's), the scoring workers start cold
     "batch_score_throughput": (["--sides", "bertflow"], ["--sides", "peer"]),
     # 120 and 240 rows through validate, score and publish processes, Parquet, one worker
-    "score_scale": ([], None),
+    "score_scale": ([], None),  # both scorers score smoke_version's version
     "long_texts": ([], None),  # bertflow's two arms, no peer; steps forked, as above
     "class_weights": (["--arms", "bertflow_none,bertflow_balanced"],
                       ["--arms", "peer_balanced,peer_none"]),
@@ -205,9 +205,44 @@ def smoke(script: str, tmp_path: Path, *args: str) -> dict:
     return data
 
 
+# Scripts that score a model version: their smokes take smoke_version's (--version).
+SCORERS = {"batch_score_throughput", "score_scale"}
+
+
+@pytest.fixture(scope="module")
+def smoke_version(tmp_path_factory) -> str:
+    """The scorers' smoke version, made once for their three runs as each run made its own:
+    batch_score_throughput.make_version on 48 synthetic rows from the tiny random BERT, one
+    step, the steps forked from a warm-start server (~40 s of each run, most of it export)."""
+    import os
+
+    from batch_score_throughput import make_version
+    from tasks.provision.local import warm_start
+
+    work = tmp_path_factory.mktemp("smoke-version")
+    train = common.smoke_data_root(work / "data", rows=48) / "sst2" / "train.tsv"
+    model_dir = common.smoke_model_dir(work / "tiny-random-bert")
+    serving = os.environ.get(warm_start.SOCKET_ENV)  # run_step sets it to the server's
+    try:
+        with common.smoke_warm_server(True, work / "warm_start.log") as socket:
+            return make_version(work, "smoke", train, str(model_dir), True, socket)
+    finally:
+        os.environ.pop(warm_start.SOCKET_ENV, None)
+        if serving:
+            os.environ[warm_start.SOCKET_ENV] = serving
+
+
+def smoke_args(script: str, side: int, request) -> list[str]:
+    """SMOKE's arguments of the side (0 bertflow, 1 peer), a scorer's with smoke_version."""
+    args = list(SMOKE[script][side])
+    if script in SCORERS:
+        args += ["--version", request.getfixturevalue("smoke_version")]
+    return args
+
+
 @pytest.mark.parametrize("script", [s for s in SMOKE if s != "model_sizes"])
-def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
-    data = smoke(script, tmp_path, *SMOKE[script][0])
+def test_smoke_bertflow_side_matches_its_schema(script, tmp_path, request):
+    data = smoke(script, tmp_path, *smoke_args(script, 0, request))
     if script == "train_throughput":
         side = data["summary"]["bertflow"]
         assert side["median_startup_s"] > 0 and side["recipe"]["untimed_warmup_steps"] == 3
@@ -306,11 +341,13 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path):
         assert row["computed"]["cpu_ms_per_resolve_no_draft"] > 0
 
 
-@pytest.mark.parametrize("script", [s for s in SMOKE if SMOKE[s][1] is not None])
-def test_smoke_peer_side_matches_its_schema(script, tmp_path):
+# model_sizes' peer side runs beside its bertflow side, in one invocation (test_model_sizes_...)
+@pytest.mark.parametrize("script", [s for s in SMOKE
+                                    if SMOKE[s][1] is not None and s != "model_sizes"])
+def test_smoke_peer_side_matches_its_schema(script, tmp_path, request):
     if not PEER_PY.exists():
         pytest.skip(NO_PEER)
-    data = smoke(script, tmp_path, *SMOKE[script][1])
+    data = smoke(script, tmp_path, *smoke_args(script, 1, request))
     native_bf16 = not set(common.cpu_flags()).isdisjoint({"avx512_bf16", "amx_bf16"})
     if script == "train_throughput":
         (run,) = data["runs"]["peer"]
@@ -325,11 +362,6 @@ def test_smoke_peer_side_matches_its_schema(script, tmp_path):
         assert model["pad_token_id"] == 1  # rows padded with XLM-R's <pad>, not <s> (0)
         assert model["name"] == "xlm-roberta-base" and model["weights"].startswith("RANDOM")
         assert data["model"].startswith("xlm-roberta-base's tiny")
-    if script == "model_sizes":
-        side = data["points"][0]["sides"]["peer"]
-        assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20
-        assert side["runs"][0]["result"]["fused_adamw"] is True
-        assert "fused AdamW" in data["precision"]["peer"]
     if script == "evaluation_floor":
         (run,) = data["datasets"]["sst2"]["runs"]["peer"]
         assert 0 < run["num_examples"] < 64 and run["evaluate_s"] > 0
@@ -461,22 +493,31 @@ SMOKE_NOT_IN_SUITE = {"sweep_pruning"}
 
 
 def _model_sizes(tmp_path, *args: str) -> str:
-    """benchmarks/model_sizes.py writing its results file under tmp_path; its stdout."""
+    """benchmarks/model_sizes.py writing its results file under tmp_path; its stdout. It
+    leaves nothing in its temporary folder, as smoke() checks."""
+    import os
     import subprocess
 
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_sizes.py"),
                            "--results-dir", str(tmp_path), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+                          capture_output=True, text=True, cwd=ROOT, timeout=600,
+                          env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert _left_behind(scratch) == [], "model_sizes left temporary files behind"
     return done.stdout
 
 
 def test_model_sizes_writes_measured_and_computed_figures(tmp_path):
-    """--smoke: its tiny preset, a 2-layer, hidden-32 random BERT, one timed step."""
-    out = _model_sizes(tmp_path, "--smoke", "--sides", "bertflow")
+    """--smoke: its tiny preset, a 2-layer, hidden-32 random BERT, one timed step; both sides
+    in one invocation (each run is a fresh process either way), the peer's where it can."""
+    sides = "bertflow,peer" if PEER_PY.exists() else "bertflow"
+    out = _model_sizes(tmp_path, "--smoke", "--sides", sides)
     assert not _problems(tmp_path / "model_sizes.json"), _problems(tmp_path / "model_sizes.json")
     results = json.loads((tmp_path / "model_sizes.json").read_text())
-    assert "RANDOM" in results["weights"] and results["machine"]["cpu_model"] is not None
+    assert results["smoke"] is True and "RANDOM" in results["weights"]
+    assert results["machine"]["cpu_model"] is not None
     (point,) = results["points"]
     side = point["sides"]["bertflow"]
     assert side["median_examples_per_s"] > 0 and side["median_tokens_per_s"] > 0
@@ -497,6 +538,12 @@ def test_model_sizes_writes_measured_and_computed_figures(tmp_path):
     assert again["points"][0]["measured_peak_rss"] == point["measured_peak_rss"]
     assert again["rescored"]["command"].endswith("--rescore --name model_sizes")
     assert not _problems(tmp_path / "model_sizes.json")
+    if not PEER_PY.exists():
+        pytest.skip(NO_PEER)
+    side = point["sides"]["peer"]
+    assert side["median_examples_per_s"] > 0 and side["peak_rss_bytes"] > 100 << 20
+    assert side["runs"][0]["result"]["fused_adamw"] is True
+    assert "fused AdamW" in results["precision"]["peer"]
 
 
 def test_the_imbalanced_set_keeps_a_tenth_of_half_the_classes_seeded():
