@@ -16,6 +16,7 @@ from tasks.model.config import EncoderConfig
 from tasks.model.heads import TOKEN_CLASSIFICATION
 from tasks.model.text_encoder import BertTextEncoder
 from tasks.training.checkpoint_sources import default_base_model_dir
+from tasks.steps.export import save_serving
 from tasks.training.entity_serving import entity_serving_module
 from tasks.model.token_encoding import WordPieceAligner
 from test_entity_decoding import LABELS, pipeline_groups
@@ -58,7 +59,7 @@ def test_saved_signature_gives_the_reference_entities(tmp_path):
     model = tiny_token_model()
     aligner = WordPieceAligner(encoder)
     module = entity_serving_module(aligner, model, LABELS)
-    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    save_serving(module, tmp_path)  # as the export step saves it
     # The save traced none of the tokenizer's functions that serving does not call
     # (tasks/model/saved_resources.py): their traces were most of a token export's save.
     assert [f.experimental_get_tracing_count() for f in (

@@ -306,8 +306,8 @@ def test_the_fresh_load_check_starts_early_and_compares_predictions(tmp_path):
 
 
 def test_the_serving_graph_is_traced_once_for_the_save_and_the_check(tmp_path):
-    """traced_as_saved's trace is the one tf.saved_model.save uses, for the signature and
-    the module's function alike, and the one the check runs: tracing the serving graph is
+    """save_serving's trace is the one tf.saved_model.save uses, for the signature and the
+    module's function alike, and the one the check runs: tracing the serving graph is
     most of an export's Python time. A TensorFlow whose save keys its traces otherwise fails
     here, not silently slower."""
     import tensorflow as tf
@@ -321,9 +321,7 @@ def test_the_serving_graph_is_traced_once_for_the_save_and_the_check(tmp_path):
         return {"score": tf.cast(tf.strings.length(text), tf.float32) * module.scale}
 
     module.serve = tf.function(serve, input_signature=[tf.TensorSpec([None], tf.string)])
-    traced = export.traced_as_saved(module.serve, export.SAVE_OPTIONS)
-    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": traced},
-                        options=export.SAVE_OPTIONS)
+    traced = export.save_serving(module, tmp_path / "m")
     assert traced(text=tf.constant(["abc"]))["score"].numpy().tolist() == [6.0]
     assert len(traces) == 1
     loaded = tf.saved_model.load(str(tmp_path / "m"))
@@ -346,9 +344,7 @@ def test_the_saved_model_keeps_the_tokenizer_table_and_none_of_its_unused_functi
     model = checkpoint.load_classifier(folder, ["a", "b"], head=kind("classification").head)
     module = export.serving_module(encoder, model, ["a", "b"], False)
     assert any(isinstance(t, tf.lookup.StaticHashTable) for t in module.tokenizer)
-    serve = export.traced_as_saved(module.serve, export.SAVE_OPTIONS)
-    tf.saved_model.save(module, str(tmp_path / "m"), signatures={"serving_default": serve},
-                        options=export.SAVE_OPTIONS)
+    serve = export.save_serving(module, tmp_path / "m")
     assert encoder.encode_pair.experimental_get_tracing_count() == 0
     loaded = tf.saved_model.load(str(tmp_path / "m")).signatures["serving_default"]
     texts = tf.constant(["a short text", "and a second one"])

@@ -454,7 +454,7 @@ def test_entities_past_max_seq_length_are_learned_with_windows_and_lost_by_trunc
                                        kind("token_classification"),
                                        window=None if stride is None else (stride, "mean"))
         saved[mode] = str(tmp_path / f"saved-{mode}")
-        tf.saved_model.save(module, saved[mode], signatures={"serving_default": module.serve})
+        export.save_serving(module, saved[mode])
     found = served_in_fresh_process(saved, texts)
     # Truncated, the entities' words are never trained on nor read: none is found.
     assert all(entities == [] for entities in found["truncate"])

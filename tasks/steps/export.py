@@ -94,11 +94,8 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
             record_thresholds(out, kind.name, labels, threshold, train.get("thresholds"))
         module = serving_module(encoder, model, labels, has_pair, kind, threshold,
                                 window_setting(cfg, tokens))
-        serve = traced_as_saved(module.serve, SAVE_OPTIONS)
         saved = out / "saved_model"
-        tf.saved_model.save(module, str(saved), signatures={"serving_default": serve},
-                            options=SAVE_OPTIONS)
-        fresh_load.check(saved, serve, has_pair)
+        fresh_load.check(saved, save_serving(module, saved), has_pair)
 
     storage.write_json(str(out / "labels.json"), labels)
     storage.write_json(str(out / "metrics.json"), metrics)
@@ -110,22 +107,24 @@ def build_version(cfg: RunConfig, ctx: RunContext, out: Path, version: str) -> N
                        + lineage.card_lines(record))
 
 
-SAVE_OPTIONS = tf.saved_model.SaveOptions()
-
-
-def traced_as_saved(function, options: tf.saved_model.SaveOptions):
-    """`function`'s concrete function, traced once for the save and the fresh-load check.
+def save_serving(module, path: Path):
+    """Save `module` (a serving_module) as a SavedModel at `path`, its `serve` as the
+    serving_default signature; returns the concrete function saved, to run in process.
 
     tf.function keys its traces by context, and tf.saved_model.save traces in a save context
-    of its own: a trace made outside it (the check's call) is not reused by the save, nor the
-    save's by a call after it. Traced here under the same context, the save finds this trace
-    (and its nested tokenizer functions') in the cache, and the check runs it: one trace of
-    the serving graph instead of two, ~2 s of a tiny model's ~8 s export (py-spy by hand, no
-    results file). save_context is TensorFlow's private module (pinned 2.21)."""
+    of its own: a trace made outside it (the fresh-load check's call) is not reused by the
+    save, nor the save's by a call after it. Traced here in the context the save then enters,
+    with the same options, `serve` (and its nested tokenizer functions) is traced once for
+    the save and the check: ~2 s of a tiny model's ~8 s export (py-spy by hand, no results
+    file). save_context is TensorFlow's private module (pinned 2.21)."""
     from tensorflow.python.saved_model import save_context
 
+    options = tf.saved_model.SaveOptions()
     with save_context.save_context(options):
-        return function.get_concrete_function()
+        serve = module.serve.get_concrete_function()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve},
+                        options=options)
+    return serve
 
 
 def write_hf_checkpoint(model, labels: list[str], model_dir: Path, out: Path,

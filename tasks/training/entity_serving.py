@@ -29,7 +29,7 @@ _PADDING = {"entity_group": "", "word": "", "start": -1, "end": -1, "score": 0.0
 
 def entity_serving_module(aligner: WordPieceAligner, model, labels: list[str]) -> tf.Module:
     """A tf.Module whose `serve(text)` (tf.string [batch]) gives the padded entities; save it
-    with `signatures={"serving_default": module.serve}`. `aligner`: the WordPieceAligner of
+    with tasks/steps/export.py's save_serving. `aligner`: the WordPieceAligner of
     the BertTextEncoder that wrote the training data; `model`: a token classification
     tasks.model Classifier whose outputs are `labels`."""
     module = tf.Module()
