@@ -1,5 +1,6 @@
-"""Warm start for local step processes: a server that has imported TensorFlow, bertflow's model
-and the steps once, and forks a `python -m tasks <step>` process per request.
+"""Warm start for local step processes: a server that has imported TensorFlow, bertflow's model,
+the steps and transformers' tokenizers once, and forks a `python -m tasks <step>` process per
+request.
 
 Why: every local step process spent seconds of CPU importing the same modules before it
 did any work (benchmarks/results/import_time.json, `modules["tasks.steps.train"]`); a run starts
@@ -66,10 +67,15 @@ IMPORT_ENV = ("PYTHON", "TF_", "TPU_", "LD_", "CUDA", "NVIDIA", "XLA_", "OMP_", 
               "OPENBLAS", "KERAS", "TRANSFORMERS", "HF_", "TOKENIZERS")
 RUNTIME_ENV = frozenset({"TF_CONFIG"})
 # Not tasks.__main__ itself: runpy warns when the module it runs as __main__ is imported.
+# transformers' BERT tokenizer: every export writes the Hugging Face tokenizer files with
+# transformers' classes (export.write_hf_checkpoint), and importing transformers is most of
+# that (it scans its whole package for its lazy names); the other families' tokenizer
+# classes are then cheap attribute lookups. It starts no thread and no TensorFlow.
 PRELOAD = ("tensorflow", "tensorflow_text", "tasks.model.classifier",
            "tasks.provision.launcher", "tasks.runs.runlayout", "tasks.steps.data",
            "tasks.steps.tokenize", "tasks.steps.train", "tasks.steps.evaluate",
-           "tasks.steps.export", "tasks.steps.gate_eval")
+           "tasks.steps.export", "tasks.steps.gate_eval",
+           "transformers.models.bert.tokenization_bert")
 # The serving server's preload: what tasks/fresh_load.py's interpreter imports, and no more.
 SERVING_PRELOAD = ("tensorflow", "tensorflow_text")
 SERVING_SUFFIX = ".serving"
