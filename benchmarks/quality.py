@@ -71,7 +71,9 @@ earlier results file, and every run records its machine's key CPU flags. --limit
 train file) and --max-steps make a quick run. `--smoke`: a tiny random model on 64 synthetic
 rows (an sst2-like train.tsv in a temporary data root), seed 0, 2 steps, results in a temporary
 folder (common.smoke_results_dir); `--smoke --datasets goemotions,wnut17`: synthetic
-multi-label rows and CoNLL sentences instead (common.smoke_task_data).
+multi-label rows and CoNLL sentences instead (common.smoke_task_data). A smoke's steps fork
+from the server $BERTFLOW_WARM_SOCKET names when one serves (the test session's: common.
+warm_server's `reuse`; warm_server_ready_s is then null), else from one of its own.
 --peer-env sets variables of the peer's process only (recorded as peer_env): on a machine
 another job keeps busy, `OMP_WAIT_POLICY=PASSIVE` keeps torch's OpenMP threads from spinning
 on a core they do not have (by hand at load 3.5 on 2 cores, no results file: several times
@@ -567,7 +569,8 @@ def main() -> None:
         previous = common.RESULTS_DIR / f"{args.name}.json"
         earlier = json.loads(previous.read_text()) if args.merge and previous.exists() else None
         with common.warm_server(args.bertflow_start == "warm" and "bertflow" in sides,
-                                work / "warm_start.log") as (socket, server_s):
+                                work / "warm_start.log", reuse=args.smoke) as (socket,
+                                                                               server_s):
             args.warm_socket, args.warm_server_ready_s = socket, server_s
             run_all(args, names, seeds, sides, work, model_dir, machine, earlier)
     finally:  # the run folders hold GBs of checkpoints with MiniLM

@@ -27,7 +27,9 @@ tf.function tracing); `exit_s` is from the record's last write to the process's 
 - `intercept_s`: the line through the medians of the two step counts' walls at 0 steps
   (computed from measured walls; the issue's "about 15 s" came this way).
 
-`--smoke`: a tiny random BERT, 2 and 4 steps, one repeat, results in a temporary folder.
+`--smoke`: a tiny random BERT, 2 and 4 steps, one repeat, results in a temporary folder;
+with `--start warm` its runs fork from the server $BERTFLOW_WARM_SOCKET names when one serves
+(the test session's: common.warm_server's `reuse`; warm_server_ready_s is then null).
 """
 from __future__ import annotations
 
@@ -129,8 +131,8 @@ def main() -> None:
         shape, args.short, args.long, args.repeats = "tiny", 2, 4, 1
     steps = {"short": args.short, "long": args.long}
     with tempfile.TemporaryDirectory(prefix="train-fixed-cost-") as tmp, \
-            common.warm_server(args.start == "warm", Path(tmp) / "warm.log") as (socket,
-                                                                                server_s):
+            common.warm_server(args.start == "warm", Path(tmp) / "warm.log",
+                               reuse=args.smoke) as (socket, server_s):
         runs_dirs = prepare(Path(tmp), shape, BATCH * args.long, steps, socket)
         runs: dict[str, list[dict]] = {name: [] for name in steps}
 

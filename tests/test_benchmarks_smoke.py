@@ -143,8 +143,9 @@ SMOKE = {
     "scale": ([], None),
     "determinism": ([], None),  # bertflow's deterministic and not, no peer
     "preemption_save": ([], None),  # bertflow's saves only, to disk and the emulators
-    # bertflow's train step only, short and long runs; forked from a warm-start server (its
-    # steps in cold interpreters were most of its time; the cold start is step_start's smoke)
+    # bertflow's train step only, short and long runs; forked from the session's warm-start
+    # server (its steps in cold interpreters, then a server of its own, were most of its time;
+    # the cold start is step_start's smoke, a server's start quality's sst2 smoke)
     "train_fixed_cost": (["--start", "warm"], None),
     "matmul_ceiling": ([], None),  # the step's matmuls alone, no training side
     "evaluation_floor": (["--sides", "bertflow"], ["--sides", "peer"]),
@@ -181,18 +182,24 @@ def _problems(path: Path) -> list[str]:
     return module.problems(path)
 
 
-def smoke(script: str, tmp_path: Path, *args: str) -> dict:
+def smoke(script: str, tmp_path: Path, *args: str, own_server: bool = False) -> dict:
     """benchmarks/SCRIPT.py --smoke, its results in tmp_path ($BERTFLOW_BENCH_RESULTS_DIR):
-    the results file, checked against the script's schema."""
+    the results file, checked against the script's schema. A smoke reuses the session's
+    warm-start server (conftest.py) where it can; `own_server` hides it, so the script starts
+    and times its own."""
     import os
     import subprocess
 
+    from tasks.provision.local import warm_start
+
     scratch = tmp_path / "tmp"
     scratch.mkdir()
+    env = {**os.environ, "BERTFLOW_BENCH_RESULTS_DIR": str(tmp_path), "TMPDIR": str(scratch)}
+    if own_server:
+        env.pop(warm_start.SOCKET_ENV, None)
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--smoke",
                            *args], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "BERTFLOW_BENCH_RESULTS_DIR": str(tmp_path),
-                               "TMPDIR": str(scratch)})
+                          env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     # A full-size run's work folders hold GBs (checkpoints, SavedModels): it removes them.
     assert _left_behind(scratch) == [], f"{script} left temporary files behind"
@@ -203,6 +210,15 @@ def smoke(script: str, tmp_path: Path, *args: str) -> dict:
     assert data["smoke"] is True
     assert not list((ROOT / "benchmarks" / "results").glob("*.json.tmp"))
     return data
+
+
+def _session_server() -> bool:
+    """Whether this session runs a warm-start server (conftest.py; not BERTFLOW_TEST_COLD)."""
+    import os
+
+    from tasks.provision.local import warm_start
+
+    return bool(os.environ.get(warm_start.SOCKET_ENV))
 
 
 # Scripts that score a model version: their smokes take smoke_version's (--version).
@@ -242,7 +258,10 @@ def smoke_args(script: str, side: int, request) -> list[str]:
 
 @pytest.mark.parametrize("script", [s for s in SMOKE if s != "model_sizes"])
 def test_smoke_bertflow_side_matches_its_schema(script, tmp_path, request):
-    data = smoke(script, tmp_path, *smoke_args(script, 0, request))
+    # quality's sst2 smoke starts the warm-start server it times; the other smokes that want
+    # one (quality's new tasks among them) fork from the session's (common.warm_server)
+    data = smoke(script, tmp_path, *smoke_args(script, 0, request),
+                 own_server=script == "quality")
     if script == "train_throughput":
         side = data["summary"]["bertflow"]
         assert side["median_startup_s"] > 0 and side["recipe"]["untimed_warmup_steps"] == 3
@@ -265,6 +284,8 @@ def test_smoke_bertflow_side_matches_its_schema(script, tmp_path, request):
         assert set(after["upload_s"]) == {"local", "gs", "s3"} and data["order"][:2] == [
             "before", "after"]
     if script == "train_fixed_cost":
+        assert data["start"] == "warm"
+        assert (data["warm_server_ready_s"] is None) == _session_server()  # reused if any
         for name, steps in data["steps"].items():
             (run,) = data["runs"][name]
             assert run["steps"] == steps and 0 < run["startup_s"] < run["wall_s"]
@@ -434,6 +455,7 @@ def test_smoke_quality_on_the_new_tasks(tmp_path):
     data = smoke("quality", tmp_path, "--datasets", "goemotions,wnut17", "--sides", sides,
                  "--peer-env", "OMP_WAIT_POLICY=PASSIVE")
     assert data["epochs"] == {"goemotions": 1, "wnut17": 3}
+    assert (data["warm_server_ready_s"] is None) == _session_server()  # reused if any
     shared = {"learning_rate": 2e-4, "warmup_ratio": 0.06}
     assert data["shared_by_dataset"] == {"goemotions": shared, "wnut17": shared}
     for side in ("bertflow", "peer"):
