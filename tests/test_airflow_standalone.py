@@ -99,7 +99,8 @@ def server(tmp_path_factory, scoring_input):
         print(f"\nmake airflow up on {srv.base} after "
               f"{time.monotonic() - started:.0f}s")
         srv.wait_for(f"DAG {DAG_ID} parsed",
-                     lambda: srv.api("GET", f"/dags/{DAG_ID}").status_code == 200, timeout=240)
+                     lambda: srv.api("GET", f"/dags/{DAG_ID}").status_code == 200, timeout=240,
+                     interval=1)
         yield srv
     except BaseException:
         print(srv.log_tail())
@@ -116,7 +117,7 @@ def triggered_run(server, tiny_model_dir) -> str:  # noqa: F811
     champion this run promotes is re-scored by itself."""
     server.wait_for(f"DAG {SCORE_DAG_ID} parsed",
                     lambda: server.api("GET", f"/dags/{SCORE_DAG_ID}").status_code == 200,
-                    timeout=240)
+                    timeout=240, interval=1)
     for dag_id in (SCORE_DAG_ID, DAG_ID):
         resp = server.api("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
         assert resp.status_code == 200, resp.text
@@ -142,7 +143,7 @@ def finished_run(server, triggered_run) -> dict:
 
     started = time.monotonic()
     state = server.wait_for(f"run {triggered_run} to finish", terminal, timeout=RUN_TIMEOUT,
-                            interval=5)
+                            interval=2)
     print(f"\nrun {triggered_run}: {state} after {time.monotonic() - started:.0f}s of polling")
     tis = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()
     states = {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
@@ -454,25 +455,42 @@ def _await_approval(server, run: dict) -> dict:
                      if d["task_instance"]["task_id"] == "approval"), None)
 
     detail = server.wait_for(f"{run['dag_run_id']} to ask for approval", waiting,
-                             timeout=RUN_TIMEOUT, interval=5)
+                             timeout=RUN_TIMEOUT, interval=2)
     detail["ti_state"] = server.api(
         "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/approval").json()["state"]
     return detail
 
 
 def _answer(server, run: dict, option: str, first: bool = True) -> httpx.Response:
-    # Not within seconds of the request, as no person answers: an answer that resumes the
-    # task before the scheduler has processed the executor's report of the paused workload
-    # makes Airflow 3.3 read that report as "finished with state success, but the task
-    # instance's state is queued" and retry the task, which asks again. Seen in CI runs 0.4 s
-    # and 5.2 s after the request (the loaded scheduler took 5.9 s to process the report);
-    # the REST API shows nothing that says the report was processed, hence a wait. A second
-    # answer resumes nothing: no wait.
+    # Not before the scheduler has processed the executor's report of the paused workload: an
+    # answer that resumes the task earlier makes Airflow 3.3 read that report as "finished
+    # with state success, but the task instance's state is queued" and retry the task, which
+    # asks again (seen in CI with answers 0.4 s and 5.2 s after the request; the loaded
+    # scheduler took 5.9 s to process the report). The REST API shows nothing of it; the
+    # scheduler's log line for the report does. A second answer resumes nothing: no wait.
     if first:
-        time.sleep(20)
+        _await_report_processed(server, run)
     return server.api("PATCH", f"/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
                                "/taskInstances/approval/-1/hitlDetails",
                       json={"chosen_options": [option], "params_input": {}})
+
+
+def _await_report_processed(server, run: dict) -> None:
+    """Until the scheduler has logged its processing of the executor's report that the
+    approval task's worker ended with the task parked (_process_executor_events' "TaskInstance
+    Finished" line, state awaiting_input): from then on the report is out of its event
+    buffer, and an answer's resume cannot be taken for it."""
+    try_number = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}"
+                                   "/taskInstances/approval").json()["try_number"]
+    line = re.compile(rf"TaskInstance Finished: dag_id={DAG_ID}, task_id=approval, "
+                      rf"run_id={re.escape(run['dag_run_id'])}, .* state=awaiting_input, "
+                      rf"executor=.*, executor_state=success, try_number={try_number},")
+    started = time.monotonic()
+    server.wait_for(f"the scheduler to process {run['dag_run_id']}'s parked approval",
+                    lambda: line.search(server.log_path.read_text(errors="replace")),
+                    timeout=180, interval=0.5)
+    print(f"\n{run['dag_run_id']}: the scheduler processed the parked approval's report "
+          f"{time.monotonic() - started:.1f}s after the request was seen")
 
 
 def _finish(server, run: dict) -> dict:
@@ -483,7 +501,7 @@ def _finish(server, run: dict) -> dict:
         return state if state in ("success", "failed") else None
 
     state = server.wait_for(f"{run['dag_run_id']} to finish", terminal, timeout=RUN_TIMEOUT,
-                            interval=5)
+                            interval=2)
     tis = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()
     states = {ti["task_id"]: ti["state"] for ti in tis["task_instances"]}
     run_uri = server.api("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/validate"
@@ -654,7 +672,7 @@ def sweep_run(server, second_wave) -> dict:
         state = server.api("GET", base).json()["state"]
         return state if state in ("success", "failed") else None
 
-    state = server.wait_for("the sweep to finish", terminal, timeout=RUN_TIMEOUT, interval=5)
+    state = server.wait_for("the sweep to finish", terminal, timeout=RUN_TIMEOUT, interval=2)
     tis = server.api("GET", f"{base}/taskInstances", params={"limit": 100}).json()
     for t in sorted(tis["task_instances"], key=lambda t: (t["map_index"], t["start_date"] or "")):
         print(f"{t['task_id']:22} {t['map_index']:2} {t['state']:16} try {t['try_number']} "
@@ -758,7 +776,7 @@ def _rescores(server, run_id: str, dag_id: str = DAG_ID) -> list[dict]:
 
     found = []
     for score_run in server.wait_for(f"a {SCORE_DAG_ID} run made from {run_id}'s promotion",
-                                     made, timeout=300, interval=5):
+                                     made, timeout=300, interval=2):
         base = f"/dags/{SCORE_DAG_ID}/dagRuns/{quote(score_run, safe='')}"
 
         def terminal():
@@ -766,7 +784,7 @@ def _rescores(server, run_id: str, dag_id: str = DAG_ID) -> list[dict]:
             return run if run["state"] in ("success", "failed") else None
 
         run = server.wait_for(f"{score_run} to finish", terminal, timeout=RUN_TIMEOUT,
-                              interval=5)
+                              interval=2)
         tis = server.api("GET", f"{base}/taskInstances").json()["task_instances"]
         run["states"] = {ti["task_id"]: ti["state"] for ti in tis}
         for ti in tis:

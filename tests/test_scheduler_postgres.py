@@ -109,7 +109,8 @@ def server(postgres, tmp_path_factory):
         print(f"\nairflow standalone on PostgreSQL healthy on {srv.base} after "
               f"{time.monotonic() - started:.0f}s")
         srv.wait_for(f"DAG {DAG_ID} parsed",
-                     lambda: srv.api("GET", f"/dags/{DAG_ID}").status_code == 200, timeout=240)
+                     lambda: srv.api("GET", f"/dags/{DAG_ID}").status_code == 200, timeout=240,
+                     interval=1)
         yield srv
     except BaseException:
         print(srv.log_tail())

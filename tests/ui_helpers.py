@@ -50,6 +50,10 @@ TEST_SERVER_ENV = {
     # kill tasks when a loaded machine stalls the api-server for ~30 s.
     "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
     "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
+    # Each component's log lines reach the server's log as they are written (standalone
+    # prints to a file, its components to pipes: block-buffered otherwise). Tests wait on
+    # the scheduler's lines (test_airflow_standalone's approvals).
+    "PYTHONUNBUFFERED": "1",
 }
 
 
@@ -132,7 +136,7 @@ class Standalone:
                         return
             except httpx.HTTPError:
                 pass
-            time.sleep(2)
+            time.sleep(1)
         raise RuntimeError(f"airflow standalone not healthy after {timeout:.0f}s\n"
                            + self.log_tail())
 
@@ -178,6 +182,9 @@ class Standalone:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
+        # The warm-start server: outside standalone's group but in our environment, so the
+        # wait below would give it its whole 15 s, then SIGKILL it.
+        self._resources.close()
         deadline = time.monotonic() + 15
         while self._our_pids() and time.monotonic() < deadline:
             time.sleep(1)
@@ -288,7 +295,7 @@ class MakeAirflow(Standalone):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"make airflow exited with {self.proc.returncode}:\n"
                                    + self.output)
-            time.sleep(1)
+            time.sleep(0.2)
         raise TimeoutError(f"no line matching {pattern.pattern!r} after {timeout:.0f}s:\n"
                            + self.output)
 
